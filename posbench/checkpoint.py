@@ -1,0 +1,72 @@
+"""Atomic checkpoint files and run-directory layout."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import PosbenchError
+
+FORMAT = "posbench-checkpoint-1"
+
+
+class RunDir:
+    """Files of one training run (one encoding, one seed)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.checkpoint = self.path / "checkpoints" / "last.pt"
+        self.config = self.path / "config.yaml"
+        self.metrics = self.path / "metrics.jsonl"
+        self.results = self.path / "results.csv"
+        self.plot = self.path / "ppl_vs_length.png"
+
+    @classmethod
+    def existing(cls, path: str | os.PathLike) -> "RunDir":
+        """A finished or checkpointed posbench run, or a clear error."""
+        p = Path(path).expanduser()
+        if p.is_file() and p.suffix == ".pt":
+            p = p.parent.parent
+        run = cls(p)
+        if not p.exists():
+            raise PosbenchError(f"checkpoint={str(path)!r} does not exist; pass a posbench run directory")
+        if not (run.config.is_file() and run.checkpoint.is_file()):
+            raise PosbenchError(f"checkpoint={str(path)!r} is not a posbench run "
+                                "(expected config.yaml and checkpoints/last.pt inside it)")
+        return run
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(file)`` on a temp file in the same folder, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, **state}, f))
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise PosbenchError(f"checkpoint {str(path)!r} is truncated or not a torch file ({type(e).__name__})") from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise PosbenchError(f"checkpoint {str(path)!r} is not a posbench checkpoint (format {FORMAT!r})")
+    return state

@@ -1,0 +1,194 @@
+"""`posbench <command> [overrides]`: one console script, Hydra apps for train and eval.
+
+    posbench train encoding=alibi                  # one run
+    posbench -m train encoding=alibi,rope seed=0,1 # a sweep (also: posbench train -m ...)
+    posbench eval checkpoint=outputs/train/alibi/default eval.lengths=[128,4096]
+    posbench report multirun/2026-01-01_00-00-00   # one table + one figure
+    posbench encodings                             # what can go in encoding=
+
+Group choices (encoding=, model=, data=, ...) are checked before Hydra starts, so a
+typo gets one line naming the valid choices. Errors the user can fix are printed as
+``posbench: error: ...`` with exit status 2 and leave no files behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import PosbenchError
+
+HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}
+COMMANDS = {
+    "train": "train a model with one encoding on short windows, then evaluate it at growing lengths",
+    "eval": "evaluate a trained run (checkpoint=<run dir>) at any lengths, without retraining",
+    "report": "gather results.csv files under run/sweep dirs into one table and one figure",
+    "encodings": "list the available position encodings",
+}
+_failures: list[str] = []
+
+
+def conf_dir() -> Path:
+    """conf/ inside the installed package (wheel), else the source checkout's top-level conf/."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "app_train.yaml").is_file():
+            return candidate
+    raise PosbenchError(f"posbench's conf/ directory is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+
+
+def usage() -> str:
+    lines = ["usage: posbench [-m] <command> [overrides ...]", "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "Hydra overrides: encoding=, model=, data=, seed=, device=, train.steps=, train.train_len=,",
+              "train.batch_size=, train.lr=, eval.lengths=[...], eval.max_tokens=, checkpoint= (eval),",
+              "wandb.mode=, hydra.run.dir=. `posbench <command> --help` shows every option.",
+              "", "examples:", "  posbench train encoding=alibi",
+              "  posbench -m train encoding=sinusoidal,rope,t5,alibi seed=0,1,2",
+              "  posbench eval checkpoint=outputs/train/alibi/default eval.lengths=[128,512,2048]",
+              "  posbench report multirun/<date>"]
+    return "\n".join(lines)
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"posbench: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def check_group_choices(args: list[str]) -> None:
+    """`encoding=nope2` -> one line listing the valid encodings (before Hydra composes)."""
+    root = conf_dir()
+    for arg in args:
+        if arg.startswith(("-", "+", "~", "hydra")) or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        group = root / key.replace(".", "/")
+        if not group.is_dir() or value in ("null", ""):
+            continue
+        choices = sorted(p.stem for p in group.glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in choices:
+                fail(f"unknown {key} {choice!r}; valid choices: {', '.join(choices)}")
+
+
+def _remove_fresh_run_dir(run_dir: Path) -> None:
+    """Undo what Hydra created for a job that failed before writing any checkpoint."""
+    if (run_dir / "checkpoints").exists() or (run_dir / "results.csv").exists():
+        return
+    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+    for log in run_dir.glob("*.log"):
+        log.unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass
+
+
+@contextmanager
+def user_errors(run_dir: Path | None):
+    """Turn PosbenchError into one line; in a multirun, record it and let other jobs go on."""
+    try:
+        yield
+    except PosbenchError as e:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if run_dir is not None:
+            _remove_fresh_run_dir(run_dir)
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            _failures.append(f"{run_dir}: {e}")
+            print(f"posbench: error in job {run_dir}: {e}", file=sys.stderr)
+            if run_dir is not None and run_dir.exists():
+                (run_dir / "FAILED").write_text(str(e) + "\n")
+            return
+        fail(str(e))
+
+
+def _train_task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from .report import markdown_results
+    from .train import train
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with user_errors(run_dir):
+        result = train(cfg, run_dir)
+        print(markdown_results(result["results"]))
+        print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
+
+
+def _eval_task(cfg) -> None:
+    from .evaluate import evaluate
+    from .report import markdown_results
+
+    with user_errors(None):
+        rows = evaluate(cfg)
+        print(markdown_results(rows))
+        print(f"\nresults merged into {Path(cfg.checkpoint) / 'results.csv'}")
+
+
+def run_hydra(command: str, args: list[str]) -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
+    if "--help" not in args and "-h" not in args:
+        check_group_choices(args)
+    task = {"train": _train_task, "eval": _eval_task}[command]
+    sys.argv = [f"posbench {command}"] + args
+    hydra.main(config_path=str(conf_dir()), config_name=HYDRA_APPS[command], version_base=None)(task)()
+    if _failures:
+        fail(f"{len(_failures)} job(s) failed:\n  " + "\n  ".join(_failures), code=1)
+
+
+def cmd_report(args: list[str]) -> None:
+    from .report import report, spread_summary
+
+    parser = argparse.ArgumentParser(prog="posbench report", description=COMMANDS["report"])
+    parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs or results.csv files")
+    parser.add_argument("--out", help="where report.csv/.md/.png go (default: the single dir given, else ./report)")
+    ns = parser.parse_args(args)
+    summary, table, out = report(ns.dirs, ns.out)
+    print(table)
+    print("\n" + spread_summary(summary))
+    print(f"\nwrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'report.png'}")
+
+
+def cmd_encodings(args: list[str]) -> None:
+    from .encodings import REGISTRY
+
+    width = max(map(len, REGISTRY))
+    for name, cls in sorted(REGISTRY.items()):
+        print(f"{name:<{width}}  {cls.hook_kind():<6}  {cls.description}  [{cls.paper}]")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if command_at is None:
+        print(usage())
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") or not argv else 2)
+    command, before, after = argv[command_at], argv[:command_at], argv[command_at + 1:]
+    if command not in COMMANDS:
+        fail(f"unknown command {command!r}; valid choices: {', '.join(COMMANDS)}")
+    multirun = [a for a in before if a in ("-m", "--multirun")]
+    if len(multirun) != len(before):
+        fail(f"unknown option {next(a for a in before if a not in multirun)!r} before the command; "
+             "put Hydra flags after it")
+    try:
+        if command in HYDRA_APPS:
+            run_hydra(command, multirun + after)
+        elif multirun:
+            fail(f"-m/--multirun applies to train and eval, not {command}")
+        else:
+            {"report": cmd_report, "encodings": cmd_encodings}[command](after)
+    except PosbenchError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Typed views of the Hydra config, validated before any file is written.
+
+The YAML files under ``conf/`` are the single source of defaults; these dataclasses
+are the schema. ``typed(Schema, node, "train")`` checks each value's type and range
+and raises a one-line :class:`PosbenchError` naming the key, the value and what is
+valid (e.g. ``train.steps=abc``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import PosbenchError
+from .model import ModelConfig
+
+PRECISIONS = ("auto", "bf16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+WANDB_MODES = ("disabled", "offline", "online")
+# Keys that do not change the trained model: left out of the config hash.
+NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 400
+    train_len: int = 128
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    precision: str = "auto"
+    log_every: int = 10
+    ckpt_every: int = 100
+
+    def __post_init__(self):
+        for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
+            _positive(f"train.{key}", getattr(self, key))
+        _positive("train.lr", self.lr)
+        _choice("train.precision", self.precision, PRECISIONS)
+        if not 0 <= self.warmup_steps:
+            raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass
+class EvalConfig:
+    lengths: list[int] | None = None  # explicit eval lengths; None: multiples x train_len
+    multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    max_tokens: int = 32768  # token budget scored at every length (rounded to the longest)
+    batch_tokens: int = 16384  # tokens per forward pass
+    split: str = "validation"
+
+    def __post_init__(self):
+        for key in ("max_tokens", "batch_tokens"):
+            _positive(f"eval.{key}", getattr(self, key))
+        for length in list(self.lengths or []) + list(self.multiples):
+            _positive("eval.lengths" if self.lengths else "eval.multiples", length)
+        _choice("eval.split", self.split, ("validation", "test"))
+
+    def resolve_lengths(self, train_len: int) -> list[int]:
+        return sorted(set(self.lengths or [m * train_len for m in self.multiples]))
+
+
+@dataclass
+class DataConfig:
+    name: str = "sotu"
+    source: str = "sotu"
+    files: list[str] | None = None
+    hub_path: str | None = None
+    hub_name: str | None = None
+    split: dict = field(default_factory=lambda: {"validation": 0.05, "test": 0.05, "seed": 0})
+    doc_separator: str = "eos"
+    max_docs: int | None = None
+    vocab_size: int = 8192
+    min_frequency: int = 2
+    cache_dir: str | None = None
+
+    def __post_init__(self):
+        _choice("data.source", self.source, ("sotu", "text", "hub"))
+        _choice("data.doc_separator", self.doc_separator, ("eos", "none"))
+        if self.vocab_size < 257:
+            raise PosbenchError(f"data.vocab_size={self.vocab_size} is smaller than the byte alphabet "
+                                "plus end-of-text (257); choose >= 257")
+        if self.max_docs is not None:
+            _positive("data.max_docs", self.max_docs)
+        if self.source == "hub" and not self.hub_path:
+            raise PosbenchError("data.source=hub needs data.hub_path")
+
+
+def _positive(key: str, value) -> None:
+    if not value > 0:
+        raise PosbenchError(f"{key} must be > 0, got {value}")
+
+
+def _choice(key: str, value, choices) -> None:
+    if value not in choices:
+        raise PosbenchError(f"{key}={value!r} is not valid; valid choices: {', '.join(choices)}")
+
+
+def _check_type(key: str, value, hint) -> Any:
+    origin = getattr(hint, "__args__", None)
+    if value is None:
+        if origin and type(None) in origin:
+            return None
+        raise PosbenchError(f"{key} must be set, got null")
+    base = hint
+    if origin:  # Optional[...] / X | None / list[int]
+        base = next(a for a in origin if a is not type(None)) if type(None) in origin else hint
+    container = getattr(base, "__origin__", base)
+    if container is list:
+        if not isinstance(value, (list, tuple)):
+            raise PosbenchError(f"{key} must be a list, got {value!r}")
+        (item,) = base.__args__
+        return [_check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if container is dict:
+        return dict(value)
+    if container is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, container) or (container is int and isinstance(value, bool)):
+        raise PosbenchError(f"{key} must be {container.__name__}, got {value!r}")
+    return value
+
+
+def typed(schema, node, section: str):
+    """Build ``schema`` from a config node, checking every key and type."""
+    values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    hints = get_type_hints(schema)
+    names = {f.name for f in dataclasses.fields(schema)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise PosbenchError(f"{section}.{unknown[0]} is not a known option; valid: {', '.join(sorted(names))}")
+    return schema(**{k: _check_type(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+
+
+def model_config(node) -> ModelConfig:
+    cfg = typed(ModelConfig, node, "model")
+    for key in ("d_model", "n_layers", "n_heads", "d_ff", "attn_chunk"):
+        _positive(f"model.{key}", getattr(cfg, key))
+    if cfg.d_model % cfg.n_heads:
+        raise PosbenchError(f"model.n_heads={cfg.n_heads} does not divide model.d_model={cfg.d_model}; "
+                            f"valid head counts: {[h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0 and h <= 64]}")
+    if not 0 <= cfg.dropout < 1:
+        raise PosbenchError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
+    return cfg
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of everything that shapes the trained model (not seed, eval, logging, device)."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in NOT_HASHED:
+        data.pop(key, None)
+    data.get("data", {}).pop("cache_dir", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def code_version() -> str:
+    """Package version, plus the git commit when running from a source checkout."""
+    from . import __version__
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__

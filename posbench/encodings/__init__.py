@@ -1,0 +1,35 @@
+"""Position encodings: one registry from name to class. See :mod:`.base` for the hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import PosbenchError
+from .base import HOOKS, REGISTRY, ModelDims, PositionEncoding, PositionRangeError, register
+from . import absolute, bias, rotary  # noqa: F401  (registers the built-in encodings)
+
+
+@register
+class NoPE(PositionEncoding):
+    name = "nope"
+    paper = "Haviv et al. 2022; Kazemnejad et al. 2023 (NoPE)"
+    description = "no position information; causal masking alone orders tokens"
+
+
+def build_encoding(cfg: Mapping[str, Any], dims: ModelDims) -> PositionEncoding:
+    """Instantiate ``cfg['name']`` with the remaining keys as keyword arguments."""
+    params = dict(cfg)
+    name = params.pop("name", None)
+    if name not in REGISTRY:
+        raise PosbenchError(f"unknown encoding {name!r}; valid choices: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    unknown = sorted(set(params) - set(cls.params()))
+    if unknown:
+        raise PosbenchError(f"encoding {name!r} has no option {unknown[0]!r}; "
+                       f"its options: {', '.join(cls.params()) or '(none)'}")
+    return cls(dims, **params)
+
+
+__all__ = ["HOOKS", "REGISTRY", "ModelDims", "PositionEncoding", "PositionRangeError",
+           "build_encoding", "register"]

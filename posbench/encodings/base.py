@@ -1,0 +1,134 @@
+"""The position-encoding hook interface.
+
+Every scheme in the length-extrapolation literature touches attention at one or
+more of four places. An encoding is a ``nn.Module`` that overrides only the hooks
+it needs; the model and the attention kernel ask which hooks are overridden
+(:meth:`PositionEncoding.hooks`) instead of reading boolean flags.
+
+=============  ==============================================  ===================
+hook           what it changes                                 examples
+=============  ==============================================  ===================
+``embed``      the token embeddings before the first block     sinusoidal, learned,
+                                                               complex, conv, rnn
+``rotate``     q and k inside every attention layer            rope, xpos
+``bias``       a static additive logit bias b(h, i, j)         alibi, t5, kerple,
+               that depends on positions only                  sandwich, fire
+``score``      content-dependent logit terms that need q and   shaw, xl, deberta,
+               k themselves (and ``value`` for terms added     tener, cope
+               to the attention output)
+=============  ==============================================  ===================
+
+``bias`` is written with broadcasting element-wise ops on position tensors, so
+a kernel may call it on a query chunk (``q_pos`` of shape (Tq,)) against all
+keys, and a score-modifier kernel may call it on index tensors. Content hooks
+are always called on query chunks, so their memory stays linear in length.
+
+One encoding instance is shared by all layers; hooks receive ``layer`` so a
+scheme can keep per-layer parameters (a ``ModuleList``) when its paper asks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import PosbenchError
+
+HOOKS = ("embed", "rotate", "bias", "score", "value")
+
+REGISTRY: dict[str, type["PositionEncoding"]] = {}
+
+
+class PositionRangeError(PosbenchError):
+    """An encoding was asked for positions it cannot represent (e.g. past a learned table)."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Model shape an encoding needs to size its parameters."""
+
+    d_model: int
+    n_heads: int
+    n_layers: int
+    train_len: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class PositionEncoding(nn.Module):
+    """Base class: no position information at all (every hook is the identity)."""
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    # Vaswani et al. 2017, sec. 3.4: token embeddings are multiplied by sqrt(d_model)
+    # before absolute positions are added, so the positions do not swamp them.
+    scale_token_embedding: ClassVar[bool] = False
+
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.dims = dims
+
+    # ---- hooks (override only what the scheme needs) -------------------------
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, D) token embeddings, positions: (T,) -> (B, T, D)."""
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, layer: int):
+        """q, k: (B, H, T, hs), positions: (T,) -> transformed (q, k)."""
+        return q, k
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """q_pos: (Tq,), k_pos: (Tk,) -> additive logit bias (H, Tq, Tk)."""
+        raise NotImplementedError
+
+    def score(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+              k_pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """q: (B, H, Tq, hs), k: (B, H, Tk, hs) -> extra logits (B, H, Tq, Tk)."""
+        raise NotImplementedError
+
+    def value(self, probs: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+              layer: int) -> torch.Tensor:
+        """probs: (B, H, Tq, Tk) attention weights -> extra output (B, H, Tq, hs)."""
+        raise NotImplementedError
+
+    def logit_scale(self) -> float:
+        """Factor on q.k (and on the ``score`` terms' sum); 1/sqrt(head_dim) by default."""
+        return self.dims.head_dim ** -0.5
+
+    # ---- introspection --------------------------------------------------------
+    @classmethod
+    def hooks(cls) -> tuple[str, ...]:
+        """Names of the hooks this class overrides, e.g. ('bias',)."""
+        return tuple(h for h in HOOKS if getattr(cls, h) is not getattr(PositionEncoding, h))
+
+    @classmethod
+    def hook_kind(cls) -> str:
+        """One word for tables: embed, rotate, bias, score, or none."""
+        hooks = cls.hooks()
+        if "score" in hooks or "value" in hooks:
+            return "score"
+        return hooks[0] if hooks else "none"
+
+    @classmethod
+    def params(cls) -> list[str]:
+        """Constructor keyword arguments a YAML file may set."""
+        sig = inspect.signature(cls.__init__)
+        return [p for p in sig.parameters if p not in ("self", "dims")]
+
+    def extra_repr(self) -> str:
+        return f"name={self.name}, hooks={self.hooks()}"
+
+
+def register(cls: type[PositionEncoding]) -> type[PositionEncoding]:
+    """Class decorator: make an encoding available under ``cls.name``."""
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"encoding name {cls.name!r} is empty or registered twice")
+    REGISTRY[cls.name] = cls
+    return cls

@@ -1,0 +1,117 @@
+"""Perplexity at a ladder of lengths, every length scoring exactly the same tokens.
+
+The first ``n * L_max`` validation tokens (n = eval.max_tokens // L_max) are cut into
+non-overlapping windows of each length L; window w predicts tokens w*L+1 .. (w+1)*L.
+So every length scores tokens 1 .. n*L_max: differences across lengths come from the
+context the model sees, not from which tokens were scored.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from .build import autocast, autocast_dtype, build_model, resolve_device
+from .checkpoint import RunDir, atomic_write_text, load_checkpoint
+from .config import EvalConfig, code_version, config_hash, typed
+from .data import load_corpus
+from .encodings import PositionRangeError
+from .errors import PosbenchError
+from .model import LanguageModel
+
+KEY = ["encoding", "train_len", "eval_len", "seed", "split"]
+
+
+def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split: str) -> int:
+    """How many tokens every length scores: a multiple of the longest length."""
+    longest = max(lengths)
+    available = tokens.size - 1
+    if longest > available:
+        raise PosbenchError(f"eval length {longest} is longer than the {available} {split} tokens available; "
+                            f"valid: eval.lengths <= {available}")
+    if longest > max_tokens:
+        raise PosbenchError(f"eval.max_tokens={max_tokens} is smaller than the longest eval length {longest}; "
+                            f"valid: eval.max_tokens >= {longest}")
+    return min(max_tokens, available) // longest * longest
+
+
+@torch.no_grad()
+def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
+                      device: torch.device, dtype) -> list[dict]:
+    """-> one dict per length: eval_len, nll, ppl, tokens, status."""
+    n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split)
+    ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
+    model.eval()
+    rows = []
+    for length in lengths:
+        inputs, targets = ids[:-1].view(-1, length), ids[1:].view(-1, length)  # (n/L, L)
+        per_batch = max(1, ecfg.batch_tokens // length)
+        total, status = 0.0, "ok"
+        bar = tqdm(range(0, inputs.shape[0], per_batch), desc=f"eval L={length}", leave=False,
+                   disable=None, file=sys.stderr)
+        try:
+            for i in bar:
+                x, y = inputs[i:i + per_batch].to(device), targets[i:i + per_batch].to(device)
+                with autocast(device, dtype):
+                    total += model.loss(x, y, reduction="sum").double().item()
+        except PositionRangeError as e:
+            total, status = math.nan, f"n/a: {e}"
+        nll = total / n
+        rows.append({"eval_len": length, "nll": nll, "ppl": math.exp(nll) if status == "ok" else math.nan,
+                     "tokens": n, "status": status})
+    return rows
+
+
+def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame:
+    meta = {"split": cfg.eval.split, "encoding": cfg.encoding.name, "model": cfg.model.name, "data": cfg.data.name,
+            "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
+            "config_hash": config_hash(cfg), "code_version": code_version()}
+    cols = KEY + ["ppl", "nll", "tokens", "status", "model", "data", "steps", "config_hash", "code_version"]
+    return pd.DataFrame([{**meta, **row} for row in ladder])[cols]
+
+
+def write_results(run: RunDir, new: pd.DataFrame) -> pd.DataFrame:
+    """Merge rows into the run's results.csv (new rows replace old ones of the same key),
+    redraw the plot; both files are replaced atomically."""
+    from .report import plot_ppl_vs_length
+
+    if run.results.exists():
+        old = pd.read_csv(run.results)
+        old = old[~old.set_index(KEY).index.isin(new.set_index(KEY).index)]
+        new = pd.concat([old, new], ignore_index=True)
+    new = new.sort_values(KEY).reset_index(drop=True)
+    atomic_write_text(run.results, new.to_csv(index=False))
+    plot_ppl_vs_length(new, run.plot)
+    return new
+
+
+def evaluate(cfg: DictConfig) -> pd.DataFrame:
+    """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths."""
+    if not cfg.get("checkpoint"):
+        raise PosbenchError("posbench eval needs checkpoint=<run dir> (a directory made by posbench train)")
+    run = RunDir.existing(cfg.checkpoint)
+    state = load_checkpoint(run.checkpoint)
+    train_cfg = OmegaConf.load(run.config)
+    train_cfg.eval = cfg.eval
+    ecfg = typed(EvalConfig, train_cfg.eval, "eval")
+    device = resolve_device(cfg.get("device", "auto"))
+    corpus = load_corpus(train_cfg.data)
+    model = build_model(train_cfg, corpus.vocab_size)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise PosbenchError(f"checkpoint {str(run.checkpoint)!r} does not match the model in its config.yaml "
+                            f"({str(e).splitlines()[0]})") from e
+    model.to(device)
+    dtype = autocast_dtype(device, str(train_cfg.train.precision))
+    lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))
+    ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
+    rows = result_rows(train_cfg, ladder, int(state["step"]))
+    write_results(run, rows)
+    return rows

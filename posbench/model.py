@@ -1,0 +1,101 @@
+"""A small decoder-only language model whose attention asks an encoding for its hooks.
+
+Pre-LN blocks, GELU MLP, tied input/output embeddings, causal attention (nanoGPT-like).
+Positions enter only through the encoding (see ``posbench.encodings.base``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import causal_attention
+from .encodings import ModelDims, PositionEncoding
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    d_ff: int = 1024
+    dropout: float = 0.0
+    attn_chunk: int = 1024  # query chunk for biased / content-dependent attention
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.chunk = cfg.attn_chunk
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, enc: PositionEncoding, positions, layer: int):
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
+        y = causal_attention(q, k, v, enc, positions, layer, self.chunk)
+        return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
+                                 nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout))
+
+    def forward(self, x, enc, positions, layer):
+        x = x + self.attn(self.ln1(x), enc, positions, layer)
+        return x + self.mlp(self.ln2(x))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, encoding: PositionEncoding):
+        super().__init__()
+        self.cfg, self.vocab_size, self.encoding = cfg, vocab_size, encoding
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self._init_weights()
+        self.emb_scale = math.sqrt(cfg.d_model) if encoding.scale_token_embedding else 1.0
+
+    def _init_weights(self):
+        for name, p in self.named_parameters():
+            if name.startswith("encoding."):
+                continue  # encodings initialise their own parameters
+            if p.dim() >= 2:
+                # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    @staticmethod
+    def dims(cfg: ModelConfig, train_len: int) -> ModelDims:
+        return ModelDims(cfg.d_model, cfg.n_heads, cfg.n_layers, train_len)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab)."""
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)
+        x = self.drop(self.encoding.embed(x, positions))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, self.encoding, positions, layer)
+        return self.ln_f(x) @ self.tok_emb.weight.t()  # tied output embedding
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        logits = self(idx)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction=reduction)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

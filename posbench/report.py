@@ -1,0 +1,128 @@
+"""Many run dirs -> one tidy table (mean and spread over seeds) -> Markdown, CSV and a figure."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .checkpoint import atomic_write, atomic_write_text
+from .errors import PosbenchError
+
+GROUP = ["encoding", "model", "data", "train_len", "split", "eval_len"]
+
+
+def collect(paths: list[str | Path]) -> pd.DataFrame:
+    """Every results.csv under ``paths`` (run dirs or sweep dirs), concatenated."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise PosbenchError(f"report: {str(p)!r} does not exist")
+        files += [p] if p.is_file() else sorted(p.rglob("results.csv"))
+    if not files:
+        raise PosbenchError(f"report: no results.csv under {', '.join(map(str, paths))}; "
+                            "pass run or sweep directories made by posbench train")
+    frames = []
+    for f in files:
+        df = pd.read_csv(f)
+        df["run"] = str(f.parent)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean, std, min, max of ppl over seeds, one row per (encoding, ..., eval_len)."""
+    ok = df.assign(ppl=df.ppl.where(df.status == "ok"))
+    out = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"]).reset_index()
+    seeds = df.groupby(GROUP, dropna=False).seed.nunique().reset_index(name="seeds")
+    return out.merge(seeds, on=GROUP).rename(columns={"mean": "ppl_mean", "std": "ppl_std", "min": "ppl_min",
+                                                      "max": "ppl_max", "count": "n_ok"})
+
+
+def _fmt(mean: float, std: float) -> str:
+    if mean is None or math.isnan(mean):
+        return "n/a"
+    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown_table(summary: pd.DataFrame) -> str:
+    """Encodings as rows, eval lengths as columns, 'mean ± std' cells."""
+    lengths = sorted(summary.eval_len.unique())
+    header = "| encoding | train_len | seeds | " + " | ".join(f"L={n}" for n in lengths) + " |"
+    lines = [header, "|" + "---|" * (3 + len(lengths))]
+    for (enc, tlen), g in summary.groupby(["encoding", "train_len"], sort=False):
+        cells = {row.eval_len: _fmt(row.ppl_mean, row.ppl_std) for row in g.itertuples()}
+        lines.append(f"| {enc} | {tlen} | {int(g.seeds.max())} | " + " | ".join(cells.get(n, "") for n in lengths) + " |")
+    return "\n".join(lines)
+
+
+def markdown_results(rows: pd.DataFrame) -> str:
+    """One run's rows as a Markdown table."""
+    lines = ["| encoding | train_len | eval_len | ppl | nll | tokens | status |", "|---|---|---|---|---|---|---|"]
+    for r in rows.itertuples():
+        status = r.status if len(r.status) < 60 else r.status[:57] + "..."
+        lines.append(f"| {r.encoding} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} | {status} |")
+    return "\n".join(lines)
+
+
+def spread_summary(summary: pd.DataFrame) -> str:
+    """How far apart the encodings are at train_len, and how each degrades at the longest length."""
+    lines = []
+    for tlen, g in summary.groupby("train_len"):
+        at_train = g[g.eval_len == tlen].dropna(subset=["ppl_mean"])
+        if len(at_train) > 1:
+            lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
+            lines.append(f"train_len={tlen}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
+                         f"across {len(at_train)} encodings (spread {100 * (hi / lo - 1):.1f}%)")
+        for enc, e in g.groupby("encoding", sort=False):
+            base = e[e.eval_len == tlen].ppl_mean
+            longest = e[e.eval_len == e.eval_len.max()]
+            if len(base) and longest.ppl_mean.notna().all() and not math.isnan(base.iloc[0]):
+                lines.append(f"  {enc}: ppl(L={int(longest.eval_len.iloc[0])}) / ppl(L={tlen}) = "
+                             f"{longest.ppl_mean.iloc[0] / base.iloc[0]:.2f}")
+    return "\n".join(lines)
+
+
+def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
+    """Perplexity vs eval length, log-scale x, one line per encoding (shaded min..max over
+    seeds), dashed vertical line at the train length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = df if "ppl_mean" in df else summarize(df)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for enc, g in summary.groupby("encoding", sort=False):
+        g = g.sort_values("eval_len")
+        line, = ax.plot(g.eval_len, g.ppl_mean, marker="o", label=enc)
+        if (g.ppl_max > g.ppl_min).any():
+            ax.fill_between(g.eval_len, g.ppl_min, g.ppl_max, color=line.get_color(), alpha=0.2)
+    for tlen in sorted(summary.train_len.unique()):
+        ax.axvline(tlen, color="gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title or f"perplexity vs length (train_len={', '.join(map(str, sorted(summary.train_len.unique())))})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(Path(path), lambda f: fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120))
+    plt.close(fig)
+
+
+def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[pd.DataFrame, str, Path]:
+    """Gather results, write ``report.csv`` (tidy summary), ``report.md`` and ``report.png``
+    into ``out`` (default: the single directory given, else ./report)."""
+    df = collect(paths)
+    summary = summarize(df)
+    table = markdown_table(summary)
+    if out is None:
+        out = Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("report")
+    out = Path(out)
+    atomic_write_text(out / "report.csv", summary.to_csv(index=False))
+    atomic_write_text(out / "report.md", table + "\n")
+    plot_ppl_vs_length(summary, out / "report.png")
+    return summary, table, out

@@ -1,0 +1,155 @@
+"""train(cfg, run_dir): train on short windows, checkpoint, resume, then evaluate.
+
+Re-running the same command in the same run directory resumes from
+``checkpoints/last.pt``; model, optimizer, scheduler, step and every RNG state are
+restored, so a resumed run ends with the same numbers as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from .build import autocast, autocast_dtype, build_model, resolve_device
+from .checkpoint import RunDir, atomic_write_text, load_checkpoint, save_checkpoint
+from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
+from .data import load_corpus
+from .errors import PosbenchError
+from .evaluate import perplexity_ladder, result_rows, scored_tokens, write_results
+from .logger import MetricsLogger
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_lambda(tcfg: TrainConfig):
+    """Linear warmup, then cosine decay to ``min_lr_ratio`` of the peak."""
+    def factor(step: int) -> float:
+        if step < tcfg.warmup_steps:
+            return (step + 1) / tcfg.warmup_steps
+        progress = (step - tcfg.warmup_steps) / max(1, tcfg.steps - tcfg.warmup_steps)
+        return tcfg.min_lr_ratio + (1 - tcfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+def make_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay on the network's matrices, none on norms, biases and encodings."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and not name.startswith("encoding.") else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2))
+
+
+class WindowSampler:
+    """Random (B, T+1) windows from one token array, driven by its own generator."""
+
+    def __init__(self, tokens: np.ndarray, train_len: int, batch_size: int, seed: int):
+        if tokens.size <= train_len + 1:
+            raise PosbenchError(f"train.train_len={train_len} needs more than {train_len + 1} train tokens; "
+                                f"the corpus has {tokens.size}")
+        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+        self.offsets = torch.arange(train_len + 1)
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        high = self.tokens.numel() - self.offsets.numel() + 1
+        starts = torch.randint(0, high, (self.batch_size,), generator=self.generator)
+        windows = self.tokens[starts[:, None] + self.offsets[None, :]]  # (B, T+1)
+        return windows[:, :-1], windows[:, 1:]
+
+
+def train(cfg: DictConfig, run_dir) -> dict:
+    """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results."""
+    tcfg = typed(TrainConfig, cfg.train, "train")
+    ecfg = typed(EvalConfig, cfg.eval, "eval")
+    typed(DataConfig, cfg.data, "data")
+    device = resolve_device(str(cfg.device))
+    run = RunDir(run_dir)
+    chash = config_hash(cfg)
+    state = None
+    if run.checkpoint.exists():
+        state = load_checkpoint(run.checkpoint)
+        if state["config_hash"] != chash:
+            raise PosbenchError(f"run dir {str(run.path)!r} holds a run with another config "
+                                f"(hash {state['config_hash']} != {chash}); use another hydra.run.dir")
+
+    seed_everything(int(cfg.seed))
+    corpus = load_corpus(cfg.data)
+    lengths = ecfg.resolve_lengths(tcfg.train_len)
+    scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
+    model = build_model(cfg, corpus.vocab_size).to(device)
+    dtype = autocast_dtype(device, tcfg.precision)
+    optimizer = make_optimizer(model, tcfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
+    sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, int(cfg.seed))
+
+    step = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        sampler.generator.set_state(state["rng"]["sampler"])
+        step = int(state["step"])
+        print(f"posbench: resuming {run.path} from step {step}", file=sys.stderr)
+    atomic_write_text(run.config, OmegaConf.to_yaml(cfg, resolve=True))
+    logger = MetricsLogger(run, cfg, resume_step=step)
+
+    def checkpoint():
+        save_checkpoint(run.checkpoint, {
+            "step": step, "config_hash": chash, "vocab_size": corpus.vocab_size,
+            "corpus_key": corpus.meta["key"], "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "sampler": sampler.generator.get_state()}})
+
+    tokens_per_step = tcfg.batch_size * tcfg.train_len
+    print(f"posbench: {cfg.encoding.name} | {model.num_params() / 1e6:.2f}M params | "
+          f"{tcfg.steps} steps x {tokens_per_step} tokens | {device} {dtype or torch.float32}", file=sys.stderr)
+    model.train()
+    bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", disable=None,
+               file=sys.stderr, mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+    while step < tcfg.steps:
+        x, y = sampler()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, dtype):
+            loss = model.loss(x, y)
+        if not torch.isfinite(loss):
+            raise PosbenchError(f"loss became {loss.item()} at step {step + 1}; the last good checkpoint "
+                                f"is kept at {run.checkpoint}; lower train.lr or check the data")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        step += 1
+        window_loss, window_steps = window_loss + loss.item(), window_steps + 1
+        if step % tcfg.log_every == 0 or step == tcfg.steps:
+            elapsed = time.perf_counter() - window_start
+            record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
+                      "tokens_per_s": window_steps * tokens_per_step / elapsed}
+            logger.log(record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+        bar.update(1)
+        if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+            checkpoint()
+    bar.close()
+
+    ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
+    rows = write_results(run, result_rows(cfg, ladder, step))
+    logger.finish(rows)
+    return {"run_dir": str(run.path), "results": rows, "steps": step}
