@@ -1,0 +1,52 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# Quick end-to-end settings on a slice of the real packaged corpus.
+SMOKE = ["experiment=smoke", "device=cpu"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    """Tokenizer/token caches (ours and Hugging Face's) go to a per-session temp dir."""
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    yield cache
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def posbench(*args, cwd=None, check=True):
+    """Run the installed console script like a user would."""
+    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"posbench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def compose(*overrides):
+    """The resolved train config, as `posbench train <overrides>` would see it."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from posbench.cli import conf_dir
+
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", lambda o: o or "default")
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return hydra_compose(config_name="app_train", overrides=list(overrides))
