@@ -51,5 +51,5 @@ def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
     """Model of ``cfg.model`` with encoding ``cfg.encoding``; raises PosbenchError on bad shapes."""
     mcfg = model_config(cfg.model)
     train_len = int(cfg.train.train_len)
-    encoding = build_encoding(OmegaConf.to_container(cfg.encoding, resolve=True), LanguageModel.dims(mcfg, train_len))
+    encoding = build_encoding(OmegaConf.to_container(cfg.encoding, resolve=True), LanguageModel.dims(mcfg, train_len, vocab_size))
     return LanguageModel(mcfg, vocab_size, encoding)

@@ -81,14 +81,14 @@ class LanguageModel(nn.Module):
                 nn.init.zeros_(p)
 
     @staticmethod
-    def dims(cfg: ModelConfig, train_len: int) -> ModelDims:
-        return ModelDims(cfg.d_model, cfg.n_heads, cfg.n_layers, train_len)
+    def dims(cfg: ModelConfig, train_len: int, vocab_size: int = 0) -> ModelDims:
+        return ModelDims(cfg.d_model, cfg.n_heads, cfg.n_layers, train_len, vocab_size)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab)."""
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)
-        x = self.drop(self.encoding.embed(x, positions))
+        x = self.drop(self.encoding.embed(x, positions, idx))
         for layer, block in enumerate(self.blocks):
             x = block(x, self.encoding, positions, layer)
         return self.ln_f(x) @ self.tok_emb.weight.t()  # tied output embedding

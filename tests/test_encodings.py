@@ -21,7 +21,7 @@ def make(name, **params):
 def test_sinusoidal_matches_vaswani_formula():
     enc = make("sinusoidal")
     x = torch.zeros(1, 50, DIMS.d_model)
-    pe = enc.embed(x, torch.arange(50))[0]
+    pe = enc.embed(x, torch.arange(50), torch.zeros(1, 50, dtype=torch.long))[0]
     for pos in (0, 1, 7, 49):
         for i in range(DIMS.d_model // 2):
             angle = pos / 10000 ** (2 * i / DIMS.d_model)
@@ -31,9 +31,9 @@ def test_sinusoidal_matches_vaswani_formula():
 
 def test_learned_fails_clearly_past_its_table():
     enc = make("learned")
-    enc.embed(torch.zeros(1, 16, 32), torch.arange(16))  # fine at its length
+    enc.embed(torch.zeros(1, 16, 32), torch.arange(16), torch.zeros(1, 16, dtype=torch.long))  # fine at its length
     with pytest.raises(PositionRangeError, match="16 entries.*position 63"):
-        enc.embed(torch.zeros(1, 64, 32), torch.arange(64))
+        enc.embed(torch.zeros(1, 64, 32), torch.arange(64), torch.zeros(1, 64, dtype=torch.long))
 
 
 def test_rope_dot_product_depends_only_on_offset():
@@ -107,7 +107,7 @@ def test_unknown_encoding_and_option_errors():
 def tiny_model(name, vocab=64):
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=8)
-    return LanguageModel(cfg, vocab, build_encoding({"name": name}, LanguageModel.dims(cfg, 16))).eval()
+    return LanguageModel(cfg, vocab, build_encoding({"name": name}, LanguageModel.dims(cfg, 16, vocab))).eval()
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -1,13 +1,21 @@
-"""Position encodings: one registry from name to class. See :mod:`.base` for the hooks."""
+"""Position encodings: one registry from name to class. See :mod:`.base` for the hooks.
+
+Every module in this package is imported here, so adding an encoding is one class
+decorated with ``@register`` in a module of this package, plus ``conf/encoding/<name>.yaml``.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import PosbenchError
 from .base import HOOKS, REGISTRY, ModelDims, PositionEncoding, PositionRangeError, register
-from . import absolute, bias, rotary  # noqa: F401  (registers the built-in encodings)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")  # each module registers its encodings
 
 
 @register

@@ -28,7 +28,7 @@ class Sinusoidal(PositionEncoding):
         super().__init__(dims)
         self.base = float(base)
 
-    def embed(self, x, positions):
+    def embed(self, x, positions, tokens):
         return x + sinusoid_table(positions, self.dims.d_model, self.base).to(x.dtype)
 
 
@@ -45,7 +45,7 @@ class Learned(PositionEncoding):
         self.table = nn.Embedding(self.max_len, dims.d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
-    def embed(self, x, positions):
+    def embed(self, x, positions, tokens):
         if int(positions.max()) >= self.max_len:
             raise PositionRangeError(
                 f"learned position table has {self.max_len} entries, cannot encode position "

@@ -55,6 +55,7 @@ class ModelDims:
     n_heads: int
     n_layers: int
     train_len: int
+    vocab_size: int = 0  # for schemes with word-dependent parameters (complex embeddings)
 
     @property
     def head_dim(self) -> int:
@@ -76,8 +77,8 @@ class PositionEncoding(nn.Module):
         self.dims = dims
 
     # ---- hooks (override only what the scheme needs) -------------------------
-    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, D) token embeddings, positions: (T,) -> (B, T, D)."""
+    def embed(self, x: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, D) token embeddings, positions: (T,), tokens: (B, T) ids -> (B, T, D)."""
         return x
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, layer: int):
