@@ -119,8 +119,9 @@ def train(cfg: DictConfig, run_dir) -> dict:
     print(f"posbench: {cfg.encoding.name} | {model.num_params() / 1e6:.2f}M params | "
           f"{tcfg.steps} steps x {tokens_per_step} tokens | {device} {dtype or torch.float32}", file=sys.stderr)
     model.train()
-    bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", disable=None,
-               file=sys.stderr, mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    # In a terminal the bar redraws every second; in a log file (sweeps, clusters) every 30 s.
+    bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", file=sys.stderr,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0)
     window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
     while step < tcfg.steps:
         x, y = sampler()
