@@ -58,3 +58,12 @@ def test_conf_ships_in_package_data():
     text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert '"posbench.conf" = "conf"' in text
     assert (conf_dir() / "app_train.yaml").is_file()
+
+
+def test_readme_set_up_commands_match_ci():
+    """CI runs exactly the README's second set-up command; both pin the CPU torch build."""
+    root = Path(__file__).parents[1]
+    readme = [line for line in (root / "README.md").read_text().splitlines() if line.startswith("python3 -m venv")]
+    assert len(readme) == 2 and all("torch==2.13.0" in line for line in readme)
+    assert readme[0].endswith("posbench train encoding=alibi")
+    assert readme[1] in (root / ".ci" / "run").read_text()
