@@ -1,10 +1,17 @@
-"""Absolute position encodings added to the token embeddings (``embed`` hook)."""
+"""Position encodings applied to the token embeddings before the first block (``embed`` hook).
+
+Absolute tables (sinusoidal, learned), word-dependent complex embeddings, and schemes whose
+position comes from the order-sensitive layer itself (causal convolution, recurrence)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..errors import PosbenchError
 from .base import ModelDims, PositionEncoding, PositionRangeError, register
 
 
@@ -51,3 +58,127 @@ class Learned(PositionEncoding):
                 f"learned position table has {self.max_len} entries, cannot encode position "
                 f"{int(positions.max())} (learned absolute positions do not extrapolate)")
         return x + self.table(positions).to(x.dtype)
+
+
+@register
+class Complex(PositionEncoding):
+    """Word-order-aware complex word embeddings (Wang et al. 2020, "Encoding word order in
+    complex embeddings", ICLR), the solution of their Claim 1 written per dimension: word w
+    at position pos is
+
+        f(w, pos)_k = r_{w,k} exp(i (omega_{w,k} pos + theta_{w,k})),   k = 1 .. D/2,
+
+    with amplitude r, frequency omega and initial phase theta looked up per vocabulary entry.
+    A shift by delta multiplies every dimension by exp(i omega delta): a rotation that depends
+    only on the offset, while |f| = |r| does not depend on position at all.
+
+    The real-valued model receives [Re f, Im f] (D/2 + D/2 = D). As in the paper this
+    *replaces* the word embedding: ``x`` is ignored and the model's ``tok_emb`` serves only
+    as the (untied in effect) output embedding, so ``scale_token_embedding`` is off.
+
+    Initialisation: r ~ N(0, 0.02) like the model's token embedding; omega_{w,k} =
+    base^(-2k/D) for every word, the sinusoidal frequencies (the authors' language-model
+    code likewise starts its per-word frequencies from the sinusoidal ones), so at step 0
+    positions are encoded at wavelengths from 2 pi to about 2 pi base; theta ~ U(0, 2 pi).
+    """
+
+    name = "complex"
+    paper = "Wang et al. 2020, Encoding word order in complex embeddings (ICLR)"
+    description = "per-word amplitude, frequency and phase r exp(i(omega pos + theta)); replaces the token embedding"
+    scale_token_embedding = False
+
+    def __init__(self, dims: ModelDims, base: float = 10000.0):
+        super().__init__(dims)
+        if dims.d_model % 2:
+            raise PosbenchError(f"complex embeddings need an even d_model (real and imaginary halves), "
+                                f"got {dims.d_model}")
+        half, vocab = dims.d_model // 2, dims.vocab_size
+        self.amplitude = nn.Embedding(vocab, half)  # r: (V, D/2)
+        self.frequency = nn.Embedding(vocab, half)  # omega: (V, D/2)
+        self.phase = nn.Embedding(vocab, half)  # theta: (V, D/2)
+        nn.init.normal_(self.amplitude.weight, std=0.02)
+        inv_freq = float(base) ** (-torch.arange(0, dims.d_model, 2, dtype=torch.float32) / dims.d_model)
+        with torch.no_grad():
+            self.frequency.weight.copy_(inv_freq.expand(vocab, half))
+        nn.init.uniform_(self.phase.weight, 0.0, 2 * math.pi)
+
+    def embed(self, x, positions, tokens):
+        if self.dims.vocab_size <= 0:
+            raise PosbenchError("complex embeddings are word-dependent: build them with ModelDims.vocab_size > 0")
+        r, omega, theta = self.amplitude(tokens), self.frequency(tokens), self.phase(tokens)  # (B, T, D/2)
+        angle = omega * positions.to(omega.dtype)[None, :, None] + theta  # omega pos + theta
+        return torch.cat((r * angle.cos(), r * angle.sin()), dim=-1).to(x.dtype)  # (B, T, D)
+
+
+@register
+class Conv(PositionEncoding):
+    """Position from a causal depthwise convolution over the token embeddings.
+
+    y_t = x_t + b + sum_{j=0}^{k-1} w_j * x_{t-j},   x_{t<0} = 0   (per channel, * element-wise)
+
+    This is the positional encoding generator (PEG) of Chu et al. 2023, "Conditional
+    Positional Encodings for Vision Transformers" (ICLR): a depthwise convolution
+    with zero padding whose output is added to its input, made causal for a decoder by padding
+    on the left only. The kernel sees relative order inside its window; absolute position
+    reaches the model only through the zero padding at the start of the sequence (Islam et
+    al. 2020, "How much position information do CNNs encode?", ICLR): past the first k-1
+    positions, the same k tokens are encoded the same way wherever they sit.
+
+    The residual form keeps the token embedding on the direct path; the convolution is linear
+    in x, so there is no table to balance against and ``scale_token_embedding`` is off.
+    Weights use PyTorch's default Conv1d initialisation, the bias starts at zero.
+    """
+
+    name = "conv"
+    paper = "Chu et al. 2023, Conditional Positional Encodings (PEG), made causal"
+    description = "x + causal depthwise conv1d(x) with left zero padding before the first block"
+    scale_token_embedding = False
+
+    def __init__(self, dims: ModelDims, kernel_size: int = 3):
+        super().__init__(dims)
+        if int(kernel_size) < 1:
+            raise PosbenchError(f"conv kernel_size must be >= 1, got {kernel_size}")
+        self.kernel_size = int(kernel_size)
+        self.conv = nn.Conv1d(dims.d_model, dims.d_model, self.kernel_size, groups=dims.d_model)
+        nn.init.zeros_(self.conv.bias)
+
+    def embed(self, x, positions, tokens):
+        padded = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # (B, D, k-1+T), zeros on the left only
+        return (x + self.conv(padded).transpose(1, 2)).to(x.dtype)  # (B, T, D)
+
+
+@register
+class Recurrent(PositionEncoding):
+    """Position from a causal GRU run over the token embeddings before the first block.
+
+    Neishi & Yoshinaga 2019, "On the Relation between Position Information and Sentence
+    Length in Neural Machine Translation" (CoNLL): RNN-Transformer, an RNN in place
+    of the positional-encoding layer. The recurrence is the GRU of Cho et al. 2014 (eqs. 5-8)
+    in PyTorch/cuDNN form:
+
+        r_t = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+        z_t = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+        n_t = tanh(W_in x_t + b_in + r_t * (W_hn h_{t-1} + b_hn))
+        h_t = (1 - z_t) * n_t + z_t * h_{t-1},   h_{-1} = 0
+
+    With ``residual`` (the default) the output is x_t + h_t: the token embedding reaches the
+    first block unchanged and the GRU adds order information, which matters here because the
+    output embedding is tied to the input one. ``residual: false`` feeds h_t alone, as in the
+    paper. The GRU always runs in float32 with autocast off, so the hidden state carried over
+    thousands of steps is not rounded to bf16 at every step; the layer is small.
+    """
+
+    name = "rnn"
+    paper = "Neishi & Yoshinaga 2019, RNN-Transformer (CoNLL); GRU of Cho et al. 2014"
+    description = "causal GRU over the token embeddings, added to them (or replacing them)"
+    scale_token_embedding = False
+
+    def __init__(self, dims: ModelDims, residual: bool = True):
+        super().__init__(dims)
+        self.residual = bool(residual)
+        self.gru = nn.GRU(dims.d_model, dims.d_model, batch_first=True)
+
+    def embed(self, x, positions, tokens):
+        with torch.autocast(x.device.type, enabled=False):
+            h, _ = self.gru(x.float())  # (B, T, D), h_t sees x_0 .. x_t only
+        return (x + h if self.residual else h).to(x.dtype)
