@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from ..errors import PosbenchError
 from .base import ModelDims, PositionEncoding, register
 
 
@@ -66,3 +67,244 @@ class T5Bias(PositionEncoding):
     def bias(self, q_pos, k_pos, layer):
         buckets = t5_bucket(q_pos[:, None] - k_pos[None, :], self.num_buckets, self.max_distance)
         return self.table(buckets).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+
+
+# ---- helpers shared by the learned and parameter-free distance biases ------------------------
+
+def causal_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(Tq,), (Tk,) -> (Tq, Tk) distances i - j, with future pairs (j > i) set to 0. Every
+    kernel masks those pairs; clamping keeps log, pow and the MLPs finite (and their gradients
+    defined) there, as KERPLE's ``tril`` of the distance matrix does."""
+    return (q_pos[:, None] - k_pos[None, :]).clamp(min=0)
+
+
+def by_distance(table_fn, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Evaluate a function of the distance once per distinct distance, then gather.
+
+    The kernels call ``bias`` with queries among the keys and keys at consecutive positions
+    (a query chunk [s, e) sees keys [0, e)), so every causal distance lies in 0 .. Tk-1.
+    ``table_fn``: (Tk,) float distances -> (H, Tk). Returns (H, Tq, Tk). A distance outside
+    0 .. Tk-1 (positions that break that contract) fails as an indexing error, not a silent clamp.
+    """
+    distances = torch.arange(k_pos.shape[0], device=k_pos.device, dtype=torch.float32)
+    with torch.autocast(k_pos.device.type, enabled=False):  # tables in fp32 under bf16 autocast
+        table = table_fn(distances)  # (H, Tk)
+    return table[:, causal_distance(q_pos, k_pos)]
+
+
+# ---- KERPLE (Chi et al. 2022) ------------------------------------------------------------
+
+KERPLE_EPS = 1e-2  # floor on r1, r2 in the authors' code
+
+
+class _Kerple(PositionEncoding):
+    """Two learned per-head parameters (r1, r2), shared by all layers as in the authors'
+    GPT-NeoX code (one module handed to every layer).
+
+    Positivity: the authors' projection. Before each use the stored values are clamped in
+    place (``.data``, outside autograd) to r >= 1e-2, and for the power exponent also r2 <= 2.
+    A parameter that an optimiser step pushed out of range is reset to the boundary on the next
+    forward pass, and its gradient there is the ordinary one (no zero-gradient clamp, no
+    softplus reparameterisation changing the optimisation dynamics).
+    """
+
+    r2_max: float = float("inf")
+
+    def __init__(self, dims: ModelDims, r1_init_scale: float, r2_init_scale: float):
+        super().__init__(dims)
+        # authors' init: uniform on (0, scale) per head
+        self.r1 = nn.Parameter(r1_init_scale * torch.rand(dims.n_heads))
+        self.r2 = nn.Parameter(r2_init_scale * torch.rand(dims.n_heads))
+        self.project()
+
+    def project(self) -> None:
+        """Clamp r1 >= eps and eps <= r2 <= r2_max in place; a no-op once they are in range.
+        Through ``.data`` so autograd's version counter is untouched: layers that used r1, r2
+        earlier in this forward pass keep valid saved tensors."""
+        self.r1.data.clamp_(min=KERPLE_EPS)
+        self.r2.data.clamp_(min=KERPLE_EPS, max=self.r2_max)
+
+    def bias(self, q_pos, k_pos, layer):
+        self.project()
+        distance = causal_distance(q_pos, k_pos).float()  # (Tq, Tk), |i - j| for j <= i
+        return self.kernel(self.r1[:, None, None], self.r2[:, None, None], distance)  # (H, Tq, Tk)
+
+
+@register
+class KerpleLog(_Kerple):
+    """KERPLE, logarithmic variant (Chi, Fan, Ramadge and Rudnicky 2022, "KERPLE: Kernelized
+    Relative Positional Embedding for Length Extrapolation", NeurIPS; the paper's "log" CPD
+    kernel, the variant it recommends):
+
+        b(h, i, j) = -r1_h log(1 + r2_h |i - j|),    r1_h, r2_h > 0 learned per head.
+
+    Init as in the authors' code: r1 ~ U(0, 2), r2 ~ U(0, 1). Positivity: see ``_Kerple``.
+    """
+
+    name = "kerple_log"
+    paper = "Chi et al. 2022, KERPLE (logarithmic variant)"
+    description = "learned per-head -r1 log(1 + r2 |i - j|), shared by layers"
+
+    def __init__(self, dims: ModelDims):
+        super().__init__(dims, r1_init_scale=2.0, r2_init_scale=1.0)
+
+    @staticmethod
+    def kernel(r1, r2, distance):
+        return -r1 * torch.log1p(r2 * distance)
+
+
+@register
+class KerplePower(_Kerple):
+    """KERPLE, power variant (Chi et al. 2022, KERPLE, NeurIPS; the paper's "power" CPD kernel,
+    which is conditionally positive definite only for exponents in (0, 2]):
+
+        b(h, i, j) = -r1_h |i - j|^r2_h,    r1_h > 0, 0 < r2_h <= 2 learned per head.
+
+    Init as in the authors' code: r1 ~ U(0, 1), r2 ~ U(0, 2). Range: see ``_Kerple``.
+    """
+
+    name = "kerple_power"
+    paper = "Chi et al. 2022, KERPLE (power variant)"
+    description = "learned per-head -r1 |i - j|^r2 with 0 < r2 <= 2, shared by layers"
+    r2_max = 2.0
+
+    def __init__(self, dims: ModelDims):
+        super().__init__(dims, r1_init_scale=1.0, r2_init_scale=2.0)
+
+    @staticmethod
+    def kernel(r1, r2, distance):
+        return -r1 * distance.pow(r2)
+
+
+# ---- Sandwich (Chi et al. 2023) ----------------------------------------------------------
+
+@register
+class Sandwich(PositionEncoding):
+    """Sandwich (Chi, Fan, Rudnicky and Ramadge 2023, "Dissecting Transformer Length
+    Extrapolation via the Lens of Receptive Field Analysis", ACL): the inner product of
+    two d'-dimensional sinusoidal position embeddings, shifted so it is 0 at distance 0,
+
+        p_i . p_j - d'/2 = sum_{k=1}^{d'/2} cos((i - j) / 10000^(2k/d')) - d'/2,
+
+    then compressed per head like ALiBi's slopes: head n = 1 .. H is divided by 8n/H (the
+    paper's h = n * 8/H; NeMo's port does the same). Parameter-free; shared by layers.
+
+    ``dim`` is d', a width of its own, independent of d_model: NeMo's port takes the head size;
+    we default to 128. The bias is a function of the distance only, so it is evaluated once per
+    distance (Tk * d'/2 cosines) and gathered, never as a (Tq, Tk, d'/2) tensor.
+    """
+
+    name = "sandwich"
+    paper = "Chi et al. 2023, Dissecting Transformer Length Extrapolation (Sandwich)"
+    description = "sinusoid inner product sum_k cos((i-j) w_k) - d'/2, compressed by 8n/H per head"
+
+    def __init__(self, dims: ModelDims, dim: int = 128):
+        super().__init__(dims)
+        if int(dim) < 2 or int(dim) % 2:
+            raise PosbenchError(f"sandwich: dim (d') must be a positive even number, got {dim}")
+        self.dim = int(dim)
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float32)
+        self.register_buffer("inv_freq", 10000.0 ** (-2.0 * k / self.dim), persistent=False)  # (d'/2,)
+        n = torch.arange(1, dims.n_heads + 1, dtype=torch.float32)
+        self.register_buffer("compression", 8.0 * n / dims.n_heads, persistent=False)  # (H,)
+
+    def table(self, distances: torch.Tensor) -> torch.Tensor:
+        """(N,) distances -> (H, N) compressed p_i . p_j - d'/2."""
+        dot = torch.cos(distances[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # (N,)
+        return dot[None, :] / self.compression[:, None]
+
+    def bias(self, q_pos, k_pos, layer):
+        return by_distance(self.table, q_pos, k_pos)
+
+
+# ---- FIRE (Li et al. 2024) ---------------------------------------------------------------
+
+FIRE_EPS = 1e-6  # added to the normaliser, as in the paper's reference code
+
+
+@register
+class FIRE(PositionEncoding):
+    """FIRE, Functional Interpolation for Relative Positions (Li et al. 2024, "Functional
+    Interpolation for Relative Positions Improves Long Context Transformers", ICLR):
+
+        b(h, i, j) = f_h( psi(i - j) / psi(max(L, i)) ),    psi(x) = log(c x + 1),
+
+    f an MLP 1 -> ``mlp_width`` (ReLU) -> H. The input lies in [0, 1] whatever the length
+    ("progressive interpolation"); the threshold L keeps short contexts from being stretched.
+
+    c and L are learned: as in the paper's appendix code, psi uses |c x| and L = |s| * L0 with
+    a learned multiplier s (init 1) on L0 = ``init_threshold`` (default train_len), so both stay
+    positive and L moves at a rate relative to its size. Init c = ``init_c`` = 0.1.
+
+    One MLP (and c, L) shared by all layers, like T5 and KERPLE here. The input depends on i
+    as well as on i - j, so f runs per (i, j) pair: (Tq, Tk, mlp_width) activations per query
+    chunk. It runs in fp32 even under bf16 autocast: bf16 cannot tell apart the inputs of
+    neighbouring keys at long range (their difference is ~1e-4 near 1).
+    """
+
+    name = "fire"
+    paper = "Li et al. 2024, Functional Interpolation for Relative Positions (FIRE)"
+    description = "MLP of log-distance normalised by log(max(L, i)); c, L learned; shared"
+
+    def __init__(self, dims: ModelDims, mlp_width: int = 32, init_c: float = 0.1,
+                 init_threshold: float | None = None):
+        super().__init__(dims)
+        self.mlp = nn.Sequential(nn.Linear(1, int(mlp_width)), nn.ReLU(),
+                                 nn.Linear(int(mlp_width), dims.n_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.init_threshold = float(init_threshold or dims.train_len)  # L0
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # s, L = |s| L0
+
+    def psi(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log1p(torch.abs(self.c * x))
+
+    def threshold(self) -> torch.Tensor:
+        return torch.abs(self.threshold_scale * self.init_threshold)
+
+    def bias(self, q_pos, k_pos, layer):
+        with torch.autocast(q_pos.device.type, enabled=False):
+            query = q_pos.float()
+            normaliser = self.psi(torch.maximum(query, self.threshold())) + FIRE_EPS  # (Tq,)
+            distance = causal_distance(q_pos, k_pos).float()  # (Tq, Tk)
+            x = self.psi(distance) / normaliser[:, None]  # (Tq, Tk), in [0, 1]
+            return self.mlp(x[..., None]).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+
+
+# ---- dynamic position bias (Wang et al. 2022; x-transformers) ----------------------------
+
+@register
+class DynamicPositionBias(PositionEncoding):
+    """Dynamic position bias: an MLP maps the log-distance to one bias per head (Wang et al.
+    2022, "CrossFormer: A Versatile Vision Transformer Hinging on Cross-scale Attention", ICLR,
+    there over 2-D offsets; here in 1-D with log distance, as x-transformers'
+    ``DynamicPositionBias(log_distance=True)``):
+
+        b(h, i, j) = MLP(sign(i - j) log(1 + |i - j|))_h.
+
+    MLP as in x-transformers: 1 -> width (SiLU) -> [width -> width (SiLU)] * (depth - 1) -> H,
+    width = d_model // 4 unless given, depth 2, no normalisation; one MLP shared by all layers.
+    The bias depends on i - j only, so the MLP runs once per distance 0 .. Tk-1 (causal
+    distances are >= 0, where sign(d) log(1 + |d|) = log(1 + d)), then is gathered.
+    """
+
+    name = "dynamic"
+    paper = "Wang et al. 2022, CrossFormer (dynamic position bias); x-transformers"
+    description = "MLP of log(1 + |i - j|) giving a bias per head, evaluated once per distance"
+
+    def __init__(self, dims: ModelDims, width: int | None = None, depth: int = 2):
+        super().__init__(dims)
+        width = int(width or dims.d_model // 4)
+        if int(depth) < 1:
+            raise PosbenchError(f"dynamic: depth must be at least 1, got {depth}")
+        layers: list[nn.Module] = [nn.Linear(1, width), nn.SiLU()]
+        for _ in range(int(depth) - 1):
+            layers += [nn.Linear(width, width), nn.SiLU()]
+        layers.append(nn.Linear(width, dims.n_heads))
+        self.mlp = nn.Sequential(*layers)
+
+    def table(self, distances: torch.Tensor) -> torch.Tensor:
+        """(N,) distances >= 0 -> (H, N)."""
+        return self.mlp(torch.log1p(distances)[:, None]).t()
+
+    def bias(self, q_pos, k_pos, layer):
+        return by_distance(self.table, q_pos, k_pos)
