@@ -7,11 +7,13 @@ restored, so a resumed run ends with the same numbers as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import math
 import random
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -71,6 +73,27 @@ class WindowSampler:
         return windows[:, :-1], windows[:, 1:]
 
 
+@contextmanager
+def stop_on_sigint():
+    """Ctrl-C asks the loop to stop after the current step (a second Ctrl-C stops at once)."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum, frame):
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        print("\nposbench: interrupt: saving a checkpoint after this step (Ctrl-C again to abort)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def train(cfg: DictConfig, run_dir) -> dict:
     """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results."""
     tcfg = typed(TrainConfig, cfg.train, "train")
@@ -123,31 +146,38 @@ def train(cfg: DictConfig, run_dir) -> dict:
     bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", file=sys.stderr,
                mininterval=1.0 if sys.stderr.isatty() else 30.0)
     window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
-    while step < tcfg.steps:
-        x, y = sampler()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast(device, dtype):
-            loss = model.loss(x, y)
-        if not torch.isfinite(loss):
-            raise PosbenchError(f"loss became {loss.item()} at step {step + 1}; the last good checkpoint "
-                                f"is kept at {run.checkpoint}; lower train.lr or check the data")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        step += 1
-        window_loss, window_steps = window_loss + loss.item(), window_steps + 1
-        if step % tcfg.log_every == 0 or step == tcfg.steps:
-            elapsed = time.perf_counter() - window_start
-            record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
-                      "tokens_per_s": window_steps * tokens_per_step / elapsed}
-            logger.log(record)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
-        bar.update(1)
-        if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
-            checkpoint()
+    with stop_on_sigint() as interrupted:
+        while step < tcfg.steps and not interrupted.is_set():
+            x, y = sampler()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast(device, dtype):
+                loss = model.loss(x, y)
+            if not torch.isfinite(loss):
+                raise PosbenchError(f"loss became {loss.item()} at step {step + 1}; the last good checkpoint "
+                                    f"is kept at {run.checkpoint}; lower train.lr or check the data")
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+            window_loss, window_steps = window_loss + loss.item(), window_steps + 1
+            if step % tcfg.log_every == 0 or step == tcfg.steps:
+                elapsed = time.perf_counter() - window_start
+                record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
+                          "tokens_per_s": window_steps * tokens_per_step / elapsed}
+                logger.log(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+            bar.update(1)
+            if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                checkpoint()
+    if step < tcfg.steps:  # stopped by Ctrl-C
+        checkpoint()
+        bar.close()
+        print(f"posbench: interrupted at step {step}; checkpoint saved in {run.path}; "
+              "re-run the same command to resume", file=sys.stderr)
+        raise SystemExit(130)
     bar.close()
 
     ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)

@@ -123,3 +123,28 @@ def test_bad_checkpoint_for_eval(tmp_path, checkpoint, message):
 def test_report_on_dir_without_results(tmp_path):
     proc = posbench("report", tmp_path, check=False)
     assert proc.returncode == 2 and "no results.csv under" in proc.stderr
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "posbench.cli", "train", *SMOKE, "encoding=alibi", "train.steps=400",
+            "train.ckpt_every=1000", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in err and "re-run the same command to resume" in err
+    step = torch.load(run / "checkpoints/last.pt", weights_only=False)["step"]
+    assert 5 <= step < 400 and not (run / "results.csv").exists()
+    posbench(*args[3:])
+    assert torch.load(run / "checkpoints/last.pt", weights_only=False)["step"] == 400
+    assert len(pd.read_csv(run / "results.csv")) == 5
