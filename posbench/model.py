@@ -37,11 +37,11 @@ class Attention(nn.Module):
         self.chunk = cfg.attn_chunk
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, enc: PositionEncoding, positions, layer: int):
+    def forward(self, x, enc: PositionEncoding, positions, layer: int, cache: dict):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
-        y = causal_attention(q, k, v, enc, positions, layer, self.chunk)
+        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
 
@@ -53,8 +53,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
                                  nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout))
 
-    def forward(self, x, enc, positions, layer):
-        x = x + self.attn(self.ln1(x), enc, positions, layer)
+    def forward(self, x, enc, positions, layer, cache):
+        x = x + self.attn(self.ln1(x), enc, positions, layer, cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -89,8 +89,9 @@ class LanguageModel(nn.Module):
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)
         x = self.drop(self.encoding.embed(x, positions, idx))
+        cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self.encoding, positions, layer)
+            x = block(x, self.encoding, positions, layer, cache)
         return self.ln_f(x) @ self.tok_emb.weight.t()  # tied output embedding
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -71,6 +71,8 @@ class PositionEncoding(nn.Module):
     # Vaswani et al. 2017, sec. 3.4: token embeddings are multiplied by sqrt(d_model)
     # before absolute positions are added, so the positions do not swamp them.
     scale_token_embedding: ClassVar[bool] = False
+    # False when ``bias`` differs between layers (then it is rebuilt in every layer).
+    layer_invariant_bias: ClassVar[bool] = True
 
     def __init__(self, dims: ModelDims):
         super().__init__()
