@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
+from .encodings.rotary import SCALINGS
 from .errors import PosbenchError
 from .model import ModelConfig
 
@@ -60,6 +61,8 @@ class EvalConfig:
     max_tokens: int = 32768  # token budget scored at every length (rounded to the longest)
     batch_tokens: int = 16384  # tokens per forward pass
     split: str = "validation"
+    rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn (rotary models only)
+    rope_factor: float | None = None  # s; None: max(1, eval_len / train_len) at each length
 
     def __post_init__(self):
         for key in ("max_tokens", "batch_tokens"):
@@ -67,6 +70,10 @@ class EvalConfig:
         for length in list(self.lengths or []) + list(self.multiples):
             _positive("eval.lengths" if self.lengths else "eval.multiples", length)
         _choice("eval.split", self.split, ("validation", "test"))
+        _choice("eval.rope_scaling", self.rope_scaling, SCALINGS)
+        if self.rope_factor is not None and not self.rope_factor >= 1:
+            raise PosbenchError(f"eval.rope_factor must be >= 1 (1 = no scaling) or null "
+                                f"(eval_len / train_len), got {self.rope_factor}")
 
     def resolve_lengths(self, train_len: int) -> list[int]:
         return sorted(set(self.lengths or [m * train_len for m in self.multiples]))

@@ -1,4 +1,9 @@
-"""Many run dirs -> one tidy table (mean and spread over seeds) -> Markdown, CSV and a figure."""
+"""Many run dirs -> one tidy table (mean and spread over seeds) -> Markdown, CSV and a figure.
+
+Rows evaluated under a RoPE scaling (``rope_scaling`` column) are their own line, labelled
+``<encoding>+<scaling>`` (e.g. ``rope+yarn``); unscaled rows keep the encoding's name.
+results.csv files written before the scaling columns existed read as ``none``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,39 @@ import pandas as pd
 from .checkpoint import atomic_write, atomic_write_text
 from .errors import PosbenchError
 
-GROUP = ["encoding", "model", "data", "train_len", "split", "eval_len"]
+GROUP = ["encoding", "rope_scaling", "model", "data", "train_len", "split", "eval_len"]
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """One results.csv; rows from before RoPE scaling get rope_scaling 'none', rope_factor 1."""
+    df = pd.read_csv(path)
+    if "rope_scaling" not in df:
+        df.insert(df.columns.get_loc("encoding") + 1, "rope_scaling", "none")
+    if "rope_factor" not in df:
+        df["rope_factor"] = 1.0
+    return df.fillna({"rope_scaling": "none", "rope_factor": 1.0})
+
+
+def _scaling_order(col: pd.Series) -> pd.Series:
+    return ("1" + col).where(col != "none", "0") if col.name == "rope_scaling" else col  # none first
+
+
+def sort_rows(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Sorted by ``by``, unscaled rows before the scalings of the same encoding."""
+    return df.sort_values(by, key=_scaling_order).reset_index(drop=True)
+
+
+def line_label(encoding: str, rope_scaling: str = "none") -> str:
+    """'rope' for plain runs, 'rope+yarn' under a scaling."""
+    return encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
+
+
+def _with_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with rope_scaling ('none' where absent) and each row's line ``label``."""
+    if "rope_scaling" not in df:
+        df = df.assign(rope_scaling="none")
+    labels = [line_label(e, s) for e, s in zip(df.encoding, df.rope_scaling)]
+    return df.assign(label=pd.Series(labels, index=df.index, dtype=object))
 
 
 def collect(paths: list[str | Path]) -> pd.DataFrame:
@@ -25,19 +62,23 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
                             "pass run or sweep directories made by posbench train")
     frames = []
     for f in files:
-        df = pd.read_csv(f)
+        df = read_results(f)
         df["run"] = str(f.parent)
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean, std, min, max of ppl over seeds, one row per (encoding, ..., eval_len)."""
+    """Mean, std, min, max of ppl over seeds, one row per (encoding, rope_scaling, ..., eval_len),
+    with the line's ``label``."""
+    df = _with_labels(df)
     ok = df.assign(ppl=df.ppl.where(df.status == "ok"))
     out = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"]).reset_index()
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().reset_index(name="seeds")
-    return out.merge(seeds, on=GROUP).rename(columns={"mean": "ppl_mean", "std": "ppl_std", "min": "ppl_min",
-                                                      "max": "ppl_max", "count": "n_ok"})
+    out = out.merge(seeds, on=GROUP).rename(columns={"mean": "ppl_mean", "std": "ppl_std", "min": "ppl_min",
+                                                     "max": "ppl_max", "count": "n_ok"})
+    out = _with_labels(out)
+    return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -47,11 +88,13 @@ def _fmt(mean: float, std: float) -> str:
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
-    """Encodings as rows, eval lengths as columns, 'mean ± std' cells."""
+    """Encodings (one row per scaling: 'rope+yarn') as rows, eval lengths as columns,
+    'mean ± std' cells."""
+    summary = _with_labels(summary)
     lengths = sorted(summary.eval_len.unique())
     header = "| encoding | train_len | seeds | " + " | ".join(f"L={n}" for n in lengths) + " |"
     lines = [header, "|" + "---|" * (3 + len(lengths))]
-    for (enc, tlen), g in summary.groupby(["encoding", "train_len"], sort=False):
+    for (enc, tlen), g in summary.groupby(["label", "train_len"], sort=False):
         cells = {row.eval_len: _fmt(row.ppl_mean, row.ppl_std) for row in g.itertuples()}
         lines.append(f"| {enc} | {tlen} | {int(g.seeds.max())} | " + " | ".join(cells.get(n, "") for n in lengths) + " |")
     return "\n".join(lines)
@@ -60,22 +103,25 @@ def markdown_table(summary: pd.DataFrame) -> str:
 def markdown_results(rows: pd.DataFrame) -> str:
     """One run's rows as a Markdown table."""
     lines = ["| encoding | train_len | eval_len | ppl | nll | tokens | status |", "|---|---|---|---|---|---|---|"]
-    for r in rows.itertuples():
+    for r in _with_labels(rows).itertuples():
         status = r.status if len(r.status) < 60 else r.status[:57] + "..."
-        lines.append(f"| {r.encoding} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} | {status} |")
+        lines.append(f"| {r.label} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} | {status} |")
     return "\n".join(lines)
 
 
 def spread_summary(summary: pd.DataFrame) -> str:
-    """How far apart the encodings are at train_len, and how each degrades at the longest length."""
+    """How far apart the encodings are at train_len, and how each (and each scaling) degrades
+    at the longest length."""
+    summary = _with_labels(summary)
     lines = []
     for tlen, g in summary.groupby("train_len"):
         at_train = g[g.eval_len == tlen].dropna(subset=["ppl_mean"])
         if len(at_train) > 1:
             lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
+            what = "encodings" if (at_train.rope_scaling == "none").all() else "lines"
             lines.append(f"train_len={tlen}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
-                         f"across {len(at_train)} encodings (spread {100 * (hi / lo - 1):.1f}%)")
-        for enc, e in g.groupby("encoding", sort=False):
+                         f"across {len(at_train)} {what} (spread {100 * (hi / lo - 1):.1f}%)")
+        for enc, e in g.groupby("label", sort=False):
             base = e[e.eval_len == tlen].ppl_mean
             longest = e[e.eval_len == e.eval_len.max()]
             if len(base) and longest.ppl_mean.notna().all() and not math.isnan(base.iloc[0]):
@@ -85,18 +131,21 @@ def spread_summary(summary: pd.DataFrame) -> str:
 
 
 def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
-    """Perplexity vs eval length, log-scale x, one line per encoding (shaded min..max over
-    seeds), dashed vertical line at the train length."""
+    """Perplexity vs eval length, log-scale x, one line per encoding and scaling (shaded
+    min..max over seeds), dashed vertical line at the train length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     summary = df if "ppl_mean" in df else summarize(df)
+    summary = _with_labels(summary)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for enc, g in summary.groupby("encoding", sort=False):
+    for enc, g in summary.groupby("label", sort=False):
         g = g.sort_values("eval_len")
-        line, = ax.plot(g.eval_len, g.ppl_mean, marker="o", label=enc)
+        scaled = (g.rope_scaling != "none").any()  # RoPE scalings dashed, plain encodings solid
+        line, = ax.plot(g.eval_len, g.ppl_mean, marker="s" if scaled else "o", linestyle="--" if scaled else "-",
+                        label=enc)
         if (g.ppl_max > g.ppl_min).any():
             ax.fill_between(g.eval_len, g.ppl_min, g.ppl_max, color=line.get_color(), alpha=0.2)
     for tlen in sorted(summary.train_len.unique()):
@@ -107,7 +156,7 @@ def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -
     ax.set_ylabel("perplexity")
     ax.set_title(title or f"perplexity vs length (train_len={', '.join(map(str, sorted(summary.train_len.unique())))})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     atomic_write(Path(path), lambda f: fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120))
     plt.close(fig)

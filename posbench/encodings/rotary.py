@@ -1,17 +1,45 @@
-"""Rotary position embeddings (``rotate`` hook)."""
+"""Rotary position embeddings (``rotate`` hook): RoPE, xPos, and RoPE scaling at inference.
+
+A rotary model trained on windows of ``train_len`` tokens can be stretched to longer
+windows without retraining (:meth:`Rotary.scaled`). For a factor s >= 1:
+
+===============  ==========================================================  =======================
+scaling          what changes                                                source
+===============  ==========================================================  =======================
+``pi``           positions p -> p / s                                        Chen et al. 2023 (PI)
+``ntk``          base b -> b * s^(hs / (hs - 2))                             bloc97 2023 (NTK-aware)
+``dynamic_ntk``  ``ntk`` with s = max(1, T / train_len) for a window of T    emozilla 2023
+``yarn``         NTK-by-parts: each frequency is kept, interpolated (/ s),   Peng et al. 2023 (YaRN)
+                 or between, by its wavelength against train_len; q and k
+                 times 0.1 ln s + 1 (so logits scale by 1/t)
+===============  ==========================================================  =======================
+
+s = 1 is plain RoPE for every scaling. Scaling is a setting of the module, not a
+parameter: checkpoints are unchanged and the evaluator switches it per run.
+"""
 
 from __future__ import annotations
+
+import math
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from ..errors import PosbenchError
-from .base import ModelDims, PositionEncoding, register
+from .base import REGISTRY, ModelDims, PositionEncoding, register
+
+SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # ramp bounds on r = train_len / wavelength (Peng et al. 2023, LLaMA values)
+
+
+def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
+    """theta_i = base^(-2i/hs) for i < hs/2 (Su et al. 2021, eq. 15). -> (hs/2,)."""
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
-    """theta_{p,i} = p * base^(-2i/hs) for i < hs/2 (Su et al. 2021, eq. 15). -> (T, hs/2)."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    return positions.float()[:, None] * inv_freq[None, :]
+    """theta_{p,i} = p * base^(-2i/hs). positions: (T,) -> (T, hs/2)."""
+    return positions.float()[:, None] * rope_inv_freq(head_dim, base, positions.device)[None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -22,6 +50,67 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out.to(x.dtype)
 
 
+# ---- RoPE scaling at inference -------------------------------------------------------------
+
+def scaling_factor(kind: str, factor: float | None, window_len: int, train_len: int) -> float:
+    """s in effect for a window of ``window_len`` positions: 1 for ``none``; max(1, window_len /
+    train_len) for ``dynamic_ntk`` or when ``factor`` is None; else ``factor``."""
+    if kind == "none":
+        return 1.0
+    if kind == "dynamic_ntk" or factor is None:
+        return max(1.0, window_len / train_len)
+    return float(factor)
+
+
+def ntk_base(base: float, factor: float, head_dim: int) -> float:
+    """NTK-aware base: b' = b * s^(hs / (hs - 2)), so the lowest frequency is interpolated by s."""
+    return base * factor ** (head_dim / (head_dim - 2))
+
+
+def yarn_ramp(inv_freq: torch.Tensor, train_len: int, alpha: float = YARN_ALPHA,
+              beta: float = YARN_BETA) -> torch.Tensor:
+    """gamma(r) with r = train_len / lambda_i, lambda_i = 2 pi / theta_i: 0 where r < alpha
+    (interpolate fully), 1 where r > beta (keep), linear between. (hs/2,) -> (hs/2,)."""
+    r = train_len * inv_freq / (2 * math.pi)
+    return ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+
+
+def yarn_inv_freq(inv_freq: torch.Tensor, factor: float, train_len: int) -> torch.Tensor:
+    """NTK-by-parts: h(theta_i) = (1 - gamma_i) theta_i / s + gamma_i theta_i."""
+    gamma = yarn_ramp(inv_freq, train_len)
+    return (1 - gamma) * inv_freq / factor + gamma * inv_freq
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """sqrt(1/t) = 0.1 ln s + 1, applied to q and k so the logits scale by 1/t."""
+    return 0.1 * math.log(factor) + 1.0
+
+
+def rotary_encodings() -> list[str]:
+    """Names of the registered encodings that accept a RoPE scaling."""
+    return sorted(name for name, cls in REGISTRY.items() if issubclass(cls, Rotary))
+
+
+def check_scalable(encoding_name: str, kind: str) -> None:
+    """A PosbenchError unless ``kind`` is ``none`` or the encoding is rotary."""
+    if kind not in SCALINGS:
+        raise PosbenchError(f"eval.rope_scaling={kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+    cls = REGISTRY.get(encoding_name)
+    if kind != "none" and not (cls is not None and issubclass(cls, Rotary)):
+        raise PosbenchError(f"eval.rope_scaling={kind} needs a model trained with a rotary encoding "
+                            f"({', '.join(rotary_encodings())}); this run uses {encoding_name!r}; "
+                            "valid here: eval.rope_scaling=none")
+
+
+def rope_scaling(encoding: PositionEncoding, kind: str, factor: float | None = None):
+    """Context manager: ``encoding.scaled(kind, factor)``; nothing for ``none``; a PosbenchError
+    for a scaling asked of a non-rotary encoding."""
+    check_scalable(encoding.name, kind)
+    return nullcontext(encoding) if kind == "none" else encoding.scaled(kind, factor)
+
+
+# ---- encodings -----------------------------------------------------------------------------
+
 @register
 class Rotary(PositionEncoding):
     name = "rope"
@@ -31,19 +120,108 @@ class Rotary(PositionEncoding):
     def __init__(self, dims: ModelDims, base: float = 10000.0):
         super().__init__(dims)
         if dims.head_dim % 2:
-            raise PosbenchError(f"rope needs an even head dimension, got {dims.head_dim}")
+            raise PosbenchError(f"{self.name} needs an even head dimension, got {dims.head_dim}")
         self.base = float(base)
-        self._cache: tuple | None = None  # (positions key, cos, sin), sized by the longest call
+        self.scaling: tuple[str, float | None] = ("none", None)  # (kind, factor); see scaled()
+        self._cache: tuple | None = None  # (scaling key, size, cos, sin), sized by the longest call
+
+    @contextmanager
+    def scaled(self, kind: str, factor: float | None = None):
+        """Within the block, rotate with scaling ``kind`` and factor s; ``factor=None`` means
+        s = max(1, T / train_len) for each window of T positions (``dynamic_ntk`` always does)."""
+        if kind not in SCALINGS:
+            raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+        if factor is not None and not factor >= 1:
+            raise PosbenchError(f"rope scaling factor must be >= 1 (1 = no scaling), got {factor}")
+        old, self.scaling = self.scaling, (kind, factor)
+        try:
+            yield self
+        finally:
+            self.scaling = old
+
+    def resolved_scaling(self, window_len: int) -> tuple[str, float]:
+        """(kind, s) applied to a window of ``window_len`` positions: ``dynamic_ntk`` becomes
+        ``ntk`` at its per-window s, and s = 1 becomes ``none``."""
+        kind, factor = self.scaling
+        s = scaling_factor(kind, factor, window_len, self.dims.train_len)
+        if s == 1.0:
+            return "none", 1.0
+        return ("ntk" if kind == "dynamic_ntk" else kind), s
+
+    def angle_table(self, positions: torch.Tensor, kind: str, s: float):
+        """cos, sin (T, hs/2) of every pair's angle at ``positions`` under scaling (kind, s),
+        both times YaRN's attention factor when kind is ``yarn``."""
+        hs = self.dims.head_dim
+        if kind == "none":
+            angles = rope_angles(positions, hs, self.base)
+        elif kind == "pi":
+            angles = rope_angles(positions.float() / s, hs, self.base)  # Chen et al. 2023: p -> p / s
+        elif kind == "ntk":
+            angles = rope_angles(positions, hs, ntk_base(self.base, s, hs))
+        elif kind == "yarn":
+            inv_freq = yarn_inv_freq(rope_inv_freq(hs, self.base, positions.device), s, self.dims.train_len)
+            angles = positions.float()[:, None] * inv_freq[None, :]
+        else:
+            raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+        if kind == "yarn":
+            m = yarn_attention_factor(s)
+            return angles.cos() * m, angles.sin() * m
+        return angles.cos(), angles.sin()
 
     def _cos_sin(self, positions: torch.Tensor):
         n = int(positions.max()) + 1
-        if self._cache is None or self._cache[0] < n or self._cache[1].device != positions.device:
+        kind, s = self.resolved_scaling(n)
+        key = (kind, s, positions.device)
+        if self._cache is None or self._cache[0] != key or self._cache[1] < n:
             size = max(n, 2 * self.dims.train_len)
-            angles = rope_angles(torch.arange(size, device=positions.device), self.dims.head_dim, self.base)
-            self._cache = (size, angles.cos(), angles.sin())
-        _, cos, sin = self._cache
+            cos, sin = self.angle_table(torch.arange(size, device=positions.device), kind, s)
+            self._cache = (key, size, cos, sin)
+        _, _, cos, sin = self._cache
         return cos[positions], sin[positions]
 
     def rotate(self, q, k, positions, layer):
         cos, sin = self._cos_sin(positions)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def xpos_zeta(head_dim: int) -> torch.Tensor:
+    """zeta_i = (2i/hs + 0.4) / 1.4 for i < hs/2 (Sun et al. 2022). -> (hs/2,)."""
+    return (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim + 0.4) / 1.4
+
+
+def xpos_scale(positions: torch.Tensor, head_dim: int, scale_base: float) -> torch.Tensor:
+    """zeta_i^(n / B) at each position n. positions: (T,) -> (T, hs/2)."""
+    zeta = xpos_zeta(head_dim).to(positions.device)
+    return zeta[None, :] ** (positions.float()[:, None] / scale_base)
+
+
+@register
+class XPos(Rotary):
+    """RoPE with q at position n times zeta^(n/B) and k at m times zeta^(-m/B), so each pair's
+    share of q.k decays as zeta_i^((n - m)/B) with the distance.
+
+    The factors are applied at positions centred on the window (as in the authors' torchscale
+    code): q.k depends on n - m only, so this changes no logit, and keeps zeta^(+-n/B) inside
+    fp32 range at twice the length. Under ``pi`` the decay, like the rotation, sees p / s;
+    the other scalings change frequencies only and leave the decay at the real positions.
+    """
+
+    name = "xpos"
+    paper = "Sun et al. 2022, A Length-Extrapolatable Transformer"
+    description = "rope whose q.k decays exponentially with i - j (q scaled up, k down by zeta^(pos/B))"
+
+    def __init__(self, dims: ModelDims, base: float = 10000.0, scale_base: float = 512.0):
+        super().__init__(dims, base)
+        if not scale_base > 0:
+            raise PosbenchError(f"xpos scale_base must be > 0, got {scale_base}")
+        self.scale_base = float(scale_base)
+
+    def rotate(self, q, k, positions, layer):
+        cos, sin = self._cos_sin(positions)
+        kind, s = self.resolved_scaling(int(positions.max()) + 1)
+        centred = positions.float() - (positions.min() + positions.max()).float() / 2
+        scale = xpos_scale(centred / s if kind == "pi" else centred, self.dims.head_dim, self.scale_base)
+        return apply_rotary(q, cos * scale, sin * scale), apply_rotary(k, cos / scale, sin / scale)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_base={self.scale_base}"
