@@ -24,6 +24,7 @@ from .build import autocast, autocast_dtype, build_model, resolve_device
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, save_checkpoint
 from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
 from .data import load_corpus
+from .encodings.rotary import check_scalable
 from .errors import PosbenchError
 from .evaluate import perplexity_ladder, result_rows, scored_tokens, write_results
 from .logger import MetricsLogger
@@ -99,6 +100,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
     tcfg = typed(TrainConfig, cfg.train, "train")
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     typed(DataConfig, cfg.data, "data")
+    check_scalable(str(cfg.encoding.name), ecfg.rope_scaling)  # before hours of training, not after
     device = resolve_device(str(cfg.device))
     run = RunDir(run_dir)
     chash = config_hash(cfg)

@@ -99,6 +99,7 @@ def test_multirun_sweep_and_report(tmp_path):
     (["train.lr=-1"], "train.lr must be > 0, got -1.0"),
     (["eval.lengths=[64,100000000]"], "eval length 100000000 is longer than the"),
     (["data.vocab_size=100"], "data.vocab_size=100 is smaller than the byte alphabet"),
+    (["eval.rope_scaling=yarn"], "eval.rope_scaling=yarn needs a model trained with a rotary encoding"),
 ])
 def test_bad_train_input_is_one_clear_line_and_leaves_nothing(tmp_path, args, message):
     run = tmp_path / "run"
@@ -132,7 +133,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     import time
 
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "posbench.cli", "train", *SMOKE, "encoding=alibi", "train.steps=400",
+    args = [sys.executable, "-m", "posbench.cli", "train", *SMOKE, "encoding=alibi", "train.steps=100",
             "train.ckpt_every=1000", f"hydra.run.dir={run}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -144,7 +145,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted at step" in err and "re-run the same command to resume" in err
     step = torch.load(run / "checkpoints/last.pt", weights_only=False)["step"]
-    assert 5 <= step < 400 and not (run / "results.csv").exists()
+    assert 5 <= step < 100 and not (run / "results.csv").exists()
     posbench(*args[3:])
-    assert torch.load(run / "checkpoints/last.pt", weights_only=False)["step"] == 400
+    assert torch.load(run / "checkpoints/last.pt", weights_only=False)["step"] == 100
     assert len(pd.read_csv(run / "results.csv")) == 5
