@@ -70,10 +70,15 @@ class LanguageModel(nn.Module):
         self.emb_scale = math.sqrt(cfg.d_model) if encoding.scale_token_embedding else 1.0
 
     def _init_weights(self):
+        """GPT-2 init (N(0, 0.02)), except where the encoding follows Vaswani et al.: token
+        embeddings N(0, d^-0.5) multiplied by sqrt(d) (tensor2tensor/fairseq), so the summed
+        absolute positions and the tokens have the same unit scale."""
         for name, p in self.named_parameters():
             if name.startswith("encoding."):
                 continue  # encodings initialise their own parameters
-            if p.dim() >= 2:
+            if name == "tok_emb.weight" and self.encoding.scale_token_embedding:
+                nn.init.normal_(p, std=self.cfg.d_model ** -0.5)
+            elif p.dim() >= 2:
                 # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, std=std)

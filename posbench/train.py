@@ -169,7 +169,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
                 record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
                           "tokens_per_s": window_steps * tokens_per_step / elapsed}
                 logger.log(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
                 window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
             bar.update(1)
             if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
