@@ -1,8 +1,16 @@
-"""Atomic checkpoint files and run-directory layout."""
+"""Atomic checkpoint files and run-directory layout.
+
+Every file is written to a hidden temp file beside it (``.last.pt.XXXX``), fsynced, then
+renamed over the old one, so a process killed mid-write leaves the previous file intact
+plus at most a stray temp file; nothing reads temp files, and training removes stray
+checkpoint temps when it starts (:func:`remove_partial_writes`). Checkpoints load with
+``weights_only=True``: a foreign pickle is refused, never unpickled (which could run code).
+"""
 
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -62,11 +70,24 @@ def save_checkpoint(path: Path, state: dict) -> None:
     atomic_write(path, lambda f: torch.save({"format": FORMAT, **state}, f))
 
 
+def remove_partial_writes(path: Path) -> list[Path]:
+    """Delete the temp files that writers of ``path`` killed mid-write left beside it.
+    Only for files with one writer at a time (a run's checkpoint: one trainer per run dir)."""
+    stray = sorted(path.parent.glob(f".{path.name}.*")) if path.parent.is_dir() else []
+    for tmp in stray:
+        tmp.unlink(missing_ok=True)
+    return stray
+
+
 def load_checkpoint(path: Path) -> dict:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused a Python object: not ours
+        raise PosbenchError(f"checkpoint {str(path)!r} is not a posbench checkpoint (it pickles Python objects; "
+                            f"expected format {FORMAT!r})") from e
     except Exception as e:
-        raise PosbenchError(f"checkpoint {str(path)!r} is truncated or not a torch file ({type(e).__name__})") from e
+        raise PosbenchError(f"checkpoint {str(path)!r} is truncated or not a torch file ({type(e).__name__}); "
+                            "valid: a checkpoints/last.pt written by posbench train") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise PosbenchError(f"checkpoint {str(path)!r} is not a posbench checkpoint (format {FORMAT!r})")
     return state

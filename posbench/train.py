@@ -21,9 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from .build import autocast, autocast_dtype, build_model, resolve_device
-from .checkpoint import RunDir, atomic_write_text, load_checkpoint, save_checkpoint
+from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
 from .data import load_corpus
+from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable
 from .errors import PosbenchError
 from .evaluate import perplexity_ladder, result_rows, scored_tokens, write_results
@@ -61,7 +62,7 @@ class WindowSampler:
     def __init__(self, tokens: np.ndarray, train_len: int, batch_size: int, seed: int):
         if tokens.size <= train_len + 1:
             raise PosbenchError(f"train.train_len={train_len} needs more than {train_len + 1} train tokens; "
-                                f"the corpus has {tokens.size}")
+                                f"the corpus has {tokens.size}; valid: train.train_len <= {tokens.size - 2}")
         self.tokens = torch.from_numpy(tokens.astype(np.int64))
         self.offsets = torch.arange(train_len + 1)
         self.batch_size = batch_size
@@ -75,9 +76,11 @@ class WindowSampler:
 
 
 @contextmanager
-def stop_on_sigint():
-    """Ctrl-C asks the loop to stop after the current step (a second Ctrl-C stops at once)."""
+def stop_on_signal():
+    """Ctrl-C (SIGINT) or SIGTERM (`kill`, a cluster's preemption notice) asks the loop to stop
+    after the current step (a second signal stops at once); ``requested.signum`` says which."""
     requested = threading.Event()
+    requested.signum = signal.SIGINT
     if threading.current_thread() is not threading.main_thread():
         yield requested
         return
@@ -85,18 +88,39 @@ def stop_on_sigint():
     def handler(signum, frame):
         if requested.is_set():
             raise KeyboardInterrupt
+        requested.signum = signum
         requested.set()
-        print("\nposbench: interrupt: saving a checkpoint after this step (Ctrl-C again to abort)", file=sys.stderr)
+        what = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\nposbench: {what}: saving a checkpoint after this step (Ctrl-C again to abort)", file=sys.stderr)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield requested
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@torch.no_grad()
+def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.device) -> None:
+    """One forward pass over ``train_len`` positions before training, in eval mode (no dropout,
+    no random numbers drawn): an encoding that cannot represent them (a learned table shorter
+    than train.train_len) fails here, before any file is written, not after the first step."""
+    model.eval()
+    try:
+        model(torch.zeros(1, train_len, dtype=torch.long, device=device))
+    except PositionRangeError as e:
+        valid = f"encoding.max_len >= {train_len}" if "max_len" in cfg.encoding else "a shorter train.train_len"
+        raise PosbenchError(f"train.train_len={train_len} is too long for encoding={cfg.encoding.name} "
+                            f"({e}); valid: {valid}") from e
+    finally:
+        model.train()
 
 
 def train(cfg: DictConfig, run_dir) -> dict:
     """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results."""
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
     tcfg = typed(TrainConfig, cfg.train, "train")
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     typed(DataConfig, cfg.data, "data")
@@ -105,8 +129,13 @@ def train(cfg: DictConfig, run_dir) -> dict:
     run = RunDir(run_dir)
     chash = config_hash(cfg)
     state = None
+    remove_partial_writes(run.checkpoint)  # temp files of a process killed while checkpointing
     if run.checkpoint.exists():
-        state = load_checkpoint(run.checkpoint)
+        try:
+            state = load_checkpoint(run.checkpoint)
+        except PosbenchError as e:
+            raise PosbenchError(f"cannot resume: {e}; it is left as it is: move it away to train from scratch, "
+                                "or use another hydra.run.dir") from e
         if state["config_hash"] != chash:
             raise PosbenchError(f"run dir {str(run.path)!r} holds a run with another config "
                                 f"(hash {state['config_hash']} != {chash}); use another hydra.run.dir")
@@ -120,6 +149,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
     sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, int(cfg.seed))
+    check_train_positions(model, cfg, tcfg.train_len, device)
 
     step = 0
     if state is not None:
@@ -148,17 +178,27 @@ def train(cfg: DictConfig, run_dir) -> dict:
     bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", file=sys.stderr,
                mininterval=1.0 if sys.stderr.isatty() else 30.0)
     window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
-    with stop_on_sigint() as interrupted:
+    saved_step = step if state is not None else None  # the last checkpoint on disk
+
+    def diverged(what: str, value: float) -> PosbenchError:
+        bar.close()  # the error is the last line printed
+        kept = (f"the last good checkpoint (step {saved_step}) is kept at {run.checkpoint}" if saved_step is not None
+                else "no checkpoint was written yet")
+        return PosbenchError(f"{what} became {value} at step {step + 1}; {kept}; no results were written; "
+                             "valid: a lower train.lr (or check the data)")
+
+    with stop_on_signal() as interrupted:
         while step < tcfg.steps and not interrupted.is_set():
             x, y = sampler()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast(device, dtype):
                 loss = model.loss(x, y)
             if not torch.isfinite(loss):
-                raise PosbenchError(f"loss became {loss.item()} at step {step + 1}; the last good checkpoint "
-                                    f"is kept at {run.checkpoint}; lower train.lr or check the data")
+                raise diverged("loss", loss.item())
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+            if not torch.isfinite(grad_norm):  # would turn the weights to NaN in the next checkpoint
+                raise diverged("gradient norm", grad_norm.item())
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
@@ -174,12 +214,13 @@ def train(cfg: DictConfig, run_dir) -> dict:
             bar.update(1)
             if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
                 checkpoint()
-    if step < tcfg.steps:  # stopped by Ctrl-C
+                saved_step = step
+    if step < tcfg.steps:  # stopped by Ctrl-C or SIGTERM
         checkpoint()
         bar.close()
         print(f"posbench: interrupted at step {step}; checkpoint saved in {run.path}; "
               "re-run the same command to resume", file=sys.stderr)
-        raise SystemExit(130)
+        raise SystemExit(128 + interrupted.signum)
     bar.close()
 
     ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
