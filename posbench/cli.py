@@ -14,8 +14,10 @@ typo gets one line naming the valid choices. Errors the user can fix are printed
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,24 +89,47 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
         pass
 
 
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _record_failure(job_dir: Path, message: str, details: str = "") -> None:
+    """A multirun job failed: one line now, a line in the final summary, and ``FAILED`` in the
+    job dir (the message, then any traceback) for ``posbench report``."""
+    from .checkpoint import atomic_write_text
+
+    _failures.append(f"{job_dir}: {message}")
+    print(f"posbench: error in job {job_dir}: {message}", file=sys.stderr)
+    atomic_write_text(job_dir / "FAILED", message + "\n" + (f"\n{details}" if details else ""))
+
+
 @contextmanager
 def user_errors(run_dir: Path | None):
-    """Turn PosbenchError into one line; in a multirun, record it and let other jobs go on."""
+    """A single run: PosbenchError -> one line, exit 2, its fresh run dir removed; a bug keeps
+    its traceback. A multirun job: any exception, user error or bug (with its type), is
+    recorded in the job dir's ``FAILED`` and the sweep goes on; it exits 1 at the end naming
+    the failed jobs. Ctrl-C (SystemExit, KeyboardInterrupt) still stops the sweep."""
     try:
         yield
-    except PosbenchError as e:
+    except Exception as e:
+        if not _in_multirun():
+            if not isinstance(e, PosbenchError):
+                raise
+            if run_dir is not None:
+                _remove_fresh_run_dir(run_dir)
+            fail(str(e))
         from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
 
-        if run_dir is not None:
-            _remove_fresh_run_dir(run_dir)
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-            _failures.append(f"{run_dir}: {e}")
-            print(f"posbench: error in job {run_dir}: {e}", file=sys.stderr)
-            if run_dir is not None and run_dir.exists():
-                (run_dir / "FAILED").write_text(str(e) + "\n")
-            return
-        fail(str(e))
+        job_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
+        if isinstance(e, PosbenchError):
+            _record_failure(job_dir, str(e))
+        else:
+            traceback.print_exc()
+            first = (str(e).splitlines() or [""])[0]
+            _record_failure(job_dir, f"{type(e).__name__}: {first}", traceback.format_exc())
 
 
 def _train_task(cfg) -> None:
@@ -116,6 +141,7 @@ def _train_task(cfg) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     with user_errors(run_dir):
         result = train(cfg, run_dir)
+        (run_dir / "FAILED").unlink(missing_ok=True)  # an earlier attempt's failure is over
         print(markdown_results(result["results"]))
         print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
 
@@ -130,6 +156,32 @@ def _eval_task(cfg) -> None:
         print(f"\nresults merged into {Path(cfg.checkpoint) / 'results.csv'}")
 
 
+def hydra_error(e: Exception, args: list[str]) -> str:
+    """Hydra's multi-line error as one line naming the bad override and what is valid."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+    from omegaconf import DictConfig
+
+    if isinstance(e, OverrideParseException):
+        parser = OverridesParser.create()
+        for arg in args:
+            if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
+                continue  # a flag or a flag's value
+            try:
+                parser.parse_overrides([arg])
+            except OverrideParseException as bad:
+                return (f"cannot parse override {arg!r} ({str(bad).splitlines()[0]}); valid: key=value, "
+                        "e.g. train.steps=100, eval.lengths=[128,256], encoding=alibi,rope "
+                        "(https://hydra.cc/docs/advanced/override_grammar/basic)")
+    cause = e.__cause__
+    key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
+    if key and isinstance(parent, DictConfig):
+        section = key.rpartition(".")[0]
+        return (f"unknown key {key!r}; valid keys{' in ' + section if section else ''}: "
+                f"{', '.join(sorted(map(str, parent)))} (+{key}=... adds a new key)")
+    return " ".join(str(e).split())
+
+
 def run_hydra(command: str, args: list[str]) -> None:
     import hydra
     from omegaconf import OmegaConf
@@ -140,7 +192,13 @@ def run_hydra(command: str, args: list[str]) -> None:
         check_group_choices(args)
     task = {"train": _train_task, "eval": _eval_task}[command]
     sys.argv = [f"posbench {command}"] + args
-    hydra.main(config_path=str(conf_dir()), config_name=HYDRA_APPS[command], version_base=None)(task)()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us (one line below); bugs keep their traceback
+    from hydra.errors import HydraException
+
+    try:
+        hydra.main(config_path=str(conf_dir()), config_name=HYDRA_APPS[command], version_base=None)(task)()
+    except HydraException as e:
+        fail(hydra_error(e, args))
     if _failures:
         fail(f"{len(_failures)} job(s) failed:\n  " + "\n  ".join(_failures), code=1)
 
