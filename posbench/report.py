@@ -162,12 +162,34 @@ def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -
     plt.close(fig)
 
 
+def failed_runs(paths: list[str | Path]) -> list[tuple[str, str]]:
+    """(job dir, error) for every sweep job under ``paths`` that failed: posbench writes a
+    ``FAILED`` file (the error on its first line) in the job dir instead of results."""
+    files = [f for p in map(Path, paths) if p.is_dir() for f in sorted(p.rglob("FAILED"))]
+    return [(str(f.parent), (f.read_text(errors="replace").splitlines() or ["(no message)"])[0]) for f in files]
+
+
+def failures_markdown(failed: list[tuple[str, str]]) -> str:
+    if not failed:
+        return ""
+    rows = [f"| {run} | {error.replace('|', '/')} |" for run, error in failed]
+    return "\n".join([f"\n\n{len(failed)} failed run(s), no results:\n", "| run | error |", "|---|---|", *rows])
+
+
 def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[pd.DataFrame, str, Path]:
     """Gather results, write ``report.csv`` (tidy summary), ``report.md`` and ``report.png``
-    into ``out`` (default: the single directory given, else ./report)."""
-    df = collect(paths)
+    into ``out`` (default: the single directory given, else ./report). Failed sweep jobs are
+    listed under the table with their errors."""
+    failed = failed_runs(paths)
+    try:
+        df = collect(paths)
+    except PosbenchError as e:
+        if not failed:
+            raise
+        raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
+                            + "; ".join(f"{run}: {error}" for run, error in failed)) from e
     summary = summarize(df)
-    table = markdown_table(summary)
+    table = markdown_table(summary) + failures_markdown(failed)
     if out is None:
         out = Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("report")
     out = Path(out)
