@@ -14,29 +14,70 @@ from torch import nn
 from ..errors import PosbenchError
 from .base import ModelDims, PositionEncoding, PositionRangeError, register
 
+LAYOUTS = ("interleave", "concat")
+TABLES = ("learned", "sinusoidal")
 
-def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Vaswani et al. 2017, eq. (3.5): PE(pos, 2i) = sin(pos / base^(2i/d)),
-    PE(pos, 2i+1) = cos(pos / base^(2i/d)). positions: (T,) -> (T, dim)."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+
+def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0,
+                   layout: str = "interleave") -> torch.Tensor:
+    """Fixed sin/cos position table. positions: (T,) -> (T, dim).
+
+    ``interleave`` (Vaswani et al. 2017, sec. 3.5; the default):
+    PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)).
+
+    ``concat``: [sin(pos w_0) .. sin(pos w_{h-1}), cos(pos w_0) .. cos(pos w_{h-1})] with
+    h = d/2 and w_i = exp(-ln(base) i / (h - 1)), so the lowest frequency is exactly 1/base.
+    This is tensor2tensor's ``get_timing_signal_1d`` (log_timescale_increment = ln(base) /
+    (h - 1)), fairseq's ``SinusoidalPositionalEmbedding``, DDPM's ``get_timestep_embedding``
+    and Diffusion Policy's ``SinusoidalPosEmb``. Not a permutation of ``interleave``: its
+    frequencies base^(-i/(h-1)) differ from base^(-2i/d) = base^(-i/h) for every 0 < i < h.
+    """
+    if layout not in LAYOUTS:
+        raise PosbenchError(f"sinusoid layout {layout!r} is not valid; valid choices: {', '.join(LAYOUTS)}")
+    if dim % 2 or (layout == "concat" and dim < 4):
+        raise PosbenchError(f"sinusoid layout {layout!r} needs an even dimension"
+                            f"{' of at least 4' if layout == 'concat' else ''}, got {dim}")
+    half = dim // 2
+    if layout == "interleave":
+        inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    else:
+        i = torch.arange(half, dtype=torch.float32, device=positions.device)
+        inv_freq = torch.exp(-math.log(base) * i / (half - 1))  # exp(-ln(base) i / (h - 1))
     angles = positions.float()[:, None] * inv_freq[None, :]  # (T, dim/2)
+    if layout == "concat":
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)  # [sin..., cos...]
     table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (T, dim/2, 2)
     return table.flatten(1)  # interleaved: sin at even, cos at odd dims
 
 
 @register
 class Sinusoidal(PositionEncoding):
+    """Fixed sinusoids added to the scaled token embeddings; ``layout`` picks the table
+    (:func:`sinusoid_table`): ``interleave`` as in the paper, or ``concat`` as in
+    tensor2tensor, fairseq and the diffusion/robotics code that copied them."""
+
     name = "sinusoidal"
     paper = "Vaswani et al. 2017, Attention Is All You Need"
     description = "fixed sin/cos absolute positions added to scaled token embeddings"
     scale_token_embedding = True
 
-    def __init__(self, dims: ModelDims, base: float = 10000.0):
+    def __init__(self, dims: ModelDims, base: float = 10000.0, layout: str = "interleave"):
         super().__init__(dims)
         self.base = float(base)
+        self.layout = str(layout)
+        sinusoid_table(torch.zeros(1), dims.d_model, self.base, self.layout)  # fail at build time
 
     def embed(self, x, positions, tokens):
-        return x + sinusoid_table(positions, self.dims.d_model, self.base).to(x.dtype)
+        return x + sinusoid_table(positions, self.dims.d_model, self.base, self.layout).to(x.dtype)
+
+
+def lookup_learned(table: nn.Embedding, positions: torch.Tensor) -> torch.Tensor:
+    """Rows of a learned position table, (T,) -> (T, D); a PositionRangeError past its end."""
+    if int(positions.max()) >= table.num_embeddings:
+        raise PositionRangeError(
+            f"learned position table has {table.num_embeddings} entries, cannot encode position "
+            f"{int(positions.max())} (learned absolute positions do not extrapolate)")
+    return table(positions)
 
 
 @register
@@ -53,11 +94,59 @@ class Learned(PositionEncoding):
         nn.init.normal_(self.table.weight, std=0.02)
 
     def embed(self, x, positions, tokens):
-        if int(positions.max()) >= self.max_len:
-            raise PositionRangeError(
-                f"learned position table has {self.max_len} entries, cannot encode position "
-                f"{int(positions.max())} (learned absolute positions do not extrapolate)")
-        return x + self.table(positions).to(x.dtype)
+        return x + lookup_learned(self.table, positions).to(x.dtype)
+
+
+@register
+class Multiplicative(PositionEncoding):
+    """Absolute positions combined with the tokens by an element-wise product,
+
+        x'_pos = x_pos * p_pos,
+
+    instead of the sum x_pos + p_pos of Vaswani et al.: a position-dependent gain on every
+    channel. The product form appears as "multiplicative binding" of token and position
+    vectors in hyperdimensional-computing encoders, and Wang et al. 2020's complex embeddings
+    (``complex``) are a word amplitude times a position phasor, r_w * exp(i(omega pos + theta)).
+    Here the position vector is word-independent, as in the additive schemes it is compared with.
+
+    ``table: sinusoidal`` (default): p is the fixed sinusoid table of ``layout`` (see
+    :func:`sinusoid_table`), values in [-1, 1]. ``table: learned``: p is a trainable
+    (max_len, d_model) table initialised to ones, so the model starts as NoPE and learns
+    position-dependent gains; like ``learned`` it cannot encode positions past ``max_len``.
+
+    A product has no sum to balance, so the token embeddings are not scaled by sqrt(d_model)
+    (``scale_token_embedding`` off).
+    """
+
+    name = "multiplicative"
+    paper = "product counterpart of Vaswani et al. 2017's sum (multiplicative binding)"
+    description = "token embeddings times a sinusoidal or learned absolute position table, x * p_pos"
+    scale_token_embedding = False
+
+    def __init__(self, dims: ModelDims, table: str = "sinusoidal", max_len: int | None = None,
+                 base: float = 10000.0, layout: str = "interleave"):
+        super().__init__(dims)
+        if table not in TABLES:
+            raise PosbenchError(f"multiplicative table {table!r} is not valid; valid choices: {', '.join(TABLES)}")
+        self.kind, self.base, self.layout = str(table), float(base), str(layout)
+        self.max_len = int(max_len or dims.train_len)
+        if self.kind == "learned":
+            self.table = nn.Embedding(self.max_len, dims.d_model)
+            nn.init.ones_(self.table.weight)
+        else:
+            sinusoid_table(torch.zeros(1), dims.d_model, self.base, self.layout)  # fail at build time
+
+    def positions_table(self, positions: torch.Tensor) -> torch.Tensor:
+        """p_pos for ``positions``: (T,) -> (T, D)."""
+        if self.kind == "sinusoidal":
+            return sinusoid_table(positions, self.dims.d_model, self.base, self.layout)
+        return lookup_learned(self.table, positions)
+
+    def embed(self, x, positions, tokens):
+        return x * self.positions_table(positions).to(x.dtype)  # (B, T, D) * (T, D)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, table={self.kind}"
 
 
 @register
