@@ -29,6 +29,7 @@ COMMANDS = {
     "eval": "evaluate a trained run (checkpoint=<run dir>) at any lengths, without retraining",
     "report": "gather results.csv files under run/sweep dirs into one table and one figure",
     "encodings": "list the available position encodings",
+    "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
 }
 _failures: list[str] = []
 
@@ -224,6 +225,18 @@ def cmd_encodings(args: list[str]) -> None:
         print(f"{name:<{width}}  {cls.hook_kind():<6}  {cls.description}  [{cls.paper}]")
 
 
+def cmd_convert(args: list[str]) -> None:
+    from .convert import PAIRINGS, convert_run
+
+    parser = argparse.ArgumentParser(prog="posbench convert", description=COMMANDS["convert"])
+    parser.add_argument("run", help="a run dir made by `posbench train` with encoding rope or xpos")
+    parser.add_argument("--pairing", required=True, choices=PAIRINGS, help="the RoPE pairing to convert to")
+    parser.add_argument("--out", required=True, help="the new run dir (config.yaml, checkpoints/last.pt)")
+    ns = parser.parse_args(args)
+    out = convert_run(ns.run, ns.pairing, ns.out)
+    print(f"wrote {out} (encoding.pairing={ns.pairing}); evaluate it with: posbench eval checkpoint={out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     command_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
@@ -243,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         elif multirun:
             fail(f"-m/--multirun applies to train and eval, not {command}")
         else:
-            {"report": cmd_report, "encodings": cmd_encodings}[command](after)
+            {"report": cmd_report, "encodings": cmd_encodings, "convert": cmd_convert}[command](after)
     except PosbenchError as e:
         fail(str(e))
 

@@ -16,6 +16,22 @@ scaling          what changes                                                sou
 
 s = 1 is plain RoPE for every scaling. Scaling is a setting of the module, not a
 parameter: checkpoints are unchanged and the evaluator switches it per run.
+
+Which dimensions form a rotated pair (``pairing``) differs between codebases:
+
+===============  ==================================================  ============================
+pairing          pair i                                              used by
+===============  ==================================================  ============================
+``half``         (x_i, x_{i + hs/2}), "rotate half" (the default)    GPT-NeoX, Hugging Face LLaMA
+``interleaved``  (x_{2i}, x_{2i+1}), adjacent dims as one complex    RoFormer (Su et al. eq. 34),
+                 number                                              Meta's LLaMA code, GPT-J,
+                                                                     torchscale's xPos
+===============  ==================================================  ============================
+
+Both rotate pair i by p * theta_i, so they are the same function up to a fixed permutation
+of each head's q and k dimensions: a model of one pairing becomes the other by permuting
+the rows of its q and k projections (:mod:`posbench.convert`; Hugging Face's LLaMA weight
+conversion script does the same with its ``permute``).
 """
 
 from __future__ import annotations
@@ -29,6 +45,7 @@ from ..errors import PosbenchError
 from .base import REGISTRY, ModelDims, PositionEncoding, register
 
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+PAIRINGS = ("half", "interleaved")
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # ramp bounds on r = train_len / wavelength (Peng et al. 2023, LLaMA values)
 
 
@@ -42,12 +59,25 @@ def rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Te
     return positions.float()[:, None] * rope_inv_freq(head_dim, base, positions.device)[None, :]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x_i, x_{i+hs/2}) by the angle of frequency i ("rotate half" layout).
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 pairing: str = "half") -> torch.Tensor:
+    """Rotate each pair (x1, x2) by the angle of its frequency i: (x1 cos - x2 sin, x1 sin + x2 cos).
+    ``half``: pair i is (x_i, x_{i+hs/2}); ``interleaved``: pair i is (x_{2i}, x_{2i+1}).
     x: (B, H, T, hs); cos, sin: (T, hs/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    if pairing == "half":
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    else:
+        pairs = x.float().unflatten(-1, (-1, 2))  # (B, H, T, hs/2, 2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.to(x.dtype)
+
+
+def check_pairing(pairing: str) -> str:
+    if pairing not in PAIRINGS:
+        raise PosbenchError(f"rope pairing {pairing!r} is not valid; valid choices: {', '.join(PAIRINGS)}")
+    return pairing
 
 
 # ---- RoPE scaling at inference -------------------------------------------------------------
@@ -117,11 +147,12 @@ class Rotary(PositionEncoding):
     paper = "Su et al. 2021, RoFormer"
     description = "rotates q and k by position-dependent angles; q.k depends on i - j only"
 
-    def __init__(self, dims: ModelDims, base: float = 10000.0):
+    def __init__(self, dims: ModelDims, base: float = 10000.0, pairing: str = "half"):
         super().__init__(dims)
         if dims.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {dims.head_dim}")
         self.base = float(base)
+        self.pairing = check_pairing(str(pairing))  # see the module docstring
         self.scaling: tuple[str, float | None] = ("none", None)  # (kind, factor); see scaled()
         self._cache: tuple | None = None  # (scaling key, size, cos, sin), sized by the longest call
 
@@ -181,7 +212,10 @@ class Rotary(PositionEncoding):
 
     def rotate(self, q, k, positions, layer):
         cos, sin = self._cos_sin(positions)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin, self.pairing), apply_rotary(k, cos, sin, self.pairing)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, pairing={self.pairing}"
 
 
 def xpos_zeta(head_dim: int) -> torch.Tensor:
@@ -210,8 +244,9 @@ class XPos(Rotary):
     paper = "Sun et al. 2022, A Length-Extrapolatable Transformer"
     description = "rope whose q.k decays exponentially with i - j (q scaled up, k down by zeta^(pos/B))"
 
-    def __init__(self, dims: ModelDims, base: float = 10000.0, scale_base: float = 512.0):
-        super().__init__(dims, base)
+    def __init__(self, dims: ModelDims, base: float = 10000.0, scale_base: float = 512.0,
+                 pairing: str = "half"):
+        super().__init__(dims, base, pairing)
         if not scale_base > 0:
             raise PosbenchError(f"xpos scale_base must be > 0, got {scale_base}")
         self.scale_base = float(scale_base)
@@ -221,7 +256,8 @@ class XPos(Rotary):
         kind, s = self.resolved_scaling(int(positions.max()) + 1)
         centred = positions.float() - (positions.min() + positions.max()).float() / 2
         scale = xpos_scale(centred / s if kind == "pi" else centred, self.dims.head_dim, self.scale_base)
-        return apply_rotary(q, cos * scale, sin * scale), apply_rotary(k, cos / scale, sin / scale)
+        return (apply_rotary(q, cos * scale, sin * scale, self.pairing),
+                apply_rotary(k, cos / scale, sin / scale, self.pairing))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale_base={self.scale_base}"
