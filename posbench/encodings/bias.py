@@ -26,19 +26,50 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
+ALIBI_FORMS = ("causal", "symmetric")
+
+
 @register
 class ALiBi(PositionEncoding):
+    """Press et al. 2022: b(h, i, j) = -m_h (i - j), m the geometric slopes of :func:`alibi_slopes`.
+
+    ``form``: ``causal`` (default) is the paper's decoder bias -m (i - j). ``symmetric`` is
+    -m |i - j|, the form of encoder ports such as MosaicBERT (mosaicml/examples ``bert_layers``)
+    and Composer's ALiBi surgery, suggested by Press for bidirectional models. The two differ only
+    where j > i, which a causal mask removes: in this decoder they give the same outputs.
+
+    ``learned_slopes``: the slopes become trainable, parameterised by their logarithm and
+    initialised at the paper's values, as x-transformers' ``LearnedAlibiPositionalBias``
+    (slopes stay positive). Shared by all layers either way.
+    """
+
     name = "alibi"
     paper = "Press et al. 2022, Train Short, Test Long (ALiBi)"
     description = "linear distance penalty -m_h (i - j), fixed geometric slopes per head"
 
-    def __init__(self, dims: ModelDims):
+    def __init__(self, dims: ModelDims, form: str = "causal", learned_slopes: bool = False):
         super().__init__(dims)
-        self.register_buffer("slopes", alibi_slopes(dims.n_heads), persistent=False)
+        if form not in ALIBI_FORMS:
+            raise PosbenchError(f"alibi form {form!r} is not valid; valid choices: {', '.join(ALIBI_FORMS)}")
+        self.form, self.learned_slopes = str(form), bool(learned_slopes)
+        if self.learned_slopes:
+            self.log_slopes = nn.Parameter(alibi_slopes(dims.n_heads).log())  # m = exp(log m) > 0
+        else:
+            self.register_buffer("fixed_slopes", alibi_slopes(dims.n_heads), persistent=False)
+
+    @property
+    def slopes(self) -> torch.Tensor:
+        """m_h, (H,)."""
+        return self.log_slopes.exp() if self.learned_slopes else self.fixed_slopes
 
     def bias(self, q_pos, k_pos, layer):
         distance = (q_pos[:, None] - k_pos[None, :]).float()  # (Tq, Tk), i - j
+        if self.form == "symmetric":
+            distance = distance.abs()  # |i - j|
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, form={self.form}, learned_slopes={self.learned_slopes}"
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -54,19 +85,43 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
 
 @register
 class T5Bias(PositionEncoding):
+    """Raffel et al. 2020: a learned scalar per head and distance bucket (:func:`t5_bucket`).
+
+    ``per_layer: false`` (default): one table shared by all layers, as in T5 (Mesh TensorFlow
+    and Hugging Face compute it in the first layer and hand it on). ``per_layer: true``: one
+    table per layer, as BEiT's ``use_rel_pos_bias`` (against its ``use_shared_rel_pos_bias``)
+    and Swin's per-block tables; the instance then sets ``layer_invariant_bias = False`` so the
+    attention kernel rebuilds the bias in every layer instead of reusing layer 0's.
+    """
+
     name = "t5"
     paper = "Raffel et al. 2020, T5 relative position bias"
-    description = "learned scalar per head for log-spaced distance buckets, shared by layers"
+    description = "learned scalar per head for log-spaced distance buckets, shared by layers (or per layer)"
 
-    def __init__(self, dims: ModelDims, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, dims: ModelDims, num_buckets: int = 32, max_distance: int = 128,
+                 per_layer: bool = False):
         super().__init__(dims)
         self.num_buckets, self.max_distance = int(num_buckets), int(max_distance)
-        self.table = nn.Embedding(self.num_buckets, dims.n_heads)
-        nn.init.normal_(self.table.weight, std=0.02)
+        self.per_layer = bool(per_layer)
+        if self.num_buckets < 2 or self.max_distance <= self.num_buckets // 2:
+            raise PosbenchError(f"t5 needs num_buckets >= 2 and max_distance > num_buckets / 2, got "
+                                f"num_buckets={num_buckets}, max_distance={max_distance}")
+        if self.per_layer:
+            self.layer_invariant_bias = False
+            self.tables = nn.ModuleList(nn.Embedding(self.num_buckets, dims.n_heads) for _ in range(dims.n_layers))
+            for table in self.tables:
+                nn.init.normal_(table.weight, std=0.02)
+        else:
+            self.table = nn.Embedding(self.num_buckets, dims.n_heads)
+            nn.init.normal_(self.table.weight, std=0.02)
 
     def bias(self, q_pos, k_pos, layer):
         buckets = t5_bucket(q_pos[:, None] - k_pos[None, :], self.num_buckets, self.max_distance)
-        return self.table(buckets).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+        table = self.tables[layer] if self.per_layer else self.table
+        return table(buckets).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, per_layer={self.per_layer}"
 
 
 # ---- helpers shared by the learned and parameter-free distance biases ------------------------
