@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates results/zoo_quick/: every registered encoding under experiment=zoo_quick
-# (train_len 64, 300 steps of 32 windows), evaluated at 64..1024 tokens. Plan ~40 minutes on 2 CPU cores.
+# (train_len 64, 250 steps of 32 windows), evaluated at 64..1024 tokens. About 35 minutes on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-$(posbench encodings | awk '{print $1}' | paste -sd, -)}
