@@ -4,6 +4,7 @@ job, two runs racing to build the corpus cache, damaged checkpoints, typos) and 
 no result is lost, silently wrong or half-written."""
 
 import json
+import os
 import random
 import re
 import shutil
@@ -88,8 +89,7 @@ def driver(tmp_path_factory):
     path.write_text(DRIVER)
 
     def run(*args, env=None, popen=False):
-        import os
-
+        """`posbench <args>` with the faults that ``env`` selects (TEAR, BUG_AT_LR, BARRIER)."""
         cmd = [sys.executable, str(path), *map(str, args)]
         full_env = {**os.environ, **(env or {})}
         if popen:
