@@ -135,6 +135,10 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     run = RunDir.existing(cfg.checkpoint)
     state = load_checkpoint(run.checkpoint)
     train_cfg = OmegaConf.load(run.config)
+    if state.get("config_hash") != config_hash(train_cfg):
+        raise PosbenchError(f"{str(run.config)!r} does not describe the model in {str(run.checkpoint)!r} "
+                            f"(config hash {config_hash(train_cfg)} != {state.get('config_hash')}); "
+                            "was config.yaml edited? restore it or retrain")
     train_cfg.eval = cfg.eval
     ecfg = typed(EvalConfig, train_cfg.eval, "eval")
     check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything

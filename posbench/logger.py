@@ -14,13 +14,20 @@ from .checkpoint import RunDir, atomic_write_text
 from .config import WANDB_MODES, _choice
 
 
+def _step(line: str) -> float:
+    """The step of one JSONL record; a torn or blank line (killed mid-write) sorts last."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 class MetricsLogger:
     def __init__(self, run: RunDir, cfg: DictConfig, resume_step: int = 0):
         self.path = run.metrics
         # On resume, drop records past the checkpoint so the file reads like one clean run.
         if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         self.wandb = None
         mode = str(cfg.wandb.mode)

@@ -320,15 +320,16 @@ def test_rerun_with_another_config_in_a_trained_run_dir(tmp_path, reference):
     assert snapshot(run) == before
 
 
-def test_eval_of_a_checkpoint_whose_config_has_another_model_shape(tmp_path, reference):
+@pytest.mark.parametrize("key, value", [("d_model", 128), ("n_heads", 4)])  # n_heads keeps every shape
+def test_eval_of_a_checkpoint_whose_config_has_another_model_shape(tmp_path, reference, key, value):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     cfg = OmegaConf.load(run / "config.yaml")
-    cfg.model.d_model = 128
+    cfg.model[key] = value
     OmegaConf.save(cfg, run / "config.yaml")
     before = snapshot(run)
     proc = posbench("eval", f"checkpoint={run}", check=False)
-    assert_one_line_error(proc, "does not match the model in its config.yaml")
+    assert_one_line_error(proc, "does not describe the model in")
     assert snapshot(run) == before
 
 
@@ -380,3 +381,13 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(bad_input_runs, case):
     line = assert_one_line_error(proc, BAD_INPUT[case][1])
     assert VALID_HINTS.get(case, "") in line
     assert list(cwd.iterdir()) == []  # no run dir, no outputs/, nothing
+
+
+def test_torn_metrics_line_is_dropped_on_resume(tmp_path):
+    from posbench.checkpoint import RunDir
+    from posbench.logger import MetricsLogger
+
+    run = RunDir(tmp_path)
+    run.metrics.write_text('{"step": 5, "loss": 1.0}\n{"step": 10, "loss": 0.9}\n{"step": 15, "lo')
+    MetricsLogger(run, OmegaConf.create({"wandb": {"mode": "disabled", "project": "p"}}), resume_step=10)
+    assert [json.loads(x)["step"] for x in run.metrics.read_text().splitlines()] == [5, 10]
