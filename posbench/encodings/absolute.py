@@ -91,7 +91,7 @@ class Learned(PositionEncoding):
         super().__init__(dims)
         self.max_len = int(max_len or dims.train_len)
         self.table = nn.Embedding(self.max_len, dims.d_model)
-        nn.init.normal_(self.table.weight, std=dims.d_model ** -0.5)  # fairseq: same scale as tokens
+        nn.init.normal_(self.table.weight, std=0.02)
 
     def embed(self, x, positions, tokens):
         return x + lookup_learned(self.table, positions).to(x.dtype)
