@@ -70,15 +70,14 @@ class LanguageModel(nn.Module):
         self.emb_scale = math.sqrt(cfg.d_model) if encoding.scale_token_embedding else 1.0
 
     def _init_weights(self):
-        """GPT-2 init (N(0, 0.02)), except where the encoding follows Vaswani et al.: token
-        embeddings N(0, d^-0.5) multiplied by sqrt(d) (tensor2tensor/fairseq), so the summed
-        absolute positions and the tokens have the same unit scale."""
+        """GPT-2 init, N(0, 0.02), for every encoding. Absolute encodings multiply the token
+        embeddings by sqrt(d_model) (Vaswani et al.); initialising them at N(0, d^-0.5) as
+        well (tensor2tensor/fairseq) was measured worse here with tied embeddings: sinusoidal
+        ppl at train_len 184.6 vs 169.0 on the default run."""
         for name, p in self.named_parameters():
             if name.startswith("encoding."):
                 continue  # encodings initialise their own parameters
-            if name == "tok_emb.weight" and self.encoding.scale_token_embedding:
-                nn.init.normal_(p, std=self.cfg.d_model ** -0.5)
-            elif p.dim() >= 2:
+            if p.dim() >= 2:
                 # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, std=std)
