@@ -97,6 +97,13 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _verbose() -> bool:
+    """`hydra.verbose=true` (or a logger list) asks for tracebacks of user errors too."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and bool(HydraConfig.get().verbose)
+
+
 def _record_failure(job_dir: Path, message: str, details: str = "") -> None:
     """A multirun job failed: one line now, a line in the final summary, and ``FAILED`` in the
     job dir (the message, then any traceback) for ``posbench report``."""
@@ -118,9 +125,11 @@ def user_errors(run_dir: Path | None):
     except Exception as e:
         if not _in_multirun():
             if not isinstance(e, PosbenchError):
-                raise
+                raise  # bugs keep their traceback
             if run_dir is not None:
                 _remove_fresh_run_dir(run_dir)
+            if _verbose():
+                raise  # main() prints the traceback, then the one line
             fail(str(e))
         from hydra.core.hydra_config import HydraConfig
 
@@ -258,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         else:
             {"report": cmd_report, "encodings": cmd_encodings, "convert": cmd_convert}[command](after)
     except PosbenchError as e:
+        if any(a.startswith("hydra.verbose=") and not a.endswith("=false") for a in after):
+            traceback.print_exc()
         fail(str(e))
 
 

@@ -391,3 +391,11 @@ def test_torn_metrics_line_is_dropped_on_resume(tmp_path):
     run.metrics.write_text('{"step": 5, "loss": 1.0}\n{"step": 10, "loss": 0.9}\n{"step": 15, "lo')
     MetricsLogger(run, OmegaConf.create({"wandb": {"mode": "disabled", "project": "p"}}), resume_step=10)
     assert [json.loads(x)["step"] for x in run.metrics.read_text().splitlines()] == [5, 10]
+
+
+def test_hydra_verbose_shows_the_traceback_of_a_user_error(tmp_path):
+    quiet = posbench("train", *SMOKE, "model.n_heads=7", f"hydra.run.dir={tmp_path / 'a'}", check=False)
+    loud = posbench("train", *SMOKE, "model.n_heads=7", "hydra.verbose=true", f"hydra.run.dir={tmp_path / 'b'}",
+                    check=False)
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+    assert loud.returncode != 0 and "Traceback" in loud.stderr and "does not divide model.d_model" in loud.stderr
