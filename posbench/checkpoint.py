@@ -51,6 +51,9 @@ def atomic_write(path: Path, write) -> None:
     """Call ``write(file)`` on a temp file in the same folder, fsync, then rename over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

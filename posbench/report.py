@@ -152,6 +152,14 @@ def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -
         ax.axvline(tlen, color="gray", linestyle="--", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    lengths = sorted(summary.eval_len.unique())
+    ax.set_xticks(lengths, [str(int(n)) for n in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(title or f"perplexity vs length (train_len={', '.join(map(str, sorted(summary.train_len.unique())))})")
