@@ -140,12 +140,16 @@ def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -
 
     summary = df if "ppl_mean" in df else summarize(df)
     summary = _with_labels(summary)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for enc, g in summary.groupby("label", sort=False):
+    groups = list(summary.groupby("label", sort=False))
+    many = len(groups) > 10  # a zoo: distinct colours from tab20, legend beside the axes
+    fig, ax = plt.subplots(figsize=(9.0, 5.2) if many else (6.4, 4.2))
+    colours = plt.get_cmap("tab20").colors if many else plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (enc, g) in enumerate(groups):
         g = g.sort_values("eval_len")
         scaled = (g.rope_scaling != "none").any()  # RoPE scalings dashed, plain encodings solid
-        line, = ax.plot(g.eval_len, g.ppl_mean, marker="s" if scaled else "o", linestyle="--" if scaled else "-",
-                        label=enc)
+        line, = ax.plot(g.eval_len, g.ppl_mean, marker="s" if scaled else "o", label=enc,
+                        linestyle="--" if scaled or (many and i >= len(colours)) else "-",
+                        color=colours[i % len(colours)], markersize=4 if many else 6)
         if (g.ppl_max > g.ppl_min).any():
             ax.fill_between(g.eval_len, g.ppl_min, g.ppl_max, color=line.get_color(), alpha=0.2)
     for tlen in sorted(summary.train_len.unique()):
@@ -164,7 +168,10 @@ def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -
     ax.set_ylabel("perplexity")
     ax.set_title(title or f"perplexity vs length (train_len={', '.join(map(str, sorted(summary.train_len.unique())))})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    if many:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="small")
     fig.tight_layout()
     atomic_write(Path(path), lambda f: fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120))
     plt.close(fig)
