@@ -129,7 +129,7 @@ def user_errors(run_dir: Path | None):
             if run_dir is not None:
                 _remove_fresh_run_dir(run_dir)
             if _verbose():
-                raise  # main() prints the traceback, then the one line
+                traceback.print_exc()
             fail(str(e))
         from hydra.core.hydra_config import HydraConfig
 
@@ -267,8 +267,6 @@ def main(argv: list[str] | None = None) -> None:
         else:
             {"report": cmd_report, "encodings": cmd_encodings, "convert": cmd_convert}[command](after)
     except PosbenchError as e:
-        if any(a.startswith("hydra.verbose=") and not a.endswith("=false") for a in after):
-            traceback.print_exc()
         fail(str(e))
 
 
