@@ -27,7 +27,8 @@ def isolated_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    """Two threads (this project's CPU target), or OMP_NUM_THREADS when it is set."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
 
 
 def posbench(*args, cwd=None, check=True):
