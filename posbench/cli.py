@@ -77,9 +77,16 @@ def check_group_choices(args: list[str]) -> None:
                 fail(f"unknown {key} {choice!r}; valid choices: {', '.join(choices)}")
 
 
+def _rank() -> int:
+    """This process's rank under torchrun / Slurm tasks (0 when alone)."""
+    from .distributed import world
+
+    return world().rank
+
+
 def _remove_fresh_run_dir(run_dir: Path) -> None:
     """Undo what Hydra created for a job that failed before writing any checkpoint."""
-    if (run_dir / "checkpoints").exists() or (run_dir / "results.csv").exists():
+    if _rank() > 0 or (run_dir / "checkpoints").exists() or (run_dir / "results.csv").exists():
         return
     shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
     for log in run_dir.glob("*.log"):
@@ -142,6 +149,22 @@ def user_errors(run_dir: Path | None):
             _record_failure(job_dir, f"{type(e).__name__}: {first}", traceback.format_exc())
 
 
+def _share_cores() -> None:
+    """Jobs run side by side by a local parallel launcher (joblib) split the cores between
+    them instead of each starting one torch thread per core."""
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().launcher
+    if "joblib" not in str(launcher.get("_target_", "")):
+        return
+    import torch
+
+    cores = os.cpu_count() or 1
+    n_jobs = int(launcher.get("n_jobs") or 1)
+    n_jobs = cores if n_jobs < 0 else n_jobs  # joblib: -1 = one job per core
+    torch.set_num_threads(max(1, cores // n_jobs))
+
+
 def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -149,8 +172,11 @@ def _train_task(cfg) -> None:
     from .train import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    _share_cores()
     with user_errors(run_dir):
         result = train(cfg, run_dir)
+        if result["results"] is None:  # not rank 0: rank 0 evaluates and reports
+            return
         (run_dir / "FAILED").unlink(missing_ok=True)  # an earlier attempt's failure is over
         print(markdown_results(result["results"]))
         print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
@@ -201,6 +227,8 @@ def run_hydra(command: str, args: list[str]) -> None:
     if "--help" not in args and "-h" not in args:
         check_group_choices(args)
     task = {"train": _train_task, "eval": _eval_task}[command]
+    if command == "train" and _rank() > 0:  # one set of Hydra files and logs: rank 0's
+        args = args + ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     sys.argv = [f"posbench {command}"] + args
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us (one line below); bugs keep their traceback
     from hydra.errors import HydraException

@@ -26,7 +26,9 @@ PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("disabled", "offline", "online")
 # Keys that do not change the trained model: left out of the config hash.
-NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra")
+NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
+# train.* keys that change how a step is computed, not what it computes.
+NOT_HASHED_TRAIN = ("micro_batch_size", "compile")
 
 
 @dataclass
@@ -44,10 +46,14 @@ class TrainConfig:
     precision: str = "auto"
     log_every: int = 10
     ckpt_every: int = 100
+    micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
+    compile: bool = False  # torch.compile the model for training
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
             _positive(f"train.{key}", getattr(self, key))
+        if self.micro_batch_size is not None:
+            _positive("train.micro_batch_size", self.micro_batch_size)
         _positive("train.lr", self.lr)
         _choice("train.precision", self.precision, PRECISIONS)
         if not 0 <= self.warmup_steps:
@@ -168,6 +174,8 @@ def config_hash(cfg: DictConfig) -> str:
     for key in NOT_HASHED:
         data.pop(key, None)
     data.get("data", {}).pop("cache_dir", None)
+    for key in NOT_HASHED_TRAIN:
+        data.get("train", {}).pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 

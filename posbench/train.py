@@ -3,23 +3,35 @@
 Re-running the same command in the same run directory resumes from
 ``checkpoints/last.pt``; model, optimizer, scheduler, step and every RNG state are
 restored, so a resumed run ends with the same numbers as an uninterrupted one.
+
+The same function runs under torchrun or a multi-task Slurm job as data-parallel
+training (see :mod:`posbench.distributed`): one global batch of ``train.batch_size``
+windows per step, sharded over ranks and split into ``train.micro_batch_size``
+micro-batches with gradient accumulation; files are written by rank 0.
+
+The next batch is drawn in a background thread while the current step runs, and
+``train.compile=true`` runs the model under ``torch.compile``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from . import distributed
 from .build import autocast, autocast_dtype, build_model, resolve_device
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
@@ -75,6 +87,33 @@ class WindowSampler:
         return windows[:, :-1], windows[:, 1:]
 
 
+class Prefetcher:
+    """Draws the next batch in a background thread while the current step runs.
+
+    ``consumed_state`` is the sampler generator's state after the last batch handed out,
+    which is what a checkpoint must store (not the state after the batch drawn ahead)."""
+
+    def __init__(self, sampler: WindowSampler, pin_memory: bool = False):
+        self.sampler, self.pin_memory = sampler, pin_memory
+        self.consumed_state = sampler.generator.get_state()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="posbench-batches")
+        self.next = self.pool.submit(self._draw)
+
+    def _draw(self):
+        x, y = self.sampler()
+        if self.pin_memory:
+            x, y = x.pin_memory(), y.pin_memory()
+        return x, y, self.sampler.generator.get_state()
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y, self.consumed_state = self.next.result()
+        self.next = self.pool.submit(self._draw)
+        return x, y
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 @contextmanager
 def stop_on_signal():
     """Ctrl-C (SIGINT) or SIGTERM (`kill`, a cluster's preemption notice) asks the loop to stop
@@ -117,19 +156,30 @@ def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.
         model.train()
 
 
+def lm_loss(net, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``net`` (the model, or its DDP / compiled wrapper)."""
+    return F.cross_entropy(net(x).float().flatten(0, 1), y.flatten())
+
+
 def train(cfg: DictConfig, run_dir) -> dict:
-    """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results."""
+    """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results.
+
+    Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
+    writes files and evaluates, the others return ``results=None`` after the last step."""
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
     tcfg = typed(TrainConfig, cfg.train, "train")
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     typed(DataConfig, cfg.data, "data")
     check_scalable(str(cfg.encoding.name), ecfg.rope_scaling)  # before hours of training, not after
-    device = resolve_device(str(cfg.device))
+    world = distributed.world()
+    micro, accum = distributed.micro_batches(tcfg.batch_size, tcfg.micro_batch_size, world)
+    world, device = distributed.init(resolve_device(str(cfg.device)))
     run = RunDir(run_dir)
     chash = config_hash(cfg)
     state = None
-    remove_partial_writes(run.checkpoint)  # temp files of a process killed while checkpointing
+    if world.is_main:
+        remove_partial_writes(run.checkpoint)  # temp files of a process killed while checkpointing
     if run.checkpoint.exists():
         try:
             state = load_checkpoint(run.checkpoint)
@@ -141,42 +191,63 @@ def train(cfg: DictConfig, run_dir) -> dict:
                                 f"(hash {state['config_hash']} != {chash}); use another hydra.run.dir")
 
     seed_everything(int(cfg.seed))
-    corpus = load_corpus(cfg.data)
+    corpus = load_corpus(cfg.data, log=print if world.is_main else (lambda *a, **k: None))
     lengths = ecfg.resolve_lengths(tcfg.train_len)
     scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
     model = build_model(cfg, corpus.vocab_size).to(device)
     dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
+    # Every rank draws the same global batch (same seed) and keeps its own shard of it.
     sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, int(cfg.seed))
     check_train_positions(model, cfg, tcfg.train_len, device)
+    if world.active:
+        torch.manual_seed(int(cfg.seed) + world.rank)  # dropout streams differ by rank
 
     step = 0
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
+        ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
+        torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else ranks[0])
         sampler.generator.set_state(state["rng"]["sampler"])
         step = int(state["step"])
-        print(f"posbench: resuming {run.path} from step {step}", file=sys.stderr)
-    atomic_write_text(run.config, OmegaConf.to_yaml(cfg, resolve=True))
-    logger = MetricsLogger(run, cfg, resume_step=step)
+        if world.is_main:
+            print(f"posbench: resuming {run.path} from step {step}", file=sys.stderr)
+    net = model
+    if world.active:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = net
+    if tcfg.compile:
+        net = torch.compile(net)
+    logger = None
+    if world.is_main:
+        atomic_write_text(run.config, OmegaConf.to_yaml(cfg, resolve=True))
+        logger = MetricsLogger(run, cfg, resume_step=step)
+    batches = Prefetcher(sampler, pin_memory=device.type == "cuda")
 
     def checkpoint():
-        save_checkpoint(run.checkpoint, {
-            "step": step, "config_hash": chash, "vocab_size": corpus.vocab_size,
-            "corpus_key": corpus.meta["key"], "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "sampler": sampler.generator.get_state()}})
+        rng = {"torch": torch.get_rng_state(), "sampler": batches.consumed_state}
+        if world.active:
+            rng["torch_ranks"] = distributed.gather_objects(torch.get_rng_state(), world)
+        if world.is_main:
+            save_checkpoint(run.checkpoint, {
+                "step": step, "config_hash": chash, "vocab_size": corpus.vocab_size,
+                "corpus_key": corpus.meta["key"], "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng})
 
     tokens_per_step = tcfg.batch_size * tcfg.train_len
-    print(f"posbench: {cfg.encoding.name} | {model.num_params() / 1e6:.2f}M params | "
-          f"{tcfg.steps} steps x {tokens_per_step} tokens | {device} {dtype or torch.float32}", file=sys.stderr)
+    if world.is_main:
+        layout = (f" | {world.size} processes x {accum} micro-batches of {micro}" if world.active or accum > 1 else "")
+        print(f"posbench: {cfg.encoding.name} | {model.num_params() / 1e6:.2f}M params | "
+              f"{tcfg.steps} steps x {tokens_per_step} tokens{layout} | {device} {dtype or torch.float32}"
+              f"{' | compiled' if tcfg.compile else ''}", file=sys.stderr)
     model.train()
     # In a terminal the bar redraws every second; in a log file (sweeps, clusters) every 30 s.
     bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", file=sys.stderr,
-               mininterval=1.0 if sys.stderr.isatty() else 30.0)
+               mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=not world.is_main)
     window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
     saved_step = step if state is not None else None  # the last checkpoint on disk
 
@@ -187,41 +258,61 @@ def train(cfg: DictConfig, run_dir) -> dict:
         return PosbenchError(f"{what} became {value} at step {step + 1}; {kept}; no results were written; "
                              "valid: a lower train.lr (or check the data)")
 
-    with stop_on_signal() as interrupted:
-        while step < tcfg.steps and not interrupted.is_set():
-            x, y = sampler()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device, dtype):
-                loss = model.loss(x, y)
-            if not torch.isfinite(loss):
-                raise diverged("loss", loss.item())
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-            if not torch.isfinite(grad_norm):  # would turn the weights to NaN in the next checkpoint
-                raise diverged("gradient norm", grad_norm.item())
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            step += 1
-            window_loss, window_steps = window_loss + loss.item(), window_steps + 1
-            if step % tcfg.log_every == 0 or step == tcfg.steps:
-                elapsed = time.perf_counter() - window_start
-                record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
-                          "tokens_per_s": window_steps * tokens_per_step / elapsed}
-                logger.log(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-                window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
-            bar.update(1)
-            if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+    def stop_requested() -> bool:  # every rank stops at the same step
+        flag = torch.tensor(float(interrupted.is_set()))
+        return bool(distributed.mean(flag, world) > 0) if world.active else interrupted.is_set()
+
+    try:
+        with stop_on_signal() as interrupted:
+            while step < tcfg.steps and not stop_requested():
+                x, y = batches()
+                x, y = distributed.shard(x, world), distributed.shard(y, world)  # (B / ranks, T)
+                loss = torch.zeros((), device=device)
+                for i in range(accum):
+                    xs = x[i * micro:(i + 1) * micro].to(device, non_blocking=True)
+                    ys = y[i * micro:(i + 1) * micro].to(device, non_blocking=True)
+                    # DDP averages gradients only on the last micro-batch of the step
+                    sync = ddp.no_sync() if world.active and i < accum - 1 else contextlib.nullcontext()
+                    with sync:
+                        with autocast(device, dtype):
+                            micro_loss = lm_loss(net, xs, ys) / accum
+                        micro_loss.backward()
+                    loss += micro_loss.detach()
+                loss = distributed.mean(loss, world)
+                if not torch.isfinite(loss):
+                    raise diverged("loss", loss.item())
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+                if not torch.isfinite(grad_norm):  # would turn the weights to NaN in the next checkpoint
+                    raise diverged("gradient norm", grad_norm.item())
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+                step += 1
+                window_loss, window_steps = window_loss + loss.item(), window_steps + 1
+                if step % tcfg.log_every == 0 or step == tcfg.steps:
+                    elapsed = time.perf_counter() - window_start
+                    record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
+                              "tokens_per_s": window_steps * tokens_per_step / elapsed}
+                    if logger is not None:
+                        logger.log(record)
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+                    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+                bar.update(1)
+                if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                    checkpoint()
+                    saved_step = step
+            if step < tcfg.steps:  # stopped by Ctrl-C or SIGTERM
                 checkpoint()
-                saved_step = step
-    if step < tcfg.steps:  # stopped by Ctrl-C or SIGTERM
-        checkpoint()
-        bar.close()
-        print(f"posbench: interrupted at step {step}; checkpoint saved in {run.path}; "
-              "re-run the same command to resume", file=sys.stderr)
-        raise SystemExit(128 + interrupted.signum)
+                bar.close()
+                if world.is_main:
+                    print(f"posbench: interrupted at step {step}; checkpoint saved in {run.path}; "
+                          "re-run the same command to resume", file=sys.stderr)
+                raise SystemExit(128 + interrupted.signum)
+    finally:
+        batches.close()
     bar.close()
+    if not world.is_main:
+        return {"run_dir": str(run.path), "results": None, "steps": step}
 
     ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
     rows = write_results(run, result_rows(cfg, ladder, step))

@@ -1,0 +1,31 @@
+"""Hydra callback for sweeps whose jobs run in other processes (joblib, submitit).
+
+A failing sweep job writes ``FAILED`` (its error) in its job dir and the sweep goes on
+(see ``posbench.cli.user_errors``). With the basic launcher the jobs run in this process,
+which counts them; with ``hydra/launcher=local_parallel`` or ``slurm`` they do not, so at
+the end of the sweep this callback collects the ``FAILED`` files written during it and
+the sweep exits 1 naming them, whatever the launcher.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class SweepFailures(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.started = time.time()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from . import cli
+
+        sweep = Path(str(config.hydra.sweep.dir))
+        for f in sorted(sweep.rglob("FAILED")) if sweep.is_dir() else []:
+            counted = any(line.startswith(f"{f.parent}:") for line in cli._failures)
+            if f.stat().st_mtime >= getattr(self, "started", 0.0) and not counted:
+                message = (f.read_text(errors="replace").splitlines() or ["(no message)"])[0]
+                cli._failures.append(f"{f.parent}: {message}")
