@@ -21,7 +21,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import PosbenchError
+from .errors import SWEEP_FAILURES, PosbenchError
 
 HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}
 COMMANDS = {
@@ -31,7 +31,7 @@ COMMANDS = {
     "encodings": "list the available position encodings",
     "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
 }
-_failures: list[str] = []
+_failures = SWEEP_FAILURES  # shared with posbench.sweep
 
 
 def conf_dir() -> Path:

@@ -3,3 +3,8 @@
 
 class PosbenchError(Exception):
     """Bad input or state that the user can fix; the message names the value and the choices."""
+
+
+# "<job dir>: <error>" for each sweep job that failed in this `posbench -m ...` call. It lives
+# here, not in the CLI module, because that module also runs as ``__main__`` (python -m).
+SWEEP_FAILURES: list[str] = []

@@ -15,17 +15,17 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from .errors import SWEEP_FAILURES
+
 
 class SweepFailures(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from . import cli
-
         sweep = Path(str(config.hydra.sweep.dir))
         for f in sorted(sweep.rglob("FAILED")) if sweep.is_dir() else []:
-            counted = any(line.startswith(f"{f.parent}:") for line in cli._failures)
+            counted = any(line.startswith(f"{f.parent}:") for line in SWEEP_FAILURES)
             if f.stat().st_mtime >= getattr(self, "started", 0.0) and not counted:
                 message = (f.read_text(errors="replace").splitlines() or ["(no message)"])[0]
-                cli._failures.append(f"{f.parent}: {message}")
+                SWEEP_FAILURES.append(f"{f.parent}: {message}")

@@ -1,0 +1,112 @@
+"""Data-parallel training and sweep launchers, run for real on CPU processes.
+
+* torchrun with 2 gloo processes gives the losses of one process with the same global batch;
+* gradient accumulation (train.micro_batch_size) gives them too;
+* a sweep through submitit's local executor and one through the joblib launcher
+  (hydra/launcher=local_parallel) both leave every job's rows for `posbench report`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import SMOKE, posbench
+from posbench.distributed import World, micro_batches, shard
+from posbench.errors import PosbenchError
+
+# Ten fp32 steps of the smoke preset, a loss logged at every step.
+QUICK = SMOKE + ["train.steps=10", "train.log_every=1", "train.ckpt_every=10", "train.precision=fp32",
+                 "eval.multiples=[1]", "eval.max_tokens=256"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+def test_micro_batches_keep_the_global_batch():
+    assert micro_batches(32, None, World()) == (32, 1)
+    assert micro_batches(32, 8, World()) == (8, 4)
+    assert micro_batches(32, None, World(0, 4)) == (8, 1)
+    assert micro_batches(32, 2, World(1, 4)) == (2, 4)  # 4 ranks x 4 micro-batches x 2 windows
+    with pytest.raises(PosbenchError, match=r"train.batch_size=30 is not divisible by the 4 processes"):
+        micro_batches(30, None, World(0, 4))
+    with pytest.raises(PosbenchError, match=r"train.micro_batch_size=3 .* valid: \[1, 2, 4, 8\]"):
+        micro_batches(8, 3, World())
+
+
+def test_shards_are_disjoint_and_cover_the_global_batch():
+    batch = torch.arange(12).view(6, 2)
+    parts = [shard(batch, World(rank, 3)) for rank in range(3)]
+    assert torch.equal(torch.cat(parts), batch)
+    assert [p[:, 0].tolist() for p in parts] == [[0, 2], [4, 6], [8, 10]]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    one, accum, ddp = tmp_path / "one", tmp_path / "accum", tmp_path / "ddp"
+    posbench("train", *QUICK, f"hydra.run.dir={one}")
+    posbench("train", *QUICK, "train.micro_batch_size=2", f"hydra.run.dir={accum}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "posbench.cli", "train", *QUICK, f"hydra.run.dir={ddp}"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 processes x 1 micro-batches of 4" in proc.stderr
+
+    reference = losses(one)
+    assert len(reference) == 10 and reference[-1] < reference[0]
+    for other in (accum, ddp):
+        assert losses(other) == pytest.approx(reference, rel=1e-4)
+    # Rank 0 alone wrote the files: one metrics record per step, one Hydra dir, one results table.
+    assert len(losses(ddp)) == 10
+    assert sorted(p.name for p in ddp.iterdir()) == sorted(p.name for p in one.iterdir())
+    weights = [torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in (one, ddp)]
+    for name, w in weights[0].items():
+        torch.testing.assert_close(weights[1][name], w, rtol=1e-4, atol=1e-5)
+    ppl = [pd.read_csv(d / "results.csv").ppl.iloc[0] for d in (one, ddp)]
+    assert ppl[1] == pytest.approx(ppl[0], rel=1e-3)
+
+
+def test_a_micro_batch_that_does_not_divide_the_batch_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    proc = posbench("train", *QUICK, "train.micro_batch_size=3", f"hydra.run.dir={run}", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "posbench: error: train.micro_batch_size=3 must divide the 8 windows each of the 1 process(es) gets "
+        "from train.batch_size=8; valid: [1, 2, 4, 8] or null"]
+    assert not run.exists()
+
+
+SWEEP = QUICK + ["encoding=alibi,rope"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["submitit_local", "local_parallel"])
+def test_sweeps_through_other_launchers_leave_every_jobs_rows(tmp_path, launcher):
+    sweep = tmp_path / "sweep"
+    extra = ["hydra.launcher.timeout_min=10"] if launcher == "submitit_local" else []
+    posbench("-m", "train", *SWEEP, f"hydra/launcher={launcher}", *extra, f"hydra.sweep.dir={sweep}")
+    jobs = sorted(p.parent.parent.name for p in sweep.rglob("results.csv"))  # <encoding>/<overrides>/
+    assert jobs == ["alibi", "rope"]
+    posbench("report", sweep)
+    table = pd.read_csv(sweep / "report.csv")
+    assert sorted(table.encoding.unique()) == ["alibi", "rope"]
+
+
+@pytest.mark.slow
+def test_a_failed_job_under_the_parallel_launcher_fails_the_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = posbench("-m", "train", *QUICK, "train.train_len=32,1000000", "hydra/launcher=local_parallel",
+                    f"hydra.sweep.dir={sweep}", check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "1 job(s) failed" in proc.stderr
+    failed = list(sweep.rglob("FAILED"))
+    assert len(failed) == 1 and "train.train_len=1000000" in str(failed[0].parent)
+    assert len(list(sweep.rglob("results.csv"))) == 1
