@@ -1,0 +1,40 @@
+"""The named experiment presets compose to what their comments promise."""
+
+import pytest
+import torch
+
+from conftest import compose
+from posbench.build import build_model
+from posbench.distributed import World, micro_batches
+
+
+def test_cpu_quick_is_the_default_comparison():
+    default, quick = compose(), compose("experiment=cpu_quick")
+    for section in ("model", "data", "train", "eval"):
+        assert quick[section] == default[section], section
+
+
+def test_cpu_full_trains_longer_on_the_same_model_and_data():
+    default, full = compose(), compose("experiment=cpu_full")
+    assert full.model == default.model and full.data == default.data
+    assert full.train.train_len == default.train.train_len
+    tokens = full.train.steps * full.train.batch_size * full.train.train_len
+    assert tokens == 20_480_000 and tokens / (400 * 32 * 128) == 12.5
+
+
+def test_alibi_paper_matches_the_papers_wikitext103_setting():
+    cfg = compose("experiment=alibi_paper")
+    m = cfg.model
+    assert (m.n_layers, m.d_model, m.n_heads, m.d_ff, m.dropout) == (16, 1024, 8, 4096, 0.2)
+    assert cfg.data.name == "wikitext103" and cfg.train.train_len == 512
+    # fairseq --max-tokens 9216 per GPU on 8 GPUs, 286k updates
+    assert cfg.train.batch_size * cfg.train.train_len == 9216 * 8
+    assert cfg.train.micro_batch_size * cfg.train.train_len == 9216
+    assert cfg.train.steps * cfg.train.batch_size * cfg.train.train_len == pytest.approx(21.1e9, rel=0.01)
+    for gpus, accum in ((1, 8), (2, 4), (4, 2), (8, 1)):
+        assert micro_batches(cfg.train.batch_size, cfg.train.micro_batch_size, World(0, gpus)) == (18, accum)
+    lengths = [m * cfg.train.train_len for m in cfg.eval.multiples]
+    assert lengths[0] == 512 and lengths[-1] == 16384
+    with torch.device("meta"):
+        model = build_model(cfg, cfg.data.vocab_size)
+    assert model.num_params() == pytest.approx(235e6, rel=0.01)  # the cost estimate's 235M
