@@ -242,16 +242,23 @@ def run_hydra(command: str, args: list[str]) -> None:
 
 
 def cmd_report(args: list[str]) -> None:
-    from .report import report, spread_summary
+    from .report import REFERENCE, report
 
     parser = argparse.ArgumentParser(prog="posbench report", description=COMMANDS["report"])
     parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs or results.csv files")
-    parser.add_argument("--out", help="where report.csv/.md/.png go (default: the single dir given, else ./report)")
+    parser.add_argument("--out", help="where the report files go (default: the single dir given, else ./report)")
+    parser.add_argument("--format", default="md", choices=["md", "latex"],
+                        help="table printed: Markdown (default) or LaTeX/booktabs (also written as report.tex)")
+    parser.add_argument("--log-y", action="store_true", help="log-scale perplexity axis (default: linear)")
+    ref = parser.add_mutually_exclusive_group()
+    ref.add_argument("--reference", default="auto", metavar="PATH",
+                     help=f"published results (encoding,train_len,eval_len,ppl) drawn beside ours (default: {REFERENCE} when it exists)")
+    ref.add_argument("--no-reference", action="store_true", help="leave out the published-results panel")
     ns = parser.parse_args(args)
-    summary, table, out = report(ns.dirs, ns.out)
-    print(table)
-    print("\n" + spread_summary(summary))
-    print(f"\nwrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'report.png'}")
+    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference)
+    print(done.table)
+    print("\n" + "\n".join(done.text))
+    print(f"\nwrote {', '.join(map(str, done.files))}")
 
 
 def cmd_encodings(args: list[str]) -> None:

@@ -1,31 +1,63 @@
-"""Many run dirs -> one tidy table (mean and spread over seeds) -> Markdown, CSV and a figure.
+"""Many run dirs -> one tidy table (mean and spread over seeds) -> Markdown/LaTeX, CSV, figures.
 
-Rows evaluated under a RoPE scaling (``rope_scaling`` column) are their own line, labelled
-``<encoding>+<scaling>`` (e.g. ``rope+yarn``); unscaled rows keep the encoding's name.
-results.csv files written before the scaling columns existed read as ``none``.
+    posbench report multirun/2026-11-22_10-00-00            # report.md/.csv/.png/.svg in that dir
+    posbench report outputs/zoo_quick --out results/zoo_quick --format latex --log-y
+
+Each table line and each figure line is one *label*: the encoding, ``+<scaling>`` when it was
+evaluated under a RoPE scaling (``rope+yarn``), and `` sliding/<stride>`` when it was scored
+with sliding windows (``eval.mode=sliding``): ``alibi sliding/64`` for a stride of 64 tokens at
+every length (``eval.stride=64``), ``alibi sliding/L/2`` for half the window at every length
+(``eval.stride=null``, the default). Non-overlapping windows (the default protocol) add
+nothing. A different stride is a different protocol, so it is a different line.
+
+Seeds are averaged, nothing else: when one line would mix runs whose configs differ in more
+than the seed (their rows carry different ``config_hash`` values), the report stops and names
+the differing config keys, read from each run's ``config.yaml``.
+
+results.csv files written before a column existed read with its neutral value: rope_scaling
+``none``, rope_factor 1, mode ``nonoverlapping``, stride = eval_len, NaN for bpb, word_ppl,
+bytes and words. The figures are drawn by :mod:`posbench.figures`.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
-from .checkpoint import atomic_write, atomic_write_text
+from .checkpoint import atomic_write_text
 from .errors import PosbenchError
 
-GROUP = ["encoding", "rope_scaling", "model", "data", "train_len", "split", "eval_len"]
+GROUP = ["encoding", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
+LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
+RESULT_COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride",
+                  "rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model",
+                  "data", "steps", "config_hash", "code_version"]
+NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "alibi_paper_L512.csv"
+
+
+# ---------------------------------------------------------------- reading
+def backfill(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns an older results table lacks, with their neutral values, in the current order."""
+    df = df.copy()
+    for col, value in (("rope_scaling", "none"), ("rope_factor", 1.0), ("mode", "nonoverlapping")):
+        df[col] = df[col].fillna(value) if col in df else value
+    if "eval_len" in df:
+        df["stride"] = df["stride"].fillna(df.eval_len) if "stride" in df else df.eval_len
+        df["stride"] = df.stride.astype("int64")
+    for col in ("bpb", "word_ppl", "bytes", "words"):
+        if col not in df:
+            df[col] = math.nan
+    known = [c for c in RESULT_COLUMNS if c in df]
+    return df[known + [c for c in df if c not in known]]
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
-    """One results.csv; rows from before RoPE scaling get rope_scaling 'none', rope_factor 1."""
-    df = pd.read_csv(path)
-    if "rope_scaling" not in df:
-        df.insert(df.columns.get_loc("encoding") + 1, "rope_scaling", "none")
-    if "rope_factor" not in df:
-        df["rope_factor"] = 1.0
-    return df.fillna({"rope_scaling": "none", "rope_factor": 1.0})
+    """One results.csv, backfilled (see :func:`backfill`)."""
+    return backfill(pd.read_csv(path))
 
 
 def _scaling_order(col: pd.Series) -> pd.Series:
@@ -34,70 +66,217 @@ def _scaling_order(col: pd.Series) -> pd.Series:
 
 def sort_rows(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Sorted by ``by``, unscaled rows before the scalings of the same encoding."""
-    return df.sort_values(by, key=_scaling_order).reset_index(drop=True)
+    return df.sort_values([c for c in by if c in df], key=_scaling_order).reset_index(drop=True)
 
 
-def line_label(encoding: str, rope_scaling: str = "none") -> str:
-    """'rope' for plain runs, 'rope+yarn' under a scaling."""
-    return encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
+def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverlapping", stride="") -> str:
+    """'rope', 'rope+yarn' under a scaling, 'alibi sliding/64' for sliding windows of stride 64
+    ('alibi sliding/L/2' for a stride of half the window at every length)."""
+    label = encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
+    if mode != "sliding":
+        return label
+    return f"{label} sliding/{stride if isinstance(stride, str) else int(stride)}"
+
+
+def _stride_tags(df: pd.DataFrame) -> pd.Series:
+    """How each sliding row names its stride: the number when the line (encoding, scaling, model,
+    data, train_len, split) slides by one stride at every length, 'L/k' when its stride is
+    eval_len // k at every length (``eval.stride=null`` is L/2), else the row's own stride."""
+    tags = df.stride.astype(object)
+    line = [c for c in ("encoding", "rope_scaling", "model", "data", "train_len", "split") if c in df]
+    sliding = df[df["mode"] == "sliding"]
+    for _, g in sliding.groupby(line, dropna=False) if len(sliding) else []:
+        if g.stride.nunique() > 1:
+            for k in sorted(set(g.eval_len // g.stride)):
+                if k >= 1 and (g.stride == (g.eval_len // k).clip(lower=1)).all():
+                    tags[g.index] = f"L/{k}"
+                    break
+    return tags
 
 
 def _with_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with rope_scaling ('none' where absent) and each row's line ``label``."""
-    if "rope_scaling" not in df:
-        df = df.assign(rope_scaling="none")
-    labels = [line_label(e, s) for e, s in zip(df.encoding, df.rope_scaling)]
+    """``df`` with each row's line ``label`` (scaling and mode columns backfilled where absent)."""
+    df = df.assign(rope_scaling=df.rope_scaling.fillna("none") if "rope_scaling" in df else "none",
+                   mode=df["mode"].fillna("nonoverlapping") if "mode" in df else "nonoverlapping")
+    if "stride" not in df:
+        df = df.assign(stride=df.eval_len if "eval_len" in df else 0)
+    labels = [line_label(*row) for row in zip(df.encoding, df.rope_scaling, df["mode"], _stride_tags(df))]
     return df.assign(label=pd.Series(labels, index=df.index, dtype=object))
 
 
-def collect(paths: list[str | Path]) -> pd.DataFrame:
-    """Every results.csv under ``paths`` (run dirs or sweep dirs), concatenated."""
-    files: list[Path] = []
+def _files(paths: list[str | Path], name: str) -> list[Path]:
+    """Every ``name`` under ``paths`` (dirs searched recursively; a file stands for its dir),
+    each file once."""
+    found: dict[Path, Path] = {}
     for p in map(Path, paths):
         if not p.exists():
             raise PosbenchError(f"report: {str(p)!r} does not exist")
-        files += [p] if p.is_file() else sorted(p.rglob("results.csv"))
+        if p.is_file():
+            candidates = [p] if name == "results.csv" else [p.parent / name]
+        else:
+            candidates = sorted(p.rglob(name))
+        for f in candidates:
+            if f.is_file():
+                found.setdefault(f.resolve(), f)
+    return list(found.values())
+
+
+def collect(paths: list[str | Path], name: str = "results.csv") -> pd.DataFrame:
+    """Every ``name`` (results.csv, positions.csv, passkey.csv) under ``paths`` (run dirs or
+    sweep dirs), concatenated, with each row's ``run`` dir. Empty for no positions/passkey files."""
+    files = _files(paths, name)
     if not files:
+        if name != "results.csv":
+            return pd.DataFrame()
         raise PosbenchError(f"report: no results.csv under {', '.join(map(str, paths))}; "
                             "pass run or sweep directories made by posbench train")
-    frames = []
-    for f in files:
-        df = read_results(f)
-        df["run"] = str(f.parent)
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True)
+    frames = [pd.read_csv(f).assign(run=str(f.parent)) for f in files]
+    df = pd.concat(frames, ignore_index=True)
+    return backfill(df) if name == "results.csv" else df
 
 
+# ---------------------------------------------------------------- one config per line
+def _flat(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _hashed_config(run: str) -> dict | None:
+    """The keys of a run's config.yaml that its config_hash covers, flattened ('train.lr')."""
+    from omegaconf import OmegaConf
+
+    from .config import NOT_HASHED
+
+    path = Path(run) / "config.yaml"
+    if not path.is_file():
+        return None
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    for key in NOT_HASHED:
+        data.pop(key, None)
+    data.get("data", {}).pop("cache_dir", None)
+    return dict(_flat(data))
+
+
+def config_diff(runs: list[str], hashes: list[str]) -> str:
+    """'train.lr (0.001 in runs/a, 0.002 in runs/b)': the hashed config keys where ``runs`` differ."""
+    configs = [_hashed_config(r) for r in runs]
+    if any(c is None for c in configs):
+        where = ", ".join(f"{h} in {r}" for h, r in zip(hashes, runs))
+        return f"config_hash ({where}; no config.yaml beside results.csv to compare)"
+    unset = object()
+    keys = sorted(set().union(*configs))
+    differ = [k for k in keys if len({repr(c.get(k, unset)) for c in configs}) > 1]
+    if not differ:
+        return f"config_hash ({', '.join(f'{h} in {r}' for h, r in zip(hashes, runs))}) though their config.yaml files agree"
+    shown = [f"{k} (" + ", ".join(f"{c.get(k, 'unset')} in {r}" for c, r in zip(configs, runs)) + ")"
+             for k in differ[:3]]
+    more = f" and {len(differ) - 3} more key(s)" if len(differ) > 3 else ""
+    return ", ".join(shown) + more
+
+
+def check_one_config(df: pd.DataFrame) -> None:
+    """Refuse to average a line over runs whose configs differ in more than the seed."""
+    if "config_hash" not in df or df.empty:
+        return
+    df = _with_labels(df) if "label" not in df else df
+    keys = [c for c in LINE + ["eval_len", "length", "mode", "stride"] if c in df]
+    for _, g in df.groupby(keys, dropna=False, sort=False):
+        if g.config_hash.nunique() > 1:
+            first = g.dropna(subset=["config_hash"]).drop_duplicates("config_hash")
+            raise PosbenchError(f"report: cannot average {g.label.iloc[0]} runs whose configs differ in "
+                                f"{config_diff(first.run.tolist(), first.config_hash.tolist())}; pass fewer "
+                                "dirs, so that each line's runs differ only in seed")
+
+
+# ---------------------------------------------------------------- summary
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean, std, min, max of ppl over seeds, one row per (encoding, rope_scaling, ..., eval_len),
-    with the line's ``label``."""
-    df = _with_labels(df)
-    ok = df.assign(ppl=df.ppl.where(df.status == "ok"))
-    out = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"]).reset_index()
-    seeds = df.groupby(GROUP, dropna=False).seed.nunique().reset_index(name="seeds")
-    out = out.merge(seeds, on=GROUP).rename(columns={"mean": "ppl_mean", "std": "ppl_std", "min": "ppl_min",
-                                                     "max": "ppl_max", "count": "n_ok"})
-    out = _with_labels(out)
+    """Mean, std, min, max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
+    (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label``."""
+    df = _with_labels(backfill(df))
+    ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
+    stats = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"])
+    stats.columns = ["ppl_mean", "ppl_std", "ppl_min", "ppl_max", "n_ok"]
+    means = ok.groupby(GROUP, dropna=False)[["nll", "bpb", "word_ppl"]].mean().add_suffix("_mean")
+    seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
+    out = _with_labels(pd.concat([stats, seeds, means], axis=1).reset_index())
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
-def _fmt(mean: float, std: float) -> str:
+def line_names(frame: pd.DataFrame) -> pd.Series:
+    """Each row's figure line: its label, plus ``(model=..., train_len=...)`` for the LINE
+    columns that vary across ``frame``."""
+    varied = [c for c in LINE[1:] if c in frame and frame[c].nunique() > 1]
+    if not varied:
+        return frame.label
+    suffix = frame[varied].astype(str).apply(lambda r: ", ".join(f"{c}={v}" for c, v in r.items()), axis=1)
+    return frame.label + " (" + suffix + ")"
+
+
+def _fmt(mean: float, std: float, pm: str = " ± ") -> str:
     if mean is None or math.isnan(mean):
         return "n/a"
-    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f}{pm}{std:.2f}"
+
+
+def _table_cells(summary: pd.DataFrame):
+    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, best?)})."""
+    summary = _with_labels(summary)
+    lengths = sorted(summary.eval_len.unique())
+    extra = [c for c in ("model", "data", "split") if c in summary and summary[c].nunique() > 1]
+    best = summary.groupby("eval_len").ppl_mean.min()
+    several = len(summary.groupby(["label", "train_len"] + extra)) > 1  # one line: nothing to compare
+    lines = []
+    for keys, g in summary.groupby(["label", "train_len"] + extra, sort=False):
+        cells = {r.eval_len: (r.ppl_mean, r.ppl_std, several and r.ppl_mean == best[r.eval_len])
+                 for r in g.itertuples()}
+        lines.append((keys, int(g.seeds.max()), cells))
+    return lengths, extra, lines
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
-    """Encodings (one row per scaling: 'rope+yarn') as rows, eval lengths as columns,
-    'mean ± std' cells."""
-    summary = _with_labels(summary)
-    lengths = sorted(summary.eval_len.unique())
-    header = "| encoding | train_len | seeds | " + " | ".join(f"L={n}" for n in lengths) + " |"
-    lines = [header, "|" + "---|" * (3 + len(lengths))]
-    for (enc, tlen), g in summary.groupby(["label", "train_len"], sort=False):
-        cells = {row.eval_len: _fmt(row.ppl_mean, row.ppl_std) for row in g.itertuples()}
-        lines.append(f"| {enc} | {tlen} | {int(g.seeds.max())} | " + " | ".join(cells.get(n, "") for n in lengths) + " |")
-    return "\n".join(lines)
+    """Labels as rows, eval lengths as columns, 'mean ± std' cells; the lowest ppl of each
+    column in bold."""
+    lengths, extra, lines = _table_cells(summary)
+    head = ["encoding", "train_len", "seeds", *extra, *(f"L={n}" for n in lengths)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (label, tlen, *rest), seeds, cells in lines:
+        row = [label, str(tlen), str(seeds), *map(str, rest)]
+        for n in lengths:
+            mean, std, best = cells.get(n, (None, None, False))
+            text = "" if n not in cells else _fmt(mean, std)
+            row.append(f"**{text}**" if best else text)
+        out.append("| " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
+def latex_escape(text: str) -> str:
+    """Text safe inside a LaTeX table cell ('kerple_log' -> 'kerple\\_log')."""
+    special = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+    return "".join(special.get(ch, ch) for ch in str(text))
+
+
+def latex_table(summary: pd.DataFrame) -> str:
+    """A booktabs table (needs ``\\usepackage{booktabs}``): the Markdown table's cells, the
+    lowest ppl of each column in \\textbf."""
+    lengths, extra, lines = _table_cells(summary)
+    head = ["encoding", "$L_\\mathrm{train}$", "seeds", *extra, *(f"$L={n}$" for n in lengths)]
+    out = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}",
+           r"\toprule", " & ".join(head) + r" \\", r"\midrule"]
+    for (label, tlen, *rest), seeds, cells in lines:
+        row = [latex_escape(label), str(tlen), str(seeds), *map(latex_escape, rest)]
+        for n in lengths:
+            mean, std, best = cells.get(n, (None, None, False))
+            text = "" if n not in cells else _fmt(mean, std, r" $\pm$ ")
+            row.append(rf"\textbf{{{text}}}" if best else text)
+        out.append(" & ".join(row) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}",
+            r"\caption{Perplexity at evaluation length $L$ (mean $\pm$ std over seeds; lowest per column in bold).}",
+            r"\label{tab:posbench}", r"\end{table}"]
+    return "\n".join(out)
 
 
 def markdown_results(rows: pd.DataFrame) -> str:
@@ -109,72 +288,51 @@ def markdown_results(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def spread_summary(summary: pd.DataFrame) -> str:
-    """How far apart the encodings are at train_len, and how each (and each scaling) degrades
-    at the longest length."""
-    summary = _with_labels(summary)
+def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
+    """How far apart the lines are at train_len; for each line ppl(longest)/ppl(train_len) and
+    the longest length up to which every evaluated length stays within 10% (at most 10% above)
+    of its ppl at train_len."""
+    summary = _with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
     for tlen, g in summary.groupby("train_len"):
         at_train = g[g.eval_len == tlen].dropna(subset=["ppl_mean"])
         if len(at_train) > 1:
             lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
-            what = "encodings" if (at_train.rope_scaling == "none").all() else "lines"
+            what = "encodings" if (at_train.label == at_train.encoding).all() else "lines"
             lines.append(f"train_len={tlen}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
                          f"across {len(at_train)} {what} (spread {100 * (hi / lo - 1):.1f}%)")
-        for enc, e in g.groupby("label", sort=False):
+        for name, e in g.groupby("name", sort=False):
+            e = e.sort_values("eval_len")
             base = e[e.eval_len == tlen].ppl_mean
-            longest = e[e.eval_len == e.eval_len.max()]
-            if len(base) and longest.ppl_mean.notna().all() and not math.isnan(base.iloc[0]):
-                lines.append(f"  {enc}: ppl(L={int(longest.eval_len.iloc[0])}) / ppl(L={tlen}) = "
-                             f"{longest.ppl_mean.iloc[0] / base.iloc[0]:.2f}")
-    return "\n".join(lines)
+            if base.empty or math.isnan(base.iloc[0]):
+                lines.append(f"  {name}: no perplexity at train_len={tlen} to compare with")
+                continue
+            longest = e.iloc[-1]
+            ratio = "n/a" if math.isnan(longest.ppl_mean) else f"{longest.ppl_mean / base.iloc[0]:.2f}"
+            holds = tlen
+            for r in e[e.eval_len >= tlen].itertuples():
+                if not r.ppl_mean <= NEAR * base.iloc[0]:  # NaN (cannot run) ends it too
+                    break
+                holds = r.eval_len
+            lines.append(f"  {name}: ppl(L={int(longest.eval_len)}) / ppl(L={tlen}) = {ratio}; "
+                         f"within 10% of ppl(L={tlen}) up to L={holds} ({holds / tlen:g}x)")
+    return lines
 
 
-def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
-    """Perplexity vs eval length, log-scale x, one line per encoding and scaling (shaded
-    min..max over seeds), dashed vertical line at the train length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = df if "ppl_mean" in df else summarize(df)
-    summary = _with_labels(summary)
-    groups = list(summary.groupby("label", sort=False))
-    many = len(groups) > 10  # a zoo: distinct colours from tab20, legend beside the axes
-    fig, ax = plt.subplots(figsize=(9.0, 5.2) if many else (6.4, 4.2))
-    colours = plt.get_cmap("tab20").colors if many else plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (enc, g) in enumerate(groups):
-        g = g.sort_values("eval_len")
-        scaled = (g.rope_scaling != "none").any()  # RoPE scalings dashed, plain encodings solid
-        line, = ax.plot(g.eval_len, g.ppl_mean, marker="s" if scaled else "o", label=enc,
-                        linestyle="--" if scaled or (many and i >= len(colours)) else "-",
-                        color=colours[i % len(colours)], markersize=4 if many else 6)
-        if (g.ppl_max > g.ppl_min).any():
-            ax.fill_between(g.eval_len, g.ppl_min, g.ppl_max, color=line.get_color(), alpha=0.2)
-    for tlen in sorted(summary.train_len.unique()):
-        ax.axvline(tlen, color="gray", linestyle="--", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    lengths = sorted(summary.eval_len.unique())
-    ax.set_xticks(lengths, [str(int(n)) for n in lengths])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.set_title(title or f"perplexity vs length (train_len={', '.join(map(str, sorted(summary.train_len.unique())))})")
-    ax.grid(True, which="both", alpha=0.3)
-    if many:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    else:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    atomic_write(Path(path), lambda f: fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120))
-    plt.close(fig)
+# ---------------------------------------------------------------- runs' extra tables
+def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """positions.csv and passkey.csv rows under ``paths``, labelled, with each run's model and
+    data from its results rows; empty frames where no run has them."""
+    runs = df.groupby("run")[["model", "data"]].first()
+    out = []
+    for name in ("positions.csv", "passkey.csv"):
+        t = collect(paths, name)
+        if not t.empty:
+            t = t.join(runs, on="run") if "model" not in t else t
+            t = _with_labels(t)
+            check_one_config(t)
+        out.append(t)
+    return out[0], out[1]
 
 
 def failed_runs(paths: list[str | Path]) -> list[tuple[str, str]]:
@@ -191,10 +349,46 @@ def failures_markdown(failed: list[tuple[str, str]]) -> str:
     return "\n".join([f"\n\n{len(failed)} failed run(s), no results:\n", "| run | error |", "|---|---|", *rows])
 
 
-def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[pd.DataFrame, str, Path]:
-    """Gather results, write ``report.csv`` (tidy summary), ``report.md`` and ``report.png``
-    into ``out`` (default: the single directory given, else ./report). Failed sweep jobs are
-    listed under the table with their errors."""
+def read_reference(path: str | Path) -> pd.DataFrame:
+    """A published results table (encoding, train_len, eval_len, ppl[, source]) for the figure's
+    second panel; an empty ppl is a length the paper could not run."""
+    path = Path(path)
+    if not path.is_file():
+        raise PosbenchError(f"report: --reference {str(path)!r} does not exist; pass a CSV with columns "
+                            "encoding, train_len, eval_len, ppl, or --no-reference")
+    ref = pd.read_csv(path)
+    missing = [c for c in ("encoding", "train_len", "eval_len", "ppl") if c not in ref]
+    if missing:
+        raise PosbenchError(f"report: reference {str(path)!r} lacks column(s) {', '.join(missing)}; "
+                            "valid: a CSV with columns encoding, train_len, eval_len, ppl")
+    return ref
+
+
+class Report(NamedTuple):
+    summary: pd.DataFrame  # the tidy table (report.csv)
+    table: str  # Markdown or LaTeX, as asked
+    text: list[str]  # the extrapolation summary lines
+    files: list[Path]  # everything written
+
+
+def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
+    """One run's figure (:func:`posbench.figures.run_figure`), written to ``path``."""
+    from .figures import run_figure, save
+
+    save(run_figure(summarize(df) if "ppl_mean" not in df else df, title), Path(path))
+
+
+def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
+           reference: str | Path | None = "auto") -> Report:
+    """Gather results into ``out`` (default: the single directory given, else ./report):
+    report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
+    (``fmt='latex'``), report.png/.svg (perplexity vs length, beside the paper's numbers from
+    ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
+    and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv."""
+    from .figures import passkey_figure, positions_figure, ppl_figure, save
+
+    if fmt not in ("md", "latex"):
+        raise PosbenchError(f"report: --format {fmt!r} is not valid; valid choices: md, latex")
     failed = failed_runs(paths)
     try:
         df = collect(paths)
@@ -203,12 +397,32 @@ def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[pd.D
             raise
         raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
                             + "; ".join(f"{run}: {error}" for run, error in failed)) from e
+    check_one_config(df)
+    positions, passkey = _extra_tables(paths, df)
+    ref = None
+    if reference is not None and (reference != "auto" or REFERENCE.is_file()):
+        ref = read_reference(REFERENCE if reference == "auto" else reference)
+
     summary = summarize(df)
-    table = markdown_table(summary) + failures_markdown(failed)
+    text = extrapolation_summary(summary)
+    table = markdown_table(summary)
     if out is None:
         out = Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("report")
     out = Path(out)
-    atomic_write_text(out / "report.csv", summary.to_csv(index=False))
-    atomic_write_text(out / "report.md", table + "\n")
-    plot_ppl_vs_length(summary, out / "report.png")
-    return summary, table, out
+    figures = {"report": ppl_figure(summary, ref, log_y=log_y)}
+    if not positions.empty:
+        figures["positions"] = positions_figure(positions, log_y=log_y)
+    if not passkey.empty:
+        figures["passkey"] = passkey_figure(passkey)
+    files = [out / "report.csv", out / "report.md"]
+    atomic_write_text(files[0], summary.to_csv(index=False))
+    shown = "".join(f"\n![{name}]({name}.png)\n" for name in figures)
+    atomic_write_text(files[1], f"{table}{failures_markdown(failed)}\n\n## Length extrapolation\n\n"
+                      + "".join(f"- {line.strip()}\n" for line in text) + f"\n## Figures\n{shown}")
+    if fmt == "latex":
+        table = latex_table(summary)
+        files.append(out / "report.tex")
+        atomic_write_text(files[-1], table + "\n")
+    for name, fig in figures.items():
+        files += save(fig, out / f"{name}.png", also_svg=True)
+    return Report(summary, table + failures_markdown(failed), text, files)

@@ -23,7 +23,8 @@ def verdict(ratio: float) -> str:
 
 def main(path: str) -> None:
     df = pd.read_csv(path)
-    df = df[df.get("rope_scaling", "none").fillna("none") == "none"] if "rope_scaling" in df else df
+    df = df[df.rope_scaling.fillna("none") == "none"] if "rope_scaling" in df else df
+    df = df[df["mode"].fillna("nonoverlapping") == "nonoverlapping"] if "mode" in df else df  # plain lines only
     lines = ["| encoding | paper | hook | ppl at train_len | ppl at 16x | ratio | extrapolates? |",
              "|---|---|---|---|---|---|---|"]
     rows = []

@@ -29,7 +29,7 @@ def main(dirs: list[str]) -> None:
         for results in sorted(Path(path).rglob("results.csv")):
             cfg = OmegaConf.load(results.parent / "config.yaml")
             df = read_results(results)
-            df = df[df.rope_scaling == "none"]
+            df = df[(df.rope_scaling == "none") & (df["mode"] == "nonoverlapping")]  # unscaled, non-overlapping
             rows.append((cfg.encoding.name, variant(OmegaConf.to_container(cfg.encoding)),
                          dict(zip(df.eval_len, df.ppl)), int(cfg.train.train_len)))
     varied = {enc for enc, var, _, _ in rows if var != "default"}

@@ -1,0 +1,243 @@
+"""The report's figures, each a function that takes tidy rows and returns a matplotlib Figure.
+
+- :func:`ppl_figure`: perplexity vs evaluation length, one line per label (mean over seeds,
+  min..max shaded), and beside it the paper's published numbers.
+- :func:`run_figure`: one run's perplexity vs length (``ppl_vs_length.png`` in a run dir).
+- :func:`positions_figure`: mean NLL vs position in the window (positions.csv).
+- :func:`passkey_figure`: passkey accuracy by length x depth, one heat map per label (passkey.csv).
+
+Every artist a reader may look for carries a gid, kept as the ``id`` of its ``<g>`` in the
+SVG: ``ours:<line>``, ``paper:<encoding>``, ``spread:<line>``, ``positions:<line>``,
+``passkey:<line>`` and ``train_len`` for the train-length markers. SVG text stays text
+(``svg.fonttype: none``), so labels can be searched too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .checkpoint import atomic_write
+from .report import line_names
+
+DPI = 120
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path, also_svg: bool = False) -> list[Path]:
+    """Write ``fig`` to ``path`` (format from its suffix) and, with ``also_svg``, beside it as
+    .svg; both atomically. Closes the figure. -> the files written."""
+    plt = _pyplot()
+    paths = [Path(path)] + ([Path(path).with_suffix(".svg")] if also_svg else [])
+    try:
+        with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posbench"}):
+            for p in paths:
+                fmt = p.suffix.lstrip(".") or "png"
+                meta = {"Date": None} if fmt == "svg" else {}
+                atomic_write(p, lambda f: fig.savefig(f, format=fmt, dpi=DPI, metadata=meta))
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def _colours(names: list[str]) -> dict[str, tuple]:
+    """A colour per line name; a zoo (more than 10 lines) gets tab20."""
+    plt = _pyplot()
+    cycle = plt.get_cmap("tab20").colors if len(names) > 10 else plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
+
+
+def _style(row, index: int = 0) -> dict:
+    """RoPE scalings dashed with squares, sliding windows dotted with triangles; plain lines
+    past the 20 colours of tab20 dashed, so no two lines look alike."""
+    scaled, sliding = row["rope_scaling"] != "none", row["mode"] == "sliding"
+    plain = "--" if index >= 20 else "-"
+    return {"linestyle": "-." if scaled and sliding else "--" if scaled else ":" if sliding else plain,
+            "marker": "^" if sliding else "s" if scaled else "o"}
+
+
+def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x_ticks, [f"{t:g}x" if multiples else str(int(t)) for t in x_ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if log_y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        # label the 2s, 3s and 5s between decades, not every minor tick
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "235" else ""))
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _legend(ax, n: int) -> None:
+    if n > 10:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="small")
+
+
+def _draw_ours(ax, summary: pd.DataFrame, colours: dict, multiples: bool) -> None:
+    """One line per name: mean ppl over seeds, min..max shaded, a dashed train-length marker."""
+    summary = summary.assign(name=line_names(summary))
+    many = summary.name.nunique() > 10
+    for i, (name, g) in enumerate(summary.groupby("name", sort=False)):
+        g = g.sort_values("eval_len")
+        x = g.eval_len / g.train_len if multiples else g.eval_len
+        line, = ax.plot(x, g.ppl_mean, label=name, color=colours[name], markersize=4 if many else 6,
+                        gid=f"ours:{name}", **_style(g.iloc[0], i))
+        spread = g.ppl_max > g.ppl_min
+        if spread.any():
+            ax.fill_between(x, g.ppl_min, g.ppl_max, color=line.get_color(), alpha=0.2, gid=f"spread:{name}")
+    for i, tlen in enumerate([1] if multiples else sorted(summary.train_len.unique())):
+        ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len",
+                   label="train length" if i == 0 else None)
+
+
+def _powers_of_two(hi: float) -> list[float]:
+    return [2.0 ** k for k in range(0, int(math.ceil(math.log2(max(hi, 1.0)) + 1e-9)) + 1)]
+
+
+def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log_y: bool = False):
+    """Perplexity vs evaluation length; with ``reference``, a second panel with those
+    published numbers (x shared).
+
+    x is the evaluation length as a multiple of the train length, on a log2 scale. The
+    question is how far past its training length a model holds up, and the paper trained at
+    512 tokens where posbench's quick runs train at 64 or 128: in multiples, both panels put
+    the train length at 1x and the same extrapolation factor at the same place, so their
+    shapes compare at a glance (the absolute lengths are in the table and the panel titles).
+    y is linear by default, so a few percent of drift shows as a slope; ``log_y`` suits a
+    figure where one encoding blows up by orders of magnitude."""
+    plt = _pyplot()
+    names = list(dict.fromkeys(line_names(summary)))
+    ref_names = [] if reference is None else [e for e in dict.fromkeys(reference.encoding) if e not in names]
+    colours = _colours(names + ref_names)
+    many = len(names) > 10
+    width = (9.0 if many else 6.4) + (5.6 if reference is not None else 0)
+    fig, axes = plt.subplots(1, 2 if reference is not None else 1, figsize=(width, 5.2 if many else 4.4),
+                             sharex=True, layout="constrained", squeeze=False)
+    ours = axes[0, 0]
+    _draw_ours(ours, summary, colours, multiples=True)
+    top = float((summary.eval_len / summary.train_len).max())
+    tlens = ", ".join(map(str, sorted(summary.train_len.unique())))
+    ours.set_title(f"posbench (train_len={tlens})")
+    ours.set_ylabel("perplexity")
+    _legend(ours, len(names))
+    if reference is not None:
+        paper = axes[0, 1]
+        ref = reference.dropna(subset=["ppl"])
+        for enc, g in ref.groupby("encoding", sort=False):
+            g = g.sort_values("eval_len")
+            paper.plot(g.eval_len / g.train_len, g.ppl, marker="o", label=enc, color=colours[enc],
+                       gid=f"paper:{enc}")
+        paper.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_len", label="train length")
+        source = str(reference.source.dropna().iloc[0]).split(" (")[0] if "source" in reference else "reference"
+        paper.set_title(f"{source} (train_len={', '.join(map(str, sorted(reference.train_len.unique())))})",
+                        fontsize="medium")
+        paper.set_ylabel("perplexity (published)")
+        _legend(paper, ref.encoding.nunique())
+        top = max(top, float((ref.eval_len / ref.train_len).max()))
+    for ax in axes[0]:
+        _log_axes(ax, _powers_of_two(top), multiples=True, log_y=log_y)
+        ax.set_xlabel("evaluation length / train length")
+    return fig
+
+
+def run_figure(summary: pd.DataFrame, title: str | None = None):
+    """One run (or any summary) in absolute tokens: perplexity vs evaluation length, log2 x,
+    dashed line at the train length."""
+    plt = _pyplot()
+    names = list(dict.fromkeys(line_names(summary)))
+    many = len(names) > 10
+    fig, ax = plt.subplots(figsize=(9.0, 5.2) if many else (6.4, 4.2), layout="constrained")
+    _draw_ours(ax, summary, _colours(names), multiples=False)
+    _log_axes(ax, sorted(summary.eval_len.unique()), multiples=False, log_y=False)
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity")
+    tlens = ", ".join(map(str, sorted(summary.train_len.unique())))
+    ax.set_title(title or f"perplexity vs length (train_len={tlens})")
+    _legend(ax, len(names))
+    return fig
+
+
+def positions_figure(positions: pd.DataFrame, log_y: bool = False):
+    """Mean NLL (over seeds, weighted by tokens) vs position in the window, one line per
+    label, each at its longest evaluated window. x is the 1-based position of the predicted
+    token (bin midpoints), log2 scale, so the first positions, where the loss falls fastest,
+    get room; the dashed line marks the train length, past which the model never saw a
+    position in training."""
+    plt = _pyplot()
+    positions = positions.assign(name=line_names(positions))
+    longest = int(positions.eval_len.max())
+    names = list(dict.fromkeys(positions.name))
+    colours = _colours(names)
+    fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.2), layout="constrained")
+    for name, g in positions.groupby("name", sort=False):
+        g = g[g.eval_len == g.eval_len.max()]
+        weight = g.tokens if "tokens" in g else pd.Series(1.0, index=g.index)
+        g = g.assign(weighted=g.nll * weight, weight=weight)
+        bins = g.groupby(["bin_start", "bin_end"])[["weighted", "weight"]].sum().reset_index()
+        x = (bins.bin_start + bins.bin_end) / 2 + 1
+        length = int(g.eval_len.iloc[0])
+        ax.plot(x, bins.weighted / bins.weight, marker=".", color=colours[name], gid=f"positions:{name}",
+                linestyle=_style(g.iloc[0])["linestyle"], label=name if length == longest else f"{name} (L={length})")
+    for i, tlen in enumerate(sorted(positions.train_len.unique())):
+        ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len",
+                   label="train length" if i == 0 else None)
+    _log_axes(ax, _powers_of_two(longest), multiples=False, log_y=log_y)
+    ax.set_xlabel("position in the window (tokens, 1 = first predicted token)")
+    ax.set_ylabel("mean NLL (nats)")
+    ax.set_title(f"loss by position (window L={longest})")
+    _legend(ax, len(names))
+    return fig
+
+
+def passkey_figure(passkey: pd.DataFrame):
+    """Passkey retrieval accuracy (correct / trials, summed over seeds) by sequence length (x)
+    and depth of the key in the sequence (y, 0 = start), one heat map per label; grey cells
+    could not run. The dashed line sits after the last length <= train length."""
+    plt = _pyplot()
+    passkey = passkey.assign(name=line_names(passkey))
+    if "status" in passkey:
+        bad = passkey.status.fillna("ok") != "ok"
+        passkey = passkey.assign(correct=passkey.correct.where(~bad), trials=passkey.trials.where(~bad))
+    names = list(dict.fromkeys(passkey.name))
+    cols = min(len(names), 4)
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 1.0, 2.8 * rows), squeeze=False,
+                             layout="constrained")
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgray")
+    image = None
+    for ax, name in zip(axes.flat, names):
+        g = passkey[passkey.name == name]
+        grid = g.groupby(["depth", "length"])[["correct", "trials"]].sum(min_count=1)
+        acc = (grid.correct / grid.trials).unstack("length")  # (depth, length)
+        image = ax.imshow(acc.to_numpy(dtype=float), cmap=cmap, vmin=0, vmax=1, aspect="auto", gid=f"passkey:{name}")
+        if acc.size <= 80:
+            for (i, j), v in np.ndenumerate(acc.to_numpy(dtype=float)):
+                ax.text(j, i, "n/a" if math.isnan(v) else f"{v:.0%}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(acc.shape[1]), [str(int(n)) for n in acc.columns], rotation=45, fontsize="small")
+        ax.set_yticks(range(acc.shape[0]), [f"{d:g}" for d in acc.index], fontsize="small")
+        inside = [j for j, n in enumerate(acc.columns) if n <= g.train_len.max()]
+        if inside and inside[-1] < acc.shape[1] - 1:
+            ax.axvline(inside[-1] + 0.5, color="black", linestyle="--", linewidth=1, gid="train_len")
+        ax.set_title(name, fontsize="medium")
+        ax.set_xlabel("length (tokens)")
+        ax.set_ylabel("depth")
+    used = list(axes.flat)[:len(names)]
+    for ax in list(axes.flat)[len(names):]:
+        fig.delaxes(ax)
+    fig.colorbar(image, ax=used, label="passkey accuracy", shrink=0.9)
+    return fig

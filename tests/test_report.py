@@ -1,0 +1,317 @@
+"""posbench report on small hand-made run dirs (results.csv, positions.csv, passkey.csv,
+config.yaml): seeds averaged and nothing else, sliding windows and RoPE scalings as their own
+lines, Markdown/LaTeX tables, the extrapolation summary, and the figures' content."""
+
+import math
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import matplotlib.image
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, SMOKE, posbench
+from posbench.errors import PosbenchError
+from posbench.figures import DPI, passkey_figure, positions_figure, ppl_figure
+from posbench.report import (REFERENCE, collect, extrapolation_summary, latex_table, markdown_table, read_reference,
+                             read_results, report, summarize)
+
+COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
+           "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model", "data", "steps",
+           "config_hash", "code_version"]
+
+
+def rows(encoding, seed, ppl: dict, scaling="none", mode="nonoverlapping", stride=None, chash="h1", train_len=32):
+    """One run's results rows in the current results.csv format; NaN ppl means 'n/a'."""
+    out = []
+    for eval_len, p in ppl.items():
+        out.append({"encoding": encoding, "rope_scaling": scaling, "train_len": train_len, "eval_len": eval_len,
+                    "seed": seed, "split": "validation", "mode": mode, "stride": stride or eval_len,
+                    "rope_factor": 1.0, "ppl": p, "nll": math.log(p) if p == p else math.nan, "bpb": 1.0,
+                    "word_ppl": 2 * p, "tokens": 2048, "bytes": 8000, "words": 1500,
+                    "status": "ok" if p == p else "n/a: table too short", "model": "tiny", "data": "sotu",
+                    "steps": 10, "config_hash": chash, "code_version": "0.1.0+abc"})
+    return pd.DataFrame(out, columns=COLUMNS)
+
+
+def write_run(path: Path, *frames, lr=0.001, steps=10, encoding=None) -> Path:
+    """A run dir: results.csv plus the config.yaml whose hashed keys the rows' config_hash stands for."""
+    path.mkdir(parents=True)
+    df = pd.concat(frames, ignore_index=True)
+    df.to_csv(path / "results.csv", index=False)
+    config = {"encoding": {"name": str(df.encoding.iloc[0]), **(encoding or {})}, "train": {"lr": lr, "steps": steps, "train_len": 32},
+              "seed": int(df.seed.iloc[0]), "eval": {"max_tokens": 2048 * (1 + int(df.seed.iloc[0]))},
+              "wandb": {"mode": "disabled"}, "data": {"name": "sotu", "cache_dir": f"/tmp/c{df.seed.iloc[0]}"}}
+    OmegaConf.save(OmegaConf.create(config), path / "config.yaml")
+    return path
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """alibi (2 seeds), nope (1 seed, n/a past 64), alibi sliding/16 (2 seeds)."""
+    s = tmp_path / "sweep"
+    write_run(s / "alibi/seed=0", rows("alibi", 0, {32: 10.0, 64: 10.5, 128: 11.0, 256: 11.2}),
+              rows("alibi", 0, {32: 9.0, 64: 9.5}, mode="sliding", stride=16))
+    write_run(s / "alibi/seed=1", rows("alibi", 1, {32: 12.0, 64: 12.5, 128: 12.0, 256: 13.2}),
+              rows("alibi", 1, {32: 9.5, 64: 9.0}, mode="sliding", stride=16))
+    write_run(s / "nope/seed=0", rows("nope", 0, {32: 10.5, 64: 10.0, 128: math.nan, 256: math.nan}, chash="h2"))
+    return s
+
+
+def test_old_results_read_with_neutral_values(tmp_path):
+    old = rows("alibi", 0, {32: 10.0, 64: 11.0}).drop(columns=["rope_scaling", "rope_factor", "mode", "stride", "bpb",
+                                                               "word_ppl", "bytes", "words"])
+    old.to_csv(tmp_path / "results.csv", index=False)
+    df = read_results(tmp_path / "results.csv")
+    assert df.columns.tolist() == COLUMNS
+    assert df["mode"].tolist() == ["nonoverlapping"] * 2 and df.stride.tolist() == [32, 64]
+    assert df.rope_scaling.tolist() == ["none", "none"] and df.rope_factor.tolist() == [1.0, 1.0]
+    assert df[["bpb", "word_ppl", "bytes", "words"]].isna().all().all()
+
+
+def test_summary_averages_seeds_and_keeps_sliding_windows_apart(sweep):
+    summary = summarize(collect([sweep]))
+    alibi = summary[summary.label == "alibi"].set_index("eval_len")
+    assert alibi.loc[32, "ppl_mean"] == 11.0 and alibi.loc[32, "ppl_std"] == pytest.approx(math.sqrt(2))
+    assert (alibi.loc[32, "ppl_min"], alibi.loc[32, "ppl_max"], alibi.loc[32, "seeds"]) == (10.0, 12.0, 2)
+    sliding = summary[summary.label == "alibi sliding/16"].set_index("eval_len")
+    assert sliding.ppl_mean.to_dict() == {32: 9.25, 64: 9.25} and (sliding.stride == 16).all()
+    assert summary.label.unique().tolist() == ["alibi", "alibi sliding/16", "nope"]
+
+    table = markdown_table(summary).splitlines()
+    assert table[0] == "| encoding | train_len | seeds | L=32 | L=64 | L=128 | L=256 |"
+    # lowest ppl per column in bold: sliding at 32 and 64, nope n/a past 64, alibi best of the rest
+    assert table[2] == "| alibi | 32 | 2 | 11.00 ± 1.41 | 11.50 ± 1.41 | **11.50 ± 0.71** | **12.20 ± 1.41** |"
+    assert table[3] == "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35** | **9.25 ± 0.35** |  |  |"
+    assert table[4] == "| nope | 32 | 1 | 10.50 | 10.00 | n/a | n/a |"
+
+
+def test_latex_table_is_booktabs_with_escaped_names_and_bold_best(tmp_path):
+    write_run(tmp_path / "a", rows("kerple_log", 0, {32: 10.0, 64: 12.0}))
+    write_run(tmp_path / "b", rows("rope", 0, {32: 11.0, 64: 11.5}, scaling="dynamic_ntk", chash="h3"))
+    tex = latex_table(summarize(collect([tmp_path]))).splitlines()
+    assert tex[:4] == [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{lrrrr}", r"\toprule"]
+    assert tex[4] == r"encoding & $L_\mathrm{train}$ & seeds & $L=32$ & $L=64$ \\" and tex[5] == r"\midrule"
+    assert tex[6] == r"kerple\_log & 32 & 1 & \textbf{10.00} & 12.00 \\"
+    assert tex[7] == r"rope+dynamic\_ntk & 32 & 1 & 11.00 & \textbf{11.50} \\"
+    assert tex[8:10] == [r"\bottomrule", r"\end{tabular}"] and tex[-1] == r"\end{table}"
+
+
+def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
+    write_run(tmp_path / "a", rows("rope", 0, {32: 100.0, 64: 105.0, 128: 109.0, 256: 115.0}))
+    write_run(tmp_path / "b", rows("t5", 0, {32: 100.0, 64: 120.0, 128: 105.0, 256: 104.0}, chash="h2"))
+    write_run(tmp_path / "c", rows("learned", 0, {32: 150.0, 64: math.nan, 128: math.nan, 256: math.nan}, chash="h3"))
+    lines = extrapolation_summary(summarize(collect([tmp_path])))
+    assert lines == [
+        "train_len=32: ppl at train_len spans 100.00 .. 150.00 across 3 encodings (spread 50.0%)",
+        "  learned: ppl(L=256) / ppl(L=32) = n/a; within 10% of ppl(L=32) up to L=32 (1x)",
+        "  rope: ppl(L=256) / ppl(L=32) = 1.15; within 10% of ppl(L=32) up to L=128 (4x)",
+        "  t5: ppl(L=256) / ppl(L=32) = 1.04; within 10% of ppl(L=32) up to L=32 (1x)",  # 20% above at 2x
+    ]
+
+
+def test_refuses_to_average_runs_whose_configs_differ(tmp_path):
+    a = write_run(tmp_path / "a", rows("alibi", 0, {32: 10.0}, chash="h1"), lr=0.001)
+    b = write_run(tmp_path / "b", rows("alibi", 1, {32: 11.0}, chash="h2"), lr=0.002)
+    with pytest.raises(PosbenchError) as e:
+        report([a, b], tmp_path / "out")
+    # seed, eval and data.cache_dir differ too, but the hash leaves them out
+    assert str(e.value) == (f"report: cannot average alibi runs whose configs differ in train.lr (0.001 in {a}, "
+                            f"0.002 in {b}); pass fewer dirs, so that each line's runs differ only in seed")
+    assert not (tmp_path / "out").exists()
+    (b / "config.yaml").unlink()
+    with pytest.raises(PosbenchError, match=f"differ in config_hash \\(h1 in {a}, h2 in {b}; no config.yaml"):
+        report([a, b], tmp_path / "out")
+    # the same dir twice is one run, not two seeds
+    assert report([a, a / "results.csv"], tmp_path / "out").summary.seeds.tolist() == [1]
+
+
+def reference_csv(tmp_path) -> Path:
+    path = tmp_path / "paper.csv"
+    pd.DataFrame({"encoding": ["alibi", "alibi", "alibi", "sinusoidal", "sinusoidal"],
+                  "train_len": 512, "eval_len": [512, 1024, 16384, 512, 1024],
+                  "ppl": [20.0, 19.0, 18.5, 20.0, float("nan")], "source": "Paper et al. (table 1)"}).to_csv(path, index=False)
+    return path
+
+
+def test_comparison_figure_lines_spread_marker_and_paper_panel(sweep, tmp_path):
+    summary = summarize(collect([sweep]))
+    fig = ppl_figure(summary, read_reference(reference_csv(tmp_path)))
+    ours, paper = fig.axes
+    lines = {line.get_gid(): line for line in ours.lines}
+    assert set(lines) == {"ours:alibi", "ours:alibi sliding/16", "ours:nope", "train_len"}
+    assert lines["ours:alibi"].get_xdata().tolist() == [1, 2, 4, 8]  # multiples of train_len
+    assert lines["ours:alibi"].get_ydata().tolist() == [11.0, 11.5, 11.5, 12.2]
+    assert lines["ours:alibi sliding/16"].get_linestyle() == ":" and lines["ours:alibi"].get_linestyle() == "-"
+    assert lines["train_len"].get_xdata()[0] == 1
+    assert [c.get_gid() for c in ours.collections] == ["spread:alibi", "spread:alibi sliding/16"]  # 2 seeds each
+    assert [t.get_text() for t in ours.get_legend().get_texts()] == ["alibi", "alibi sliding/16", "nope",
+                                                                     "train length"]
+    paper_lines = {line.get_gid(): line for line in paper.lines}
+    assert paper_lines["paper:alibi"].get_xdata().tolist() == [1, 2, 32]
+    assert paper_lines["paper:sinusoidal"].get_xdata().tolist() == [1]  # the empty ppl is left out
+    assert paper_lines["train_len"].get_xdata()[0] == 1 and paper.get_title() == "Paper et al. (train_len=512)"
+    assert paper_lines["paper:alibi"].get_color() == lines["ours:alibi"].get_color()
+    assert ours.get_xscale() == paper.get_xscale() == "log" and ours.get_yscale() == "linear"
+    assert ppl_figure(summary, None, log_y=True).axes[0].get_yscale() == "log"
+    assert len(ppl_figure(summary, None).axes) == 1
+
+
+def positions_rows(encoding, seed, eval_len, nll, tokens=100, train_len=32):
+    edges = [(0, 0), (1, 15), (16, 31), (32, 63)][:len(nll)]
+    return pd.DataFrame([{"encoding": encoding, "rope_scaling": "none", "train_len": train_len, "eval_len": eval_len,
+                          "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": eval_len,
+                          "bin_start": s, "bin_end": e, "nll": v, "tokens": tokens if s else tokens // 2,
+                          "config_hash": "h1", "code_version": "0"} for (s, e), v in zip(edges, nll)])
+
+
+def test_positions_figure_weights_seeds_by_tokens_at_the_longest_window():
+    df = pd.concat([positions_rows("alibi", 0, 64, [6.0, 5.0, 4.0, 4.0], tokens=100),
+                    positions_rows("alibi", 1, 64, [7.0, 6.0, 5.0, 3.0], tokens=300),
+                    positions_rows("alibi", 0, 32, [9.0, 9.0, 9.0]),  # a shorter window: not drawn
+                    positions_rows("nope", 0, 32, [6.0, 5.0, 5.5])], ignore_index=True)
+    from posbench.report import _with_labels
+
+    fig = positions_figure(_with_labels(df))
+    (ax,) = fig.axes
+    lines = {line.get_gid(): line for line in ax.lines}
+    assert lines["positions:alibi"].get_xdata().tolist() == [1, 9, 24.5, 48.5]  # bin midpoints, 1-based
+    assert lines["positions:alibi"].get_ydata().tolist() == pytest.approx([6.75, 5.75, 4.75, 3.25])
+    assert lines["positions:nope"].get_label() == "nope (L=32)"
+    assert lines["train_len"].get_xdata()[0] == 32 and ax.get_xscale() == "log"
+
+
+def passkey_rows(encoding, seed, correct, scaling="none", status=None):
+    """lengths 32, 64, 128 x depths 0, 0.5; 4 trials each."""
+    cells = [(n, d) for d in (0.0, 0.5) for n in (32, 64, 128)]
+    return pd.DataFrame([{"encoding": encoding, "rope_scaling": scaling, "train_len": 32, "seed": seed, "length": n,
+                          "depth": d, "trials": 4, "correct": c, "accuracy": c / 4, "logprob": -1.0,
+                          "config_hash": "h1", "code_version": "0", "status": status or "ok"}
+                         for (n, d), c in zip(cells, correct)])
+
+
+def test_passkey_figure_one_heat_map_per_line():
+    from posbench.report import _with_labels
+
+    learned = passkey_rows("learned", 0, [4, 0, 0, 4, 0, 0])
+    learned.loc[learned.length > 32, "status"] = "n/a: past the table"
+    df = pd.concat([passkey_rows("rope", 0, [4, 2, 0, 4, 3, 1]), passkey_rows("rope", 1, [4, 4, 1, 2, 3, 0]),
+                    passkey_rows("rope", 0, [4, 4, 4, 4, 4, 3], scaling="yarn"), learned], ignore_index=True)
+    fig = passkey_figure(_with_labels(df))
+    panels = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in panels] == ["rope", "rope+yarn", "learned"]
+    assert len(fig.axes) == 4  # 3 heat maps and the colour bar
+    rope = panels[0].images[0]
+    assert rope.get_gid() == "passkey:rope"
+    assert rope.get_array().tolist() == [[1.0, 0.75, 0.125], [0.75, 0.75, 0.125]]  # (depth, length), 2 seeds
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["32", "64", "128"]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["0", "0.5"]
+    learned_grid = panels[2].images[0].get_array()
+    assert learned_grid[0, 0] == 1.0 and learned_grid.mask[:, 1:].all()  # n/a cells are masked (grey)
+    (marker,) = [line for line in panels[0].lines if line.get_gid() == "train_len"]
+    assert marker.get_xdata()[0] == 0.5  # after the 32 column
+
+
+def svg_ids(path: Path) -> list[str]:
+    return [e.get("id") for e in ET.parse(path).iter() if e.get("id")]
+
+
+def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_path):
+    for seed in (0, 1):
+        positions_rows("alibi", seed, 64, [6.0, 5.0, 4.0, 4.0]).to_csv(sweep / f"alibi/seed={seed}/positions.csv",
+                                                                         index=False)
+    passkey_rows("nope", 0, [4, 2, 0, 4, 3, 1]).to_csv(sweep / "nope/seed=0/passkey.csv", index=False)
+    out = tmp_path / "out"
+    done = report([sweep], out, fmt="latex", reference=reference_csv(tmp_path))
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["passkey.png", "passkey.svg", "positions.png", "positions.svg", "report.csv", "report.md",
+                     "report.png", "report.svg", "report.tex"]
+    assert sorted(p.name for p in done.files) == names
+    assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
+    md = (out / "report.md").read_text()
+    assert "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35** |" in md and "![positions](positions.png)" in md
+    assert "- alibi: ppl(L=256) / ppl(L=32) = 1.11; within 10% of ppl(L=32) up to L=128 (4x)" in md
+    tidy = pd.read_csv(out / "report.csv")
+    assert len(tidy) == 4 + 2 + 4 and set(tidy.label) == {"alibi", "alibi sliding/16", "nope"}
+    assert tidy.set_index(["label", "eval_len"]).loc[("alibi", 32), "word_ppl_mean"] == 22.0
+
+    ids = svg_ids(out / "report.svg")
+    for gid in ("ours:alibi", "ours:alibi sliding/16", "ours:nope", "paper:alibi", "paper:sinusoidal",
+                "spread:alibi", "train_len"):
+        assert gid in ids, gid
+    texts = {t.text for t in ET.parse(out / "report.svg").iter("{http://www.w3.org/2000/svg}text")}
+    assert {"alibi sliding/16", "train length", "evaluation length / train length"} <= texts
+    assert "positions:alibi" in svg_ids(out / "positions.svg") and "passkey:nope" in svg_ids(out / "passkey.svg")
+    expected = ppl_figure(done.summary, read_reference(reference_csv(tmp_path))).get_size_inches() * DPI
+    png = matplotlib.image.imread(out / "report.png")
+    assert png.shape[:2] == (round(expected[1]), round(expected[0])) and png[..., :3].std() > 0.05
+
+
+def test_cli_report_options_and_errors(sweep, tmp_path):
+    proc = posbench("report", sweep, "--format", "latex", "--log-y", "--no-reference")
+    assert r"\toprule" in proc.stdout and "nope: ppl(L=256) / ppl(L=32) = n/a" in proc.stdout
+    assert (sweep / "report.tex").exists() and not any(i.startswith("paper:") for i in svg_ids(sweep / "report.svg"))
+    bad = posbench("report", sweep, "--reference", tmp_path / "missing.csv", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        f"posbench: error: report: --reference '{tmp_path / 'missing.csv'}' does not exist; pass a CSV with "
+        "columns encoding, train_len, eval_len, ppl, or --no-reference")
+    pd.DataFrame({"encoding": ["alibi"], "length": [512]}).to_csv(tmp_path / "ref.csv", index=False)
+    bad = posbench("report", sweep, "--reference", tmp_path / "ref.csv", check=False)
+    assert bad.returncode == 2 and "lacks column(s) train_len, eval_len, ppl" in bad.stderr
+
+
+def test_packaged_reference_is_the_alibi_paper_table():
+    ref = read_reference(REFERENCE)
+    assert sorted(ref.encoding.unique()) == ["alibi", "rope", "sinusoidal", "t5"] and (ref.train_len == 512).all()
+
+
+def test_scripts_read_only_plain_nonoverlapping_lines(sweep, tmp_path):
+    report([sweep], tmp_path / "out")
+    tidy = pd.read_csv(tmp_path / "out/report.csv")
+    tidy.iloc[::-1].to_csv(tmp_path / "reversed.csv", index=False)  # row order is no contract
+    table = subprocess.run([sys.executable, ROOT / "scripts/encoding_table.py", tmp_path / "reversed.csv"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["`alibi`", "`nope`"]
+    assert "| 11.0 | 12.2 | 1.11 | partly |" in table[2]  # not the sliding line's 9.25
+    # a variant beside its default, both runs also scored with sliding windows
+    sliding = {32: 5.0, 64: 5.0, 128: 5.0, 256: 5.0}
+    write_run(tmp_path / "zoo/alibi", rows("alibi", 0, {32: 10.0, 64: 10.5, 128: 11.0, 256: 11.2}),
+              rows("alibi", 0, sliding, mode="sliding", stride=16), encoding={"form": "causal"})
+    write_run(tmp_path / "variants/alibi", rows("alibi", 0, {32: 10.1, 64: 10.6, 128: 11.1, 256: 11.3}, chash="h2"),
+              rows("alibi", 0, sliding, mode="sliding", stride=16, chash="h2"), encoding={"form": "symmetric"})
+    table = subprocess.run([sys.executable, ROOT / "scripts/variant_table.py", tmp_path / "zoo", tmp_path / "variants"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert table[2:] == ["| alibi | default | 10.0 | 10.5 | 11.0 | 11.2 | n/a |",
+                         "| alibi | form=symmetric | 10.1 | 10.6 | 11.1 | 11.3 | n/a |"]
+
+
+@pytest.mark.slow
+def test_report_on_a_real_training_run(tmp_path):
+    run = tmp_path / "run"
+    posbench("train", *SMOKE, "encoding=rope", "train.steps=10", f"hydra.run.dir={run}")
+    proc = posbench("report", run, "--out", tmp_path / "out")
+    results = read_results(run / "results.csv")
+    tidy = pd.read_csv(tmp_path / "out/report.csv")
+    plain = tidy[tidy.label == "rope"].set_index("eval_len").ppl_mean
+    assert plain.to_dict() == pytest.approx(results[results["mode"] == "nonoverlapping"].set_index("eval_len").ppl.to_dict())
+    assert "| rope | 32 | 1 |" in proc.stdout and "rope: ppl(L=512) / ppl(L=32) = " in proc.stdout
+    assert "paper:alibi" in svg_ids(tmp_path / "out/report.svg")
+    for name in ("positions", "passkey"):  # drawn exactly when evaluation wrote the table
+        assert (tmp_path / f"out/{name}.png").exists() == (run / f"{name}.csv").exists()
+
+
+def test_sliding_lines_name_their_stride(tmp_path):
+    df = pd.concat([rows("alibi", 0, {32: 9.0, 64: 9.5}, mode="sliding", stride=16),
+                    rows("rope", 0, {32: 9.0, 64: 9.5, 128: 9.7}, mode="sliding"),  # stride = eval_len
+                    rows("t5", 0, {32: 9.0}, mode="sliding", stride=16), rows("t5", 0, {64: 9.0}, mode="sliding", stride=20)],
+                   ignore_index=True)
+    rope = df.encoding == "rope"
+    df.loc[rope, "stride"] = df.loc[rope, "eval_len"] // 2  # eval.stride=null: half the window
+    df.loc[rope, "rope_scaling"] = "yarn"
+    summary = summarize(df)
+    assert summary.label.tolist() == ["alibi sliding/16"] * 2 + ["rope+yarn sliding/L/2"] * 3 + \
+        ["t5 sliding/16", "t5 sliding/20"]
+    assert summary[summary.label == "rope+yarn sliding/L/2"].stride.tolist() == [16, 32, 64]
