@@ -1,17 +1,27 @@
-"""Training metrics: a JSONL file in the run dir, and wandb when ``wandb.mode`` enables it.
+"""Training metrics: a JSONL file in the run dir, and Weights & Biases when ``wandb.mode`` enables it.
 
-wandb defaults to ``disabled``; ``offline`` writes under the run dir and never needs a
-network (``wandb sync`` uploads later).
+    posbench train logger=wandb                     # offline: written under <run dir>/wandb/, no network
+    wandb sync outputs/train/alibi/default/wandb/offline-run-*   # upload later
+    posbench train logger=wandb wandb.mode=online   # straight to the server (needs `wandb login`)
+
+``logger=none`` (the default) sets ``wandb.mode: disabled``; ``logger=wandb`` sets
+``offline``. A wandb run gets the resolved config, the config hash as its group (so the
+seeds of one config sit together), the training curves (``train/loss``, ``train/lr``,
+``train/tokens_per_s``), and at the end the results table (ppl, nll, bpb, ... per length,
+scaling and protocol) with a perplexity-vs-length chart, each line's ppl and bpb per length
+in the summary, and the run's positions.csv / passkey.csv tables when evaluation wrote them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import RunDir, atomic_write_text
-from .config import WANDB_MODES, _choice
+from .config import WANDB_MODES, _choice, config_hash
 
 
 def _step(line: str) -> float:
@@ -24,6 +34,7 @@ def _step(line: str) -> float:
 
 class MetricsLogger:
     def __init__(self, run: RunDir, cfg: DictConfig, resume_step: int = 0):
+        self.run = run
         self.path = run.metrics
         # On resume, drop records past the checkpoint so the file reads like one clean run.
         if self.path.exists():
@@ -36,8 +47,8 @@ class MetricsLogger:
             import wandb
 
             self.wandb = wandb.init(project=str(cfg.wandb.project), mode=mode, dir=str(run.path),
-                                    name=run.path.name, config=OmegaConf.to_container(cfg, resolve=True),
-                                    resume="allow", reinit=True)
+                                    name=run.path.name, group=config_hash(cfg), tags=[str(cfg.encoding.name)],
+                                    config=OmegaConf.to_container(cfg, resolve=True), resume="allow", reinit=True)
 
     def log(self, record: dict) -> None:
         with open(self.path, "a") as f:
@@ -45,14 +56,30 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=record["step"])
 
-    def finish(self, results) -> None:
+    def finish(self, results: pd.DataFrame) -> None:
+        """Log the evaluation (results rows, and the run's positions/passkey tables) and close."""
         if self.wandb is None:
             return
         import wandb
 
-        ok = results[results.status == "ok"]
-        self.wandb.log({"eval/results": wandb.Table(dataframe=results),
-                        "eval/ppl_vs_length": wandb.plot.line(
-                            wandb.Table(dataframe=ok[["eval_len", "ppl"]]), "eval_len", "ppl",
-                            title="perplexity vs eval length")})
+        from .report import _with_labels
+
+        rows = _with_labels(results)
+        ok = rows[rows.status == "ok"]
+        logged = {"eval/results": wandb.Table(dataframe=results),
+                  "eval/ppl_vs_length": wandb.plot.line(
+                      wandb.Table(dataframe=ok[["label", "eval_len", "ppl"]]), "eval_len", "ppl", stroke="label",
+                      title="perplexity vs eval length")}
+        if self.run.plot.is_file():
+            logged["eval/ppl_vs_length_figure"] = wandb.Image(str(self.run.plot))
+        for name in ("positions", "passkey"):
+            path = self.run.path / f"{name}.csv"
+            if path.is_file():
+                logged[f"eval/{name}"] = wandb.Table(dataframe=pd.read_csv(path))
+        self.wandb.log(logged)
+        for r in ok.itertuples():
+            for metric in ("ppl", "nll", "bpb", "word_ppl"):
+                value = getattr(r, metric, math.nan)
+                if not pd.isna(value):
+                    self.wandb.summary[f"eval/{r.label}/{metric}@{r.eval_len}"] = float(value)
         self.wandb.finish()
