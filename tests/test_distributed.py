@@ -110,3 +110,37 @@ def test_a_failed_job_under_the_parallel_launcher_fails_the_sweep(tmp_path):
     failed = list(sweep.rglob("FAILED"))
     assert len(failed) == 1 and "train.train_len=1000000" in str(failed[0].parent)
     assert len(list(sweep.rglob("results.csv"))) == 1
+
+
+@pytest.mark.slow
+def test_sigterm_under_torchrun_checkpoints_every_rank_at_one_step_and_resumes(tmp_path):
+    """torchrun forwards SIGTERM (a cluster's preemption) to both ranks; they agree on the step
+    to stop at, rank 0 checkpoints, and the re-run resumes to the single-process losses."""
+    import signal
+    import time
+
+    args = QUICK + ["train.steps=40", "train.ckpt_every=20"]
+    one, ddp = tmp_path / "one", tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "posbench.cli", "train", *args, f"hydra.run.dir={ddp}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        metrics = ddp / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode != 0
+    stopped = torch.load(ddp / "checkpoints" / "last.pt", weights_only=True)["step"]
+    assert 3 <= stopped < 40 and f"interrupted at step {stopped}" in stderr
+    assert len(losses(ddp)) == stopped
+
+    done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming {ddp} from step {stopped}" in done.stderr
+    posbench("train", *args, f"hydra.run.dir={one}")
+    assert losses(ddp) == pytest.approx(losses(one), rel=1e-4)
