@@ -49,17 +49,16 @@ class World:
 
 
 def _submitit_env() -> None:
-    """Inside a submitit (Slurm) job with several tasks, export torchrun's variables."""
-    if "WORLD_SIZE" in os.environ or int(os.environ.get("SUBMITIT_NTASKS", os.environ.get("SLURM_NTASKS", "1"))) <= 1:
+    """Inside a submitit job (Slurm, or its local executor) with several tasks, export the
+    variables torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR, ...) from submitit's view."""
+    if "WORLD_SIZE" in os.environ or not os.environ.get("SUBMITIT_EXECUTOR"):
         return
-    try:
-        from submitit.helpers import TorchDistributedEnvironment
-    except ImportError:
-        return
-    try:
-        TorchDistributedEnvironment().export()
-    except RuntimeError:  # not inside a submitit job
-        pass
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks > 1:
+        # every task sees all the node's GPUs and takes cuda:LOCAL_RANK, as under torchrun
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
 def world() -> World:

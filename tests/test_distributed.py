@@ -144,3 +144,17 @@ def test_sigterm_under_torchrun_checkpoints_every_rank_at_one_step_and_resumes(t
     assert f"resuming {ddp} from step {stopped}" in done.stderr
     posbench("train", *args, f"hydra.run.dir={one}")
     assert losses(ddp) == pytest.approx(losses(one), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_slurm_style_job_with_two_tasks_trains_data_parallel(tmp_path):
+    """hydra.launcher.tasks_per_node=2 (as on Slurm) through submitit's local executor: the two
+    tasks of one job form a process group from submitit's environment, and match one process."""
+    sweep, one = tmp_path / "sweep", tmp_path / "one"
+    posbench("-m", "train", *QUICK, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+             "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}")
+    (metrics,) = sweep.rglob("metrics.jsonl")
+    logs = "".join(p.read_text() for p in sweep.rglob("*_log.err"))
+    assert "2 processes x 1 micro-batches of 4" in logs
+    posbench("train", *QUICK, f"hydra.run.dir={one}")
+    assert losses(metrics.parent) == pytest.approx(losses(one), rel=1e-4)
