@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,15 +61,22 @@ class TrainConfig:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
+MODES = ("nonoverlapping", "sliding")
+
+
 @dataclass
 class EvalConfig:
     lengths: list[int] | None = None  # explicit eval lengths; None: multiples x train_len
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    max_tokens: int = 32768  # token budget scored at every length (rounded to the longest)
+    max_tokens: int = 32768  # token budget scored at every length (see scored_count)
     batch_tokens: int = 16384  # tokens per forward pass
     split: str = "validation"
     rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn (rotary models only)
     rope_factor: float | None = None  # s; None: max(1, eval_len / train_len) at each length
+    mode: str = "nonoverlapping"  # nonoverlapping | sliding (Press et al. 2022, sec. 4 / app. B)
+    stride: int | None = None  # sliding: new tokens per window; None: eval_len // 2
+    position_bins: list[int] | None = None  # first position of each loss bin; None: 0, 1, 2, 4, 8, ...
+    recompute: bool = False  # posbench eval: recompute rows results.csv already holds
 
     def __post_init__(self):
         for key in ("max_tokens", "batch_tokens"):
@@ -77,12 +85,52 @@ class EvalConfig:
             _positive("eval.lengths" if self.lengths else "eval.multiples", length)
         _choice("eval.split", self.split, ("validation", "test"))
         _choice("eval.rope_scaling", self.rope_scaling, SCALINGS)
+        _choice("eval.mode", self.mode, MODES)
         if self.rope_factor is not None and not self.rope_factor >= 1:
             raise PosbenchError(f"eval.rope_factor must be >= 1 (1 = no scaling) or null "
                                 f"(eval_len / train_len), got {self.rope_factor}")
+        if self.stride is not None and self.stride < 1:
+            raise PosbenchError(f"eval.stride must be >= 1 (tokens scored per window) or null "
+                                f"(eval_len // 2), got {self.stride}")
+        bins = self.position_bins
+        if bins is not None and (not bins or bins[0] != 0 or any(b >= c for b, c in zip(bins, bins[1:]))):
+            raise PosbenchError(f"eval.position_bins={bins} must be increasing first positions starting at 0, "
+                                "e.g. [0,1,2,4,8,16], or null (log2 bins 0, 1, 2-3, 4-7, ...)")
 
     def resolve_lengths(self, train_len: int) -> list[int]:
-        return sorted(set(self.lengths or [m * train_len for m in self.multiples]))
+        """The eval lengths; raises if the sliding stride does not fit them."""
+        lengths = sorted(set(self.lengths or [m * train_len for m in self.multiples]))
+        self.strides(lengths)
+        if self.max_tokens >= lengths[-1]:  # a smaller budget gets its own error (evaluate.scored_tokens)
+            self.scored_count(lengths, self.max_tokens)
+        return lengths
+
+    def strides(self, lengths: list[int]) -> dict[int, int]:
+        """eval_len -> stride: eval_len itself when nonoverlapping; eval.stride, or eval_len // 2
+        when null, when sliding."""
+        if self.mode == "nonoverlapping":
+            return {n: n for n in lengths}
+        if self.stride is not None and self.stride > min(lengths):
+            raise PosbenchError(f"eval.stride={self.stride} is longer than eval length {min(lengths)}; "
+                                f"valid: 1 <= eval.stride <= {min(lengths)} (the shortest eval length)")
+        return {n: self.stride or max(1, n // 2) for n in lengths}
+
+    def scored_count(self, lengths: list[int], cap: int) -> int:
+        """How many tokens every length scores: the largest n <= cap that is a multiple of every
+        length (so both modes score the same tokens) and, when sliding, leaves a whole number of
+        strides after the first window (n - L divisible by L's stride)."""
+        strides = self.strides(lengths)
+        step = math.lcm(*lengths)
+        for n in range(cap // step * step, 0, -step):
+            if all((n - length) % stride == 0 for length, stride in strides.items()):
+                return n
+        if step > cap:
+            raise PosbenchError(f"eval.lengths {lengths} need a token count that is a multiple of every length "
+                                f"(lcm {step}) within eval.max_tokens={cap}; valid: lengths that divide each "
+                                f"other (e.g. multiples of train_len by powers of 2) or eval.max_tokens >= {step}")
+        raise PosbenchError(f"eval.stride={self.stride} does not fit eval.lengths {lengths}: no token count <= {cap} "
+                            "leaves a whole number of strides after the first window at every length; "
+                            "valid: a stride that divides every eval length (e.g. 1), or eval.stride=null")
 
 
 @dataclass

@@ -1,9 +1,24 @@
 """Perplexity at a ladder of lengths, every length scoring exactly the same tokens.
 
-The first ``n * L_max`` validation tokens (n = eval.max_tokens // L_max) are cut into
-non-overlapping windows of each length L; window w predicts tokens w*L+1 .. (w+1)*L.
-So every length scores tokens 1 .. n*L_max: differences across lengths come from the
-context the model sees, not from which tokens were scored.
+The first ``n + 1`` validation tokens are scored at every length L: tokens 1 .. n are
+predicted exactly once each, so differences across lengths come from the context the model
+sees, not from which tokens were scored (Press et al. 2022, *Train Short, Test Long*).
+
+* ``eval.mode=nonoverlapping``: windows of L tokens side by side; window w predicts tokens
+  w*L+1 .. (w+1)*L.
+* ``eval.mode=sliding``: windows of L tokens advance by ``eval.stride`` S (null: L // 2); the
+  first window scores all its L tokens, each later one only its last S tokens, the ones new
+  to it, so every token but the first L is predicted with at least L - S tokens of context
+  (Press et al. 2022, appendix B "sliding window evaluation"; S = 1 is their analysis setting).
+
+n is the largest count <= eval.max_tokens that is a multiple of every length and, when
+sliding, leaves a whole number of strides after the first window
+(:meth:`EvalConfig.scored_count`), so both modes score the same tokens.
+
+Beside token perplexity each row has the tokenizer-independent bits per byte and word-level
+perplexity of the scored text (as LM evaluation harnesses report them), and the mean NLL by
+position inside the window, in bins, goes to ``positions.csv``. ``docs/evaluation.md`` gives
+the formulas and the file formats.
 
 A rotary model can be evaluated under a RoPE scaling (``eval.rope_scaling``, see
 :mod:`posbench.encodings.rotary`) with factor ``eval.rope_factor`` or, when null, s =
@@ -22,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -34,11 +50,15 @@ from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from .errors import PosbenchError
 from .model import LanguageModel
 
-KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split"]
+KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
+COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
+                 "model", "data", "steps", "config_hash", "code_version"]
+POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
 
 
-def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split: str) -> int:
-    """How many tokens every length scores: a multiple of the longest length."""
+def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split: str,
+                  ecfg: EvalConfig | None = None) -> int:
+    """How many tokens every length scores (``ecfg`` None: non-overlapping windows)."""
     longest = max(lengths)
     available = tokens.size - 1
     if longest > available:
@@ -47,51 +67,150 @@ def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split
     if longest > max_tokens:
         raise PosbenchError(f"eval.max_tokens={max_tokens} is smaller than the longest eval length {longest}; "
                             f"valid: eval.max_tokens >= {longest}")
-    return min(max_tokens, available) // longest * longest
+    return (ecfg or EvalConfig()).scored_count(lengths, min(max_tokens, available))
+
+
+def position_bins(length: int, starts: list[int] | None = None) -> list[tuple[int, int]]:
+    """Inclusive (first, last) predicted-token positions of each bin inside a window of ``length``:
+    ``starts`` cut there, or log2 bins 0, 1, 2-3, 4-7, ... (the last one ends at length - 1)."""
+    if starts is None:
+        starts = [0] + [2 ** k for k in range(max(0, length - 1).bit_length())]
+    starts = [s for s in starts if s < length]
+    return list(zip(starts, [s - 1 for s in starts[1:]] + [length - 1]))
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the byte each character of a byte-level token stands for."""
+    kept = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+def text_size(tokenizer, ids) -> tuple[int, int]:
+    """(UTF-8 bytes, whitespace-separated words) of the text that token ``ids`` spell.
+
+    Bytes are exact: each byte-level BPE token is its own byte string, so no character cut at
+    the ends of ``ids`` is re-encoded. Special tokens (the document separator) have no bytes
+    and end a word; words are counted per document, on the bytes decoded as UTF-8."""
+    decode = _byte_decoder()
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    table = {i: None if tok in special else bytes(decode[c] for c in tok) for tok, i in tokenizer.get_vocab().items()}
+    docs, current = [], bytearray()
+    for i in np.asarray(ids).tolist():
+        piece = table[i]
+        if piece is None:
+            docs.append(bytes(current))
+            current = bytearray()
+        else:
+            current += piece
+    docs.append(bytes(current))
+    return sum(map(len, docs)), sum(len(d.decode("utf-8", errors="replace").split()) for d in docs)
+
+
+def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int, batch_tokens: int,
+               device: torch.device, dtype, desc: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Windows of ``length`` over ``ids`` (n + 1 tokens) advancing by ``stride``; the first scores all
+    its tokens, each later one its last ``stride`` -> (NLL sum, tokens scored) by predicted-token
+    position 0 .. length-1 inside the window. Every target 1 .. n is scored once."""
+    inputs, targets = ids[:-1].unfold(0, length, stride), ids[1:].unfold(0, length, stride)  # (K, L)
+    fresh = length - stride  # positions fresh.. are new to every window after the first
+    sums = torch.zeros(length, dtype=torch.float64)
+    per_batch = max(1, batch_tokens // length)
+    for i in tqdm(range(0, inputs.shape[0], per_batch), desc=desc, leave=False, disable=None, file=sys.stderr):
+        x = inputs[i:i + per_batch].contiguous().to(device)
+        y = targets[i:i + per_batch].contiguous().to(device)
+        with autocast(device, dtype):
+            logits = model(x)  # (B, L, V)
+        nll = F.cross_entropy(logits[:, fresh:].float().flatten(0, 1), y[:, fresh:].flatten(), reduction="none")
+        sums[fresh:] += nll.view(x.shape[0], stride).double().sum(0).cpu()
+        if i == 0 and fresh:  # the first window's older positions
+            sums[:fresh] += F.cross_entropy(logits[0, :fresh].float(), y[0, :fresh], reduction="none").double().cpu()
+    counts = np.full(length, inputs.shape[0], dtype=np.int64)
+    counts[:fresh] = 1
+    return sums.numpy(), counts
 
 
 @torch.no_grad()
 def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
-                      device: torch.device, dtype) -> list[dict]:
-    """-> one dict per length: eval_len, rope_scaling, rope_factor, nll, ppl, tokens, status.
+                      device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None) -> list[dict]:
+    """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
+    word_ppl, tokens, bytes, words, status, and ``positions`` (the binned NLL by position).
 
-    Under ``ecfg.rope_scaling`` each window of L tokens is rotated with factor
-    ``ecfg.rope_factor``, or s = max(1, L / train_len) when that is null."""
-    n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split)
+    ``n_tokens`` fixes the scored count (default: :func:`scored_tokens` of ``lengths``); without
+    ``tokenizer`` bytes, words, bpb and word_ppl are None. Under ``ecfg.rope_scaling`` each window
+    of L tokens is rotated with factor ``ecfg.rope_factor``, or s = max(1, L / train_len) when null."""
+    n = n_tokens or scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
+    strides = ecfg.strides(lengths)
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
+    nbytes, words = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
     kind, train_len = ecfg.rope_scaling, model.encoding.dims.train_len
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor):
         for length in lengths:
-            inputs, targets = ids[:-1].view(-1, length), ids[1:].view(-1, length)  # (n/L, L)
-            per_batch = max(1, ecfg.batch_tokens // length)
-            total, status = 0.0, "ok"
-            bar = tqdm(range(0, inputs.shape[0], per_batch), desc=f"eval L={length}", leave=False,
-                       disable=None, file=sys.stderr)
+            stride = strides[length]
+            row = {"eval_len": length, "rope_scaling": kind, "mode": ecfg.mode, "stride": stride,
+                   "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
+                   "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": []}
+            desc = f"eval L={length}" + (f" stride={stride}" if ecfg.mode == "sliding" else "")
             try:
-                for i in bar:
-                    x, y = inputs[i:i + per_batch].to(device), targets[i:i + per_batch].to(device)
-                    with autocast(device, dtype):
-                        total += model.loss(x, y, reduction="sum").double().item()
+                sums, counts = window_nll(model, ids, length, stride, ecfg.batch_tokens, device, dtype, desc)
             except PositionRangeError as e:
-                total, status = math.nan, f"n/a: {e}"
-            nll = total / n
-            rows.append({"eval_len": length, "rope_scaling": kind,
-                         "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
-                         "nll": nll, "ppl": math.exp(nll) if status == "ok" else math.nan,
-                         "tokens": n, "status": status})
+                rows.append({**row, "nll": math.nan, "ppl": math.nan, **text_metrics(math.nan, n, nbytes, words),
+                             "status": f"n/a: {e}"})
+                continue
+            assert counts.sum() == n  # every target 1 .. n once
+            nll = sums.sum() / n
+            positions = [{"bin_start": a, "bin_end": b, "nll": sums[a:b + 1].sum() / counts[a:b + 1].sum(),
+                          "tokens": int(counts[a:b + 1].sum())} for a, b in position_bins(length, ecfg.position_bins)]
+            rows.append({**row, "nll": nll, "ppl": math.exp(nll), **text_metrics(nll, n, nbytes, words),
+                         "positions": positions})
     return rows
 
 
+def text_metrics(nll: float, tokens: int, nbytes: int | None, words: int | None) -> dict:
+    """Bits per byte, total NLL / (ln 2 * bytes), and word perplexity, exp(total NLL / words)."""
+    total = nll * tokens
+    return {"bpb": total / (math.log(2) * nbytes) if nbytes else None,
+            "word_ppl": math.exp(total / words) if words else None}
+
+
 def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame:
+    """results.csv rows of a ladder (columns ``COLUMNS``); the binned positions ride along in
+    ``rows.attrs["positions"]`` for :func:`write_results`. A ladder computed without the
+    tokenizer (the training run's) gets bytes and words here, from the cached corpus."""
+    if any(row.get("bytes") is None for row in ladder):
+        nbytes, words = _cached_text_size(cfg, ladder[0]["tokens"])
+        ladder = [{**row, "bytes": nbytes, "words": words, **text_metrics(row["nll"], row["tokens"], nbytes, words)}
+                  for row in ladder]
     meta = {"split": cfg.eval.split, "encoding": cfg.encoding.name, "model": cfg.model.name, "data": cfg.data.name,
             "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
             "config_hash": config_hash(cfg), "code_version": code_version(),
-            "rope_scaling": "none", "rope_factor": 1.0}  # a ladder row's own values win
-    cols = KEY + ["rope_factor", "ppl", "nll", "tokens", "status", "model", "data", "steps",
-                  "config_hash", "code_version"]
-    return pd.DataFrame([{**meta, **row} for row in ladder])[cols]
+            "rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping"}  # a ladder row's own values win
+    rows = _backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]
+    rows.attrs["positions"] = [{**meta, **{k: row[k] for k in KEY if k in row}, **pos}
+                               for row in ladder for pos in row.get("positions", [])]
+    return rows
+
+
+def _cached_text_size(cfg: DictConfig, n: int) -> tuple[int, int]:
+    corpus = load_corpus(cfg.data)
+    return text_size(corpus.tokenizer, corpus.splits[cfg.eval.split][1:n + 1])
+
+
+def _backfill(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
+    bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1."""
+    df = df.copy()
+    defaults = {"rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping", "stride": df.get("eval_len"),
+                "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan}
+    for col, value in defaults.items():
+        df[col] = value if col not in df else df[col].fillna(value)
+    for col in ("stride", "bytes", "words"):
+        df[col] = df[col].astype("Int64")
+    for col in ("bpb", "word_ppl"):
+        df[col] = df[col].astype(float)
+    return df[[c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]]
 
 
 @contextmanager
@@ -112,24 +231,44 @@ def _locked(directory: Path):
         os.close(fd)  # releases the lock
 
 
-def write_results(run: RunDir, new: pd.DataFrame) -> pd.DataFrame:
-    """Merge rows into the run's results.csv (new rows replace old ones of the same key),
-    redraw the plot; both files are replaced atomically, under a lock held across the merge."""
-    from .report import plot_ppl_vs_length, read_results, sort_rows
+def merge_csv(path: Path, new: pd.DataFrame, key: list[str], replace: pd.DataFrame | None = None,
+              old: pd.DataFrame | None = None, order: list[str] | None = None) -> pd.DataFrame:
+    """``new`` merged into the table at ``path`` (or ``old``): old rows whose ``key`` is among
+    ``replace``'s (default ``new``'s) are dropped; sorted by ``order`` (default ``key``) and
+    written atomically. Call under :func:`_locked`."""
+    from .report import sort_rows
 
+    if old is None and path.exists():
+        old = pd.read_csv(path)
+    if old is not None and len(old):
+        gone = (new if replace is None else replace).set_index(key).index
+        new = pd.concat([old[~old.set_index(key).index.isin(gone)], new], ignore_index=True)
+    new = sort_rows(new, order or key)
+    atomic_write_text(path, new.to_csv(index=False))
+    return new
+
+
+def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None = None) -> pd.DataFrame:
+    """Merge rows into the run's results.csv (new rows replace old ones of the same key) and their
+    binned positions (``positions``, default ``new.attrs["positions"]``) into positions.csv, replacing
+    every bin of those keys; redraw the plot. Files are replaced atomically, under one lock."""
+    from .report import plot_ppl_vs_length, read_results
+
+    positions = new.attrs.pop("positions", None) if positions is None else positions
+    new = _backfill(new)
     with _locked(run.path):
-        if run.results.exists():
-            old = read_results(run.results)
-            old = old[~old.set_index(KEY).index.isin(new.set_index(KEY).index)]
-            new = pd.concat([old, new], ignore_index=True)
-        new = sort_rows(new, KEY)
-        atomic_write_text(run.results, new.to_csv(index=False))
+        if positions is not None:
+            table = pd.DataFrame(positions, columns=POSITION_COLUMNS)
+            merge_csv(run.path / "positions.csv", table.astype({"stride": int}), KEY, replace=new,
+                      order=KEY + ["bin_start"])
+        old = _backfill(read_results(run.results)) if run.results.exists() else None
+        new = merge_csv(run.results, new, KEY, old=old)
         plot_ppl_vs_length(new, run.plot)
     return new
 
 
-def evaluate(cfg: DictConfig) -> pd.DataFrame:
-    """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths."""
+def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
+    """A trained run dir -> (run, checkpoint state, its config with ``cfg.eval``, eval config)."""
     if not cfg.get("checkpoint"):
         raise PosbenchError("posbench eval needs checkpoint=<run dir> (a directory made by posbench train)")
     run = RunDir.existing(cfg.checkpoint)
@@ -142,18 +281,59 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     train_cfg.eval = cfg.eval
     ecfg = typed(EvalConfig, train_cfg.eval, "eval")
     check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything
+    return run, state, train_cfg, ecfg
+
+
+def load_model(cfg: DictConfig, run: RunDir, state: dict, train_cfg: DictConfig, vocab_size: int):
+    """-> (model with the checkpoint's weights on the device, device, autocast dtype)."""
     device = resolve_device(cfg.get("device", "auto"))
-    corpus = load_corpus(train_cfg.data)
-    model = build_model(train_cfg, corpus.vocab_size)
+    model = build_model(train_cfg, vocab_size)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
         raise PosbenchError(f"checkpoint {str(run.checkpoint)!r} does not match the model in its config.yaml "
                             f"({str(e).splitlines()[0]})") from e
-    model.to(device)
-    dtype = autocast_dtype(device, str(train_cfg.train.precision))
+    return model.to(device), device, autocast_dtype(device, str(train_cfg.train.precision))
+
+
+def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths: list[int], n: int) -> pd.DataFrame:
+    """Rows of results.csv that this evaluation would compute again: same key, config hash, rope
+    factor and scored token count, status ok, and bits per byte present."""
+    from .report import read_results
+
+    if not run.results.exists():
+        return pd.DataFrame(columns=COLUMNS)
+    df = _backfill(read_results(run.results))
+    train_len, strides = int(train_cfg.train.train_len), ecfg.strides(lengths)
+    factor = [scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, int(n_), train_len) for n_ in df.eval_len]
+    same = ((df.encoding == train_cfg.encoding.name) & (df.rope_scaling == ecfg.rope_scaling)
+            & (df.train_len == train_len) & (df.seed == int(train_cfg.seed)) & (df.split == ecfg.split)
+            & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths) & (df.stride == df.eval_len.map(strides))
+            & (df.config_hash == config_hash(train_cfg)) & (df.status == "ok") & (df.tokens == n)
+            & np.isclose(df.rope_factor, factor) & df.bpb.notna())
+    return df[same.fillna(False).astype(bool)].reset_index(drop=True)
+
+
+def evaluate(cfg: DictConfig) -> pd.DataFrame:
+    """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
+    whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
+    from .report import sort_rows
+
+    run, state, train_cfg, ecfg = open_run(cfg)
+    corpus = load_corpus(train_cfg.data)
+    tokens = corpus.splits[ecfg.split]
     lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))
-    ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
+    n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
+    done = pd.DataFrame(columns=COLUMNS) if ecfg.recompute else existing_rows(run, train_cfg, ecfg, lengths, n)
+    todo = [length for length in lengths if length not in set(done.eval_len)]
+    if len(done):
+        which = "all lengths" if not todo else "eval_len " + ", ".join(map(str, done.eval_len))
+        print(f"posbench: {which} already in {run.results} (status ok, config hash {done.config_hash.iloc[0]}, "
+              f"{n} tokens): not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
+    if not todo:
+        return done
+    model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+    ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
     write_results(run, rows)
-    return rows
+    return sort_rows(pd.concat([done, rows], ignore_index=True), KEY) if len(done) else rows

@@ -9,7 +9,7 @@ from posbench.build import build_model
 from posbench.cli import conf_dir
 from posbench.config import DataConfig, EvalConfig, TrainConfig, config_hash, model_config, typed
 
-GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
+GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "probe")  # probe: eval only, tests/test_probe.py
 
 
 @pytest.mark.parametrize("group, option", [(g, p.stem) for g in GROUPS
