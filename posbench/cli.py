@@ -187,9 +187,15 @@ def _eval_task(cfg) -> None:
     from .report import markdown_results
 
     with user_errors(None):
+        if cfg.get("probe"):
+            from .probe import markdown_passkey, passkey
+
+            print(markdown_passkey(passkey(cfg)))
+            print(f"\nresults merged into {Path(cfg.checkpoint) / 'passkey.csv'}")
+            return
         rows = evaluate(cfg)
         print(markdown_results(rows))
-        print(f"\nresults merged into {Path(cfg.checkpoint) / 'results.csv'}")
+        print(f"\nresults in {Path(cfg.checkpoint) / 'results.csv'} (binned loss by position: positions.csv)")
 
 
 def hydra_error(e: Exception, args: list[str]) -> str:

@@ -1,0 +1,212 @@
+"""Passkey retrieval: can the model find a number hidden in a long run of filler text?
+
+Mohtashami & Jaggi 2023 (*Landmark Attention*, sec. 4.2): a random 5-digit key is hidden at a
+chosen depth of repeated filler ("The grass is green. The sky is blue. The sun is yellow. Here
+we go. There and back again."), in the sentence "The pass key is 71432. Remember it. 71432 is
+the pass key.", and the prompt ends with "What is the pass key? The pass key is". Here every
+piece is tokenized with a leading space and joined by spaces (so each piece tokenizes the same
+alone and in the prompt, and the prompt is cut to an exact token count); the paper's opening
+instruction is left out: these are base LMs, and it would make the shortest prompt 30 tokens
+longer.
+
+``posbench eval probe=passkey checkpoint=<run dir>``: for each length L (probe.lengths, default
+multiples of train_len) and depth d, ``probe.trials`` prompts of exactly L tokens, with the
+key sentence starting at the filler sentence boundary nearest d x (filler tokens). Scores:
+
+* ``accuracy``: greedy decoding reproduces the key's tokens exactly. Read by teacher forcing
+  in one forward pass over the prompt plus the key's tokens but the last: greedy decoding
+  yields the key iff every key token is the argmax given the prompt and the key tokens before
+  it (the later key tokens are predicted at positions L .. L + k - 2);
+* ``logprob``: the mean natural-log probability of the key's tokens under the same pass,
+  averaged over trials: a soft figure that moves before accuracy does (a model with no idea
+  of the key scores about -ln(vocab size)).
+
+Rows go to ``passkey.csv`` in the run dir, merged by (encoding, rope_scaling, train_len, seed,
+length, depth); a length the model cannot represent (a learned table) gets accuracy NaN and
+status ``n/a: ...``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from .build import autocast
+from .checkpoint import RunDir
+from .config import _choice, _positive, code_version, config_hash, typed
+from .data import load_corpus
+from .encodings import PositionRangeError
+from .encodings.rotary import rope_scaling, scaling_factor
+from .errors import PosbenchError
+from .evaluate import _locked, load_model, merge_csv, open_run
+
+FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
+KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+KEY = ["encoding", "rope_scaling", "train_len", "seed", "length", "depth"]
+COLUMNS = KEY + ["trials", "correct", "accuracy", "logprob", "config_hash", "code_version", "status"]
+
+
+@dataclass
+class PasskeyConfig:
+    name: str = "passkey"
+    lengths: list[int] | None = None  # prompt lengths in tokens; None: multiples x train_len
+    multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    trials: int = 10  # prompts (keys) per length and depth
+    seed: int = 0  # picks the keys: the same keys at every length and depth
+
+    def __post_init__(self):
+        _choice("probe.name", self.name, ("passkey",))
+        _positive("probe.trials", self.trials)
+        for length in list(self.lengths or []) + list(self.multiples):
+            _positive("probe.lengths" if self.lengths else "probe.multiples", length)
+        if not self.depths:
+            raise PosbenchError("probe.depths is empty; valid: depths in [0, 1], e.g. [0,0.5,1]")
+        for i, depth in enumerate(self.depths):
+            if not 0 <= depth <= 1:
+                raise PosbenchError(f"probe.depths[{i}]={depth} is not in [0, 1] "
+                                    "(0: key before the filler, 1: after it); valid: e.g. [0,0.25,0.5,0.75,1]")
+
+    def resolve_lengths(self, train_len: int) -> list[int]:
+        return sorted(set(self.lengths or [m * train_len for m in self.multiples]))
+
+    def keys(self) -> list[int]:
+        return np.random.default_rng(self.seed).integers(10_000, 100_000, self.trials).tolist()
+
+
+@dataclass
+class Prompt:
+    ids: list[int]  # exactly the requested number of tokens
+    answer: list[int]  # the key's tokens as they follow the question (" 71432")
+    key_start: int  # index in ids of the key sentence's first token
+    filler: int  # filler tokens in ids
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(" " + text).ids
+
+
+def min_length(tokenizer, key: int) -> int:
+    """Tokens of the key sentence plus the question: the shortest prompt (no filler)."""
+    return len(_encode(tokenizer, KEY_SENTENCE.format(key=key))) + len(_encode(tokenizer, QUESTION))
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
+    """Filler sentences cycled to fill ``length`` tokens around the key sentence, which starts at the
+    sentence boundary nearest ``depth`` x (filler tokens), then the question (the filler's last
+    sentence may be cut to hit ``length`` exactly)."""
+    key_ids, question = _encode(tokenizer, KEY_SENTENCE.format(key=key)), _encode(tokenizer, QUESTION)
+    filler = length - len(key_ids) - len(question)
+    if filler < 0:
+        raise PosbenchError(f"probe length {length} is too short for the passkey prompt (key sentence and question "
+                            f"take {length - filler} tokens); valid: probe.lengths >= {length - filler}")
+    sentences = [_encode(tokenizer, s) for s in FILLER]
+    stream, bounds = [], [0]
+    while len(stream) < filler:
+        stream += sentences[(len(bounds) - 1) % len(sentences)]
+        bounds.append(len(stream))
+    stream = stream[:filler]
+    at = min((b for b in bounds if b <= filler), key=lambda b: abs(b - depth * filler))
+    ids = stream[:at] + key_ids + stream[at:] + question
+    return Prompt(ids, _encode(tokenizer, str(key)), at, filler)
+
+
+@torch.no_grad()
+def score_prompts(model, prompts: list[Prompt], device: torch.device, dtype, batch_tokens: int):
+    """-> (greedy decoding reproduces the key, mean log-prob of the key's tokens) per prompt.
+    One teacher-forced pass over prompt + key tokens but the last, batched by total length."""
+    correct, logprob = np.zeros(len(prompts), dtype=bool), np.zeros(len(prompts))
+    by_length: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p.ids) + len(p.answer) - 1, []).append(i)
+    for total, members in by_length.items():
+        per_batch = max(1, batch_tokens // total)
+        for j in range(0, len(members), per_batch):
+            batch = members[j:j + per_batch]
+            x = torch.tensor([prompts[i].ids + prompts[i].answer[:-1] for i in batch], device=device)  # (B, T)
+            answer = torch.tensor([prompts[i].answer for i in batch], device=device)  # (B, k)
+            with autocast(device, dtype):
+                logits = model(x)  # (B, T, V)
+            logp = logits[:, len(prompts[batch[0]].ids) - 1:].float().log_softmax(-1)  # (B, k, V)
+            correct[batch] = (logp.argmax(-1) == answer).all(-1).cpu().numpy()
+            logprob[batch] = logp.gather(-1, answer[..., None])[..., 0].mean(-1).double().cpu().numpy()
+    return correct, logprob
+
+
+def passkey_probe(model, tokenizer, pcfg: PasskeyConfig, lengths: list[int], device: torch.device, dtype,
+                  batch_tokens: int = 16384, scaling=lambda length: nullcontext()) -> list[dict]:
+    """-> one dict per (length, depth): length, depth, trials, correct, accuracy, logprob, status.
+    ``scaling(length)`` is a context manager around each length's forward passes (RoPE scaling)."""
+    keys = pcfg.keys()
+    shortest = max(min_length(tokenizer, key) for key in keys)
+    if min(lengths) < shortest:
+        raise PosbenchError(f"probe length {min(lengths)} is too short for the passkey prompt (key sentence and "
+                            f"question take up to {shortest} tokens); valid: probe.lengths >= {shortest}")
+    model.eval()
+    rows = []
+    cells = [(length, depth) for length in lengths for depth in pcfg.depths]
+    for length, depth in tqdm(cells, desc="passkey", leave=False, disable=None, file=sys.stderr):
+        row = {"length": length, "depth": depth, "trials": pcfg.trials}
+        prompts = [passkey_prompt(tokenizer, length, depth, key) for key in keys]
+        try:
+            with scaling(length):
+                correct, logprob = score_prompts(model, prompts, device, dtype, batch_tokens)
+        except PositionRangeError as e:
+            rows.append({**row, "correct": None, "accuracy": math.nan, "logprob": math.nan, "status": f"n/a: {e}"})
+            continue
+        rows.append({**row, "correct": int(correct.sum()), "accuracy": float(correct.mean()),
+                     "logprob": float(logprob.mean()), "status": "ok"})
+    return rows
+
+
+def passkey_rows(cfg: DictConfig, probe: list[dict]) -> pd.DataFrame:
+    meta = {"encoding": cfg.encoding.name, "rope_scaling": cfg.eval.rope_scaling, "train_len": int(cfg.train.train_len),
+            "seed": int(cfg.seed), "config_hash": config_hash(cfg), "code_version": code_version()}
+    return pd.DataFrame([{**meta, **row} for row in probe], columns=COLUMNS).astype({"correct": "Int64"})
+
+
+def write_passkey(run: RunDir, rows: pd.DataFrame) -> pd.DataFrame:
+    """Merge rows into the run's passkey.csv (new rows replace old ones of the same key), atomically."""
+    with _locked(run.path):
+        return merge_csv(run.path / "passkey.csv", rows, KEY)
+
+
+def passkey(cfg: DictConfig) -> pd.DataFrame:
+    """`posbench eval probe=passkey checkpoint=<run dir>`: the passkey probe of a trained run."""
+    run, state, train_cfg, ecfg = open_run(cfg)
+    pcfg = typed(PasskeyConfig, cfg.probe, "probe")
+    train_len = int(train_cfg.train.train_len)
+    lengths = pcfg.resolve_lengths(train_len)
+    corpus = load_corpus(train_cfg.data)
+    model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+
+    def scaling(length):  # s = length / train_len when eval.rope_factor is null, as in the ladder
+        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
+        return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
+
+    probe = passkey_probe(model, corpus.tokenizer, pcfg, lengths, device, dtype, ecfg.batch_tokens, scaling)
+    rows = passkey_rows(train_cfg, probe)
+    write_passkey(run, rows)
+    return rows
+
+
+def markdown_passkey(rows: pd.DataFrame) -> str:
+    """Accuracy by length (rows) and depth (columns), and the mean key log-prob of each length."""
+    depths = sorted(rows.depth.unique())
+    lines = ["| encoding | length | " + " | ".join(f"depth {d:g}" for d in depths) + " | logprob |",
+             "|" + "---|" * (3 + len(depths))]
+    for (enc, scaling, length), g in rows.groupby(["encoding", "rope_scaling", "length"], sort=False):
+        acc = dict(zip(g.depth, g.accuracy))
+        cells = ["n/a" if math.isnan(acc[d]) else f"{acc[d]:.2f}" for d in depths if d in acc]
+        label = enc if scaling == "none" else f"{enc}+{scaling}"
+        lines.append(f"| {label} | {length} | " + " | ".join(cells) + f" | {g.logprob.mean():.2f} |")
+    return "\n".join(lines)

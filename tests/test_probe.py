@@ -1,0 +1,172 @@
+"""The passkey-retrieval probe: prompts of exact length with the key at the asked depth, a copying
+model finds every key and a random one none, and `posbench eval probe=passkey` end to end."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from conftest import SMOKE, posbench
+from posbench.data import train_tokenizer
+from posbench.encodings import build_encoding
+from posbench.errors import PosbenchError
+from posbench.model import LanguageModel, ModelConfig
+from posbench.probe import COLUMNS, FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, passkey_probe, passkey_prompt
+
+CPU = torch.device("cpu")
+TEXT = [" ".join(FILLER) * 3, KEY_SENTENCE.format(key=12345), QUESTION, "Numbers 0 1 2 3 4 5 6 7 8 9 and 2024."]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(TEXT, 300, 1)
+
+
+def encode(tok, text):
+    return tok.encode(" " + text).ids
+
+
+@pytest.mark.parametrize("filler", [0, 5, 40, 250])
+def test_prompt_has_the_requested_length_and_the_key_at_the_requested_depth(tok, filler):
+    key = 71432
+    sentence = encode(tok, KEY_SENTENCE.format(key=key))
+    length = len(sentence) + len(encode(tok, QUESTION)) + filler
+    longest = max(len(encode(tok, s)) for s in FILLER)
+    starts = []
+    for depth in (0, 0.25, 0.5, 0.75, 1.0):
+        p = passkey_prompt(tok, length, depth, key)
+        assert len(p.ids) == length
+        assert p.filler == filler
+        assert p.ids[p.key_start:p.key_start + len(sentence)] == sentence  # the key sentence, whole
+        assert abs(p.key_start - depth * p.filler) <= longest  # within a filler sentence of the depth
+        text = tok.decode(p.ids)
+        assert text.count("71432") == 2 and text.endswith(" " + QUESTION)
+        before = tok.decode(p.ids[:p.key_start])
+        assert before == "" or before.endswith(".")  # the key goes between filler sentences
+        assert p.answer == encode(tok, "71432")
+        starts.append(p.key_start)
+    assert starts == sorted(starts) and starts[0] == 0
+
+
+class Copier(nn.Module):
+    """Predicts, at each position, the token that followed the earlier position whose preceding
+    tokens match the longest suffix of the context (an induction head, by hand)."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, idx):
+        B, T = idx.shape
+        logits = torch.zeros(B, T, self.vocab)
+        for b in range(B):
+            x = idx[b]
+            match = torch.zeros(T, T, dtype=torch.long)  # match[t, j]: common suffix of x[:t+1] and x[:j+1]
+            for t in range(T):
+                same = (x[:t] == x[t]).long()
+                match[t, :t] = same * (1 + (torch.cat([torch.zeros(1, dtype=torch.long), match[t - 1, :t - 1]])
+                                            if t else 0))
+                if t and match[t, :t].max() > 0:
+                    j = t - 1 - int(torch.argmax(match[t, :t].flip(0)))  # the latest longest match
+                    logits[b, t, x[j + 1]] = 10.0
+        return logits
+
+
+def random_model(vocab):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
+    return LanguageModel(cfg, vocab, build_encoding({"name": "alibi"}, LanguageModel.dims(cfg, 32, vocab)))
+
+
+def test_a_copying_model_finds_every_key_and_a_random_one_none(tok):
+    pcfg = PasskeyConfig(trials=4, depths=[0.0, 0.5, 1.0])
+    copier = passkey_probe(Copier(tok.get_vocab_size()), tok, pcfg, [60, 120], CPU, None)
+    assert [(r["length"], r["depth"]) for r in copier] == [(n, d) for n in (60, 120) for d in (0.0, 0.5, 1.0)]
+    assert all(r["accuracy"] == 1.0 and r["correct"] == 4 and r["status"] == "ok" for r in copier)
+    # its log-prob: 10 on the key token against 0 elsewhere
+    expected = 10 - math.log(math.exp(10) + tok.get_vocab_size() - 1)
+    assert all(r["logprob"] == pytest.approx(expected, rel=1e-4) for r in copier)  # float32 softmax
+    rand = passkey_probe(random_model(tok.get_vocab_size()), tok, pcfg, [60, 120], CPU, None)
+    assert all(r["accuracy"] == 0.0 and r["correct"] == 0 for r in rand)
+    assert all(abs(r["logprob"] + math.log(tok.get_vocab_size())) < 0.5 for r in rand)  # about uniform
+
+
+def test_lengths_a_model_cannot_represent_get_nan_rows(tok):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
+    dims = LanguageModel.dims(cfg, 64, tok.get_vocab_size())
+    model = LanguageModel(cfg, tok.get_vocab_size(), build_encoding({"name": "learned", "max_len": 80}, dims))
+    rows = passkey_probe(model, tok, PasskeyConfig(trials=2, depths=[0.5]), [64, 128], CPU, None)
+    assert rows[0]["status"] == "ok" and 0 <= rows[0]["accuracy"] <= 1
+    assert rows[1]["status"].startswith("n/a: learned position table has 80 entries")
+    assert math.isnan(rows[1]["accuracy"]) and math.isnan(rows[1]["logprob"]) and rows[1]["correct"] is None
+
+
+def test_bad_probe_values_are_refused(tok):
+    with pytest.raises(PosbenchError, match=r"probe.depths\[1\]=1.5 is not in \[0, 1\]"):
+        PasskeyConfig(depths=[0.0, 1.5])
+    with pytest.raises(PosbenchError, match="probe.trials must be > 0, got 0"):
+        PasskeyConfig(trials=0)
+    with pytest.raises(PosbenchError, match="probe.lengths must be > 0, got -5"):
+        PasskeyConfig(lengths=[-5])
+    with pytest.raises(PosbenchError, match="probe.depths is empty"):
+        PasskeyConfig(depths=[])
+    shortest = len(encode(tok, KEY_SENTENCE.format(key=71432))) + len(encode(tok, QUESTION))
+    with pytest.raises(PosbenchError, match=f"probe length 20 is too short .* valid: probe.lengths >= {shortest}"):
+        passkey_prompt(tok, 20, 0.5, 71432)
+    assert PasskeyConfig().resolve_lengths(32) == [32, 64, 128, 256, 512]
+    assert PasskeyConfig(seed=1).keys() == PasskeyConfig(seed=1).keys() != PasskeyConfig(seed=2).keys()
+
+
+def test_probe_group_composes_with_eval_app():
+    from hydra import compose, initialize_config_dir
+
+    from posbench.cli import conf_dir
+    from posbench.config import typed
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        assert compose(config_name="app_eval").get("probe") is None  # default: the perplexity ladder
+        cfg = compose(config_name="app_eval", overrides=["probe=passkey"])
+    assert typed(PasskeyConfig, cfg.probe, "probe") == PasskeyConfig()  # YAML and schema agree
+
+
+# ---------------------------------------------------------------- end to end on a smoke run
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("probe") / "run"
+    posbench("train", *SMOKE, "encoding=alibi", "train.steps=10", "eval.lengths=[32]", f"hydra.run.dir={run}")
+    return run
+
+
+@pytest.mark.slow
+def test_passkey_cli_writes_and_merges_passkey_csv(smoke_run):
+    args = ["eval", f"checkpoint={smoke_run}", "device=cpu", "probe=passkey", "probe.trials=3"]
+    proc = posbench(*args, "probe.lengths=[64,128]")
+    df = pd.read_csv(smoke_run / "passkey.csv")
+    assert df.columns.tolist() == COLUMNS
+    assert df[["length", "depth"]].values.tolist() == [[n, d] for n in (64, 128) for d in (0, 0.25, 0.5, 0.75, 1)]
+    assert (df.status == "ok").all() and (df.trials == 3).all() and df.accuracy.between(0, 1).all()
+    assert (df.accuracy == df.correct / df.trials).all() and (df.logprob < 0).all()
+    assert (df.encoding == "alibi").all() and (df.train_len == 32).all() and df.config_hash.nunique() == 1
+    assert "| alibi | 64 |" in proc.stdout and "passkey.csv" in proc.stdout
+    assert not (smoke_run / "results.csv").read_text().count("\n") > 2  # the ladder is left alone
+    posbench(*args, "probe.lengths=[64]", "probe.depths=[0.5]", "probe.trials=5")
+    merged = pd.read_csv(smoke_run / "passkey.csv").set_index(["length", "depth"])
+    assert len(merged) == 10 and merged.loc[(64, 0.5), "trials"] == 5 and merged.loc[(64, 0.0), "trials"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["probe=pass"], "unknown probe 'pass'; valid choices: passkey"),
+    (["probe=passkey", "probe.depths=[0,1.5]"], "probe.depths[1]=1.5 is not in [0, 1]"),
+    (["probe=passkey", "probe.trials=0"], "probe.trials must be > 0, got 0"),
+    (["probe=passkey", "probe.lengths=[16,64]"], "probe length 16 is too short for the passkey prompt"),
+])
+def test_bad_probe_values_on_the_command_line(smoke_run, args, message):
+    before = sorted(p.name for p in smoke_run.iterdir())
+    proc = posbench("eval", f"checkpoint={smoke_run}", "device=cpu", *args, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"posbench: error: {message}")
+    assert sorted(p.name for p in smoke_run.iterdir()) == before
