@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -12,6 +15,27 @@ from .config import DEVICES, _choice, model_config
 from .encodings import build_encoding
 from .errors import PosbenchError
 from .model import LanguageModel
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed memory in the process heap instead of handing it back to the OS (glibc only).
+
+    glibc serves large blocks with mmap and unmaps them on free, and trims the heap top, so
+    every training step maps its activations and logits afresh and the kernel zero-fills
+    each new page on first touch. With mmap off (M_MMAP_MAX 0) and a 1 GiB trim threshold
+    (M_TRIM_THRESHOLD), the next step reuses the same pages. Measured on a 2-core CPU, the
+    default training step (alibi, 32 x 128 tokens, bf16): 986 ms -> 599 ms. The resident
+    size then stays at its peak, which evaluation's peak already is. Returns whether it
+    applied; ``POSBENCH_SYSTEM_MALLOC=1`` leaves malloc alone."""
+    if os.environ.get("POSBENCH_SYSTEM_MALLOC") == "1" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 def resolve_device(name: str) -> torch.device:

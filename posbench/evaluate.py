@@ -37,11 +37,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from .build import autocast, autocast_dtype, build_model, resolve_device
+from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint
 from .config import EvalConfig, code_version, config_hash, typed
 from .data import load_corpus
@@ -120,11 +119,10 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
         x = inputs[i:i + per_batch].contiguous().to(device)
         y = targets[i:i + per_batch].contiguous().to(device)
         with autocast(device, dtype):
-            logits = model(x)  # (B, L, V)
-        nll = F.cross_entropy(logits[:, fresh:].float().flatten(0, 1), y[:, fresh:].flatten(), reduction="none")
-        sums[fresh:] += nll.view(x.shape[0], stride).double().sum(0).cpu()
-        if i == 0 and fresh:  # the first window's older positions
-            sums[:fresh] += F.cross_entropy(logits[0, :fresh].float(), y[0, :fresh], reduction="none").double().cpu()
+            hidden = model.hidden(x)  # (B, L, D); the output layer only where tokens are scored
+            sums[fresh:] += model.head_nll(hidden[:, fresh:], y[:, fresh:]).double().sum(0).cpu()
+            if i == 0 and fresh:  # the first window's older positions
+                sums[:fresh] += model.head_nll(hidden[0, :fresh], y[0, :fresh]).double().cpu()
     counts = np.full(length, inputs.shape[0], dtype=np.int64)
     counts[:fresh] = 1
     return sums.numpy(), counts
@@ -269,6 +267,7 @@ def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None =
 
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
     """A trained run dir -> (run, checkpoint state, its config with ``cfg.eval``, eval config)."""
+    keep_freed_memory()
     if not cfg.get("checkpoint"):
         raise PosbenchError("posbench eval needs checkpoint=<run dir> (a directory made by posbench train)")
     run = RunDir.existing(cfg.checkpoint)

@@ -88,15 +88,32 @@ class LanguageModel(nn.Module):
     def dims(cfg: ModelConfig, train_len: int, vocab_size: int = 0) -> ModelDims:
         return ModelDims(cfg.d_model, cfg.n_heads, cfg.n_layers, train_len, vocab_size)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab)."""
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (B, T) token ids -> final hidden states (B, T, D), before the output embedding."""
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)
         x = self.drop(self.encoding.embed(x, positions, idx))
         cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
         for layer, block in enumerate(self.blocks):
             x = block(x, self.encoding, positions, layer, cache)
-        return self.ln_f(x) @ self.tok_emb.weight.t()  # tied output embedding
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab)."""
+        return self.hidden(idx) @ self.tok_emb.weight.t()  # tied output embedding
+
+    def token_nll(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL (B, T) in fp32 (see :meth:`head_nll`)."""
+        return self.head_nll(self.hidden(idx), targets)
+
+    def head_nll(self, hidden: torch.Tensor, targets: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+        """NLL of ``targets`` (...,) given hidden states (..., D), in fp32, the logits made ``rows``
+        tokens at a time: 16,384 tokens with an 8k vocabulary never hold more than rows x vocab
+        fp32 logits at once."""
+        h, y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        nll = [F.cross_entropy((h[i:i + rows] @ self.tok_emb.weight.t()).float(), y[i:i + rows], reduction="none")
+               for i in range(0, len(y), rows)]
+        return torch.cat(nll).view(targets.shape)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         logits = self(idx)

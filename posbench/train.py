@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from . import distributed
-from .build import autocast, autocast_dtype, build_model, resolve_device
+from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
 from .data import load_corpus
@@ -172,6 +172,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     typed(DataConfig, cfg.data, "data")
     check_scalable(str(cfg.encoding.name), ecfg.rope_scaling)  # before hours of training, not after
+    keep_freed_memory()
     world = distributed.world()
     micro, accum = distributed.micro_batches(tcfg.batch_size, tcfg.micro_batch_size, world)
     world, device = distributed.init(resolve_device(str(cfg.device)))

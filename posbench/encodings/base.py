@@ -73,6 +73,9 @@ class PositionEncoding(nn.Module):
     scale_token_embedding: ClassVar[bool] = False
     # False when ``bias`` differs between layers (then it is rebuilt in every layer).
     layer_invariant_bias: ClassVar[bool] = True
+    # True when ``bias(i, j)`` depends on i - j only (a Toeplitz matrix): the attention kernel
+    # then builds it once per forward pass and slices it for every query chunk.
+    relative_bias: ClassVar[bool] = False
 
     def __init__(self, dims: ModelDims):
         super().__init__()

@@ -43,6 +43,8 @@ class ALiBi(PositionEncoding):
     (slopes stay positive). Shared by all layers either way.
     """
 
+    relative_bias = True  # a function of i - j
+
     name = "alibi"
     paper = "Press et al. 2022, Train Short, Test Long (ALiBi)"
     description = "linear distance penalty -m_h (i - j), fixed geometric slopes per head"
@@ -93,6 +95,8 @@ class T5Bias(PositionEncoding):
     and Swin's per-block tables; the instance then sets ``layer_invariant_bias = False`` so the
     attention kernel rebuilds the bias in every layer instead of reusing layer 0's.
     """
+
+    relative_bias = True  # a function of i - j
 
     name = "t5"
     paper = "Raffel et al. 2020, T5 relative position bias"
@@ -162,6 +166,8 @@ class _Kerple(PositionEncoding):
     forward pass, and its gradient there is the ordinary one (no zero-gradient clamp, no
     softplus reparameterisation changing the optimisation dynamics).
     """
+
+    relative_bias = True  # a function of i - j
 
     r2_max: float = float("inf")
 
@@ -248,6 +254,8 @@ class Sandwich(PositionEncoding):
     we default to 128. The bias is a function of the distance only, so it is evaluated once per
     distance (Tk * d'/2 cosines) and gathered, never as a (Tq, Tk, d'/2) tensor.
     """
+
+    relative_bias = True  # a function of i - j
 
     name = "sandwich"
     paper = "Chi et al. 2023, Dissecting Transformer Length Extrapolation (Sandwich)"
@@ -341,6 +349,8 @@ class DynamicPositionBias(PositionEncoding):
     The bias depends on i - j only, so the MLP runs once per distance 0 .. Tk-1 (causal
     distances are >= 0, where sign(d) log(1 + |d|) = log(1 + d)), then is gathered.
     """
+
+    relative_bias = True  # a function of i - j
 
     name = "dynamic"
     paper = "Wang et al. 2022, CrossFormer (dynamic position bias); x-transformers"
