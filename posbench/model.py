@@ -15,6 +15,7 @@ from torch import nn
 
 from .attention import causal_attention
 from .encodings import ModelDims, PositionEncoding
+from .loss import linear_cross_entropy
 
 
 @dataclass
@@ -98,8 +99,11 @@ class LanguageModel(nn.Module):
             x = block(x, self.encoding, positions, layer, cache)
         return self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab)."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab); with ``targets`` (B, T) the mean
+        next-token cross-entropy instead, without making the logits (:mod:`posbench.loss`)."""
+        if targets is not None:
+            return linear_cross_entropy(self.hidden(idx), self.tok_emb.weight, targets)
         return self.hidden(idx) @ self.tok_emb.weight.t()  # tied output embedding
 
     def token_nll(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,6 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -158,7 +157,7 @@ def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.
 
 def lm_loss(net, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of ``net`` (the model, or its DDP / compiled wrapper)."""
-    return F.cross_entropy(net(x).float().flatten(0, 1), y.flatten())
+    return net(x, targets=y)
 
 
 def train(cfg: DictConfig, run_dir) -> dict:

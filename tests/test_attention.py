@@ -137,3 +137,35 @@ def test_token_nll_equals_cross_entropy_of_the_logits():
         want = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(3, 50)
         torch.testing.assert_close(model.token_nll(x, y), want)
         torch.testing.assert_close(model.head_nll(model.hidden(x), y, rows=7), want)
+
+
+@pytest.mark.parametrize("rows", [7, 4096])
+def test_fused_output_layer_loss_equals_cross_entropy_with_its_gradients(rows):
+    """linear_cross_entropy (training's loss) against F.cross_entropy of the full logits, fp32."""
+    from posbench.loss import linear_cross_entropy
+
+    torch.manual_seed(0)
+    h = torch.randn(3, 20, 16, requires_grad=True)
+    w = (0.3 * torch.randn(50, 16)).requires_grad_()
+    y = torch.randint(0, 50, (3, 20))
+    plain = F.cross_entropy((h @ w.t()).flatten(0, 1), y.flatten())
+    grads = torch.autograd.grad(2.5 * plain, (h, w))
+    fused = linear_cross_entropy(h, w, y, rows=rows)
+    torch.testing.assert_close(fused, plain)
+    for got, want in zip(torch.autograd.grad(2.5 * fused, (h, w)), grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_fused_loss_under_bf16_autocast_stays_close_and_trains_a_tied_model():
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64)
+    model = LanguageModel(cfg, 64, build_encoding({"name": "alibi"}, LanguageModel.dims(cfg, 16, 64)))
+    x, y = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = model(x, targets=y)
+    fused_grad = torch.autograd.grad(fused, model.tok_emb.weight)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+    plain_grad = torch.autograd.grad(plain, model.tok_emb.weight)[0]
+    torch.testing.assert_close(fused, plain, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(fused_grad, plain_grad, atol=2e-3, rtol=5e-2)
