@@ -32,7 +32,9 @@ Why these choices (``posbench bench --kernels`` prints the figures behind them):
   Toeplitz slices at 8,192 tokens after a 25 s compile, so it is not used.
 
 Memory: the fp32 tensors of the chunked kernels hold at most ``ATTN_BUDGET`` elements
-(128 MiB); the query chunk shrinks at long lengths to keep them there.
+(128 MiB) per value an encoding keeps per (query, key) pair (``pair_cost``: one per head,
+more for FIRE's MLP and CoPE's counts); the query chunk shrinks at long lengths to keep
+them there.
 
 Positions are always ``arange(T)``, so a query chunk [s, e) only sees keys [0, e).
 """
@@ -53,9 +55,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
                      cache: dict | None = None) -> torch.Tensor:
     """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass."""
     hooks, scale = enc.hooks(), enc.logit_scale()
-    B, H, T, _ = q.shape
+    B, _, T, _ = q.shape
     if "score" in hooks or "value" in hooks:
-        return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * H * T))
+        return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T))
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
     cache = {} if cache is None else cache
     if "bias" not in hooks:
@@ -73,7 +75,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     if enc.relative_bias and enc.layer_invariant_bias:
         table = _shared(cache, "toeplitz", lambda: _toeplitz(enc, positions, layer, chunk_size, q.dtype))
         return _sdpa_chunks(q, k, v, chunk_size, scale, lambda s, e: _toeplitz_slice(table, T, s, e))
-    rows = _rows(chunk_size, H * T)
+    rows = _rows(chunk_size, enc.pair_cost() * T)
     return _sdpa_chunks(q, k, v, rows, scale,
                         lambda s, e: _masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype))
 
@@ -106,7 +108,7 @@ def _masked_bias(enc, q_pos, k_pos, layer, dtype) -> torch.Tensor:
 
 def _explicit(q, k, v, mask, scale):
     """Softmax attention with an additive mask (already holding -inf above the diagonal)."""
-    logits = (q @ k.transpose(-2, -1)).float() * scale + mask
+    logits = ((q * scale) @ k.transpose(-2, -1)).float() + mask  # scaling q: (T, hs), not (T, T)
     return logits.softmax(dim=-1).to(v.dtype) @ v
 
 
@@ -117,7 +119,7 @@ def _toeplitz(enc, positions, layer, chunk, dtype) -> torch.Tensor:
     q_pos = positions[T - chunk:]
     first = _masked_bias(enc, q_pos[:1], positions, layer, dtype)
     table = first.new_empty(1, first.shape[1], chunk, T)
-    step = _rows(chunk, first.shape[1] * T)
+    step = _rows(chunk, enc.pair_cost() * T)
     for r in range(0, chunk, step):
         table[:, :, r:r + step] = _masked_bias(enc, q_pos[r:r + step], positions, layer, dtype)
     return table
@@ -133,20 +135,22 @@ def _toeplitz_slice(table: torch.Tensor, T: int, s: int, e: int) -> torch.Tensor
     return table[:, :, r0:r0 + e - s, c0:c0 + e]
 
 
+def _chunks(T: int, rows: int) -> list[tuple[int, int]]:
+    """Query chunks [s, e), the last (longest key range) first: each chunk's tensors then fit
+    in the blocks the previous one freed, so the heap is reused instead of growing."""
+    return [(s, min(T, s + rows)) for s in reversed(range(0, T, rows))]
+
+
 def _sdpa_chunks(q, k, v, rows, scale, mask_of):
-    outs = []
-    for start in range(0, q.shape[2], rows):
-        end = min(q.shape[2], start + rows)
-        outs.append(F.scaled_dot_product_attention(
-            q[:, :, start:end], k[:, :, :end], v[:, :, :end], attn_mask=mask_of(start, end), scale=scale))
-    return torch.cat(outs, dim=2)
+    outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask_of(s, e), scale=scale)
+            for s, e in _chunks(q.shape[2], rows)]
+    return torch.cat(outs[::-1], dim=2)
 
 
 def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size):
     hooks, scale = enc.hooks(), enc.logit_scale()
     outs = []
-    for start in range(0, q.shape[2], chunk_size):
-        end = min(q.shape[2], start + chunk_size)
+    for start, end in _chunks(q.shape[2], chunk_size):
         q_pos, k_pos = positions[start:end], positions[:end]
         qc, kc, vc = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
         logits = (qc @ kc.transpose(-2, -1)).float()  # (B, H, Tq, Tk)
@@ -160,7 +164,7 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size):
         if "value" in hooks:
             out = out + enc.value(probs, q_pos, k_pos, layer).to(out.dtype)
         outs.append(out)
-    return torch.cat(outs, dim=2)
+    return torch.cat(outs[::-1], dim=2)
 
 
 def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor, layer: int = 0):

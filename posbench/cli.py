@@ -30,6 +30,7 @@ COMMANDS = {
     "report": "gather results.csv files under run/sweep dirs into one table and one figure",
     "encodings": "list the available position encodings",
     "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
+    "bench": "training and evaluation speed and memory of every encoding, beside x-transformers",
 }
 _failures = SWEEP_FAILURES  # shared with posbench.sweep
 
@@ -287,6 +288,12 @@ def cmd_convert(args: list[str]) -> None:
     print(f"wrote {out} (encoding.pairing={ns.pairing}); evaluate it with: posbench eval checkpoint={out}")
 
 
+def cmd_bench(args: list[str]) -> None:
+    from .bench import main as bench_main
+
+    bench_main(args)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     command_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
@@ -306,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
         elif multirun:
             fail(f"-m/--multirun applies to train and eval, not {command}")
         else:
-            {"report": cmd_report, "encodings": cmd_encodings, "convert": cmd_convert}[command](after)
+            {"report": cmd_report, "encodings": cmd_encodings, "convert": cmd_convert,
+             "bench": cmd_bench}[command](after)
     except PosbenchError as e:
         fail(str(e))
 

@@ -101,7 +101,7 @@ def test_chunks_shrink_to_the_memory_budget(monkeypatch):
         return score(self, q, k, *args)
 
     monkeypatch.setattr(REGISTRY["shaw"], "score", spy)
-    monkeypatch.setattr(attention, "ATTN_BUDGET", 2 * DIMS.n_heads * 30 * 4)
+    monkeypatch.setattr(attention, "ATTN_BUDGET", 2 * DIMS.n_heads * 30 * 4)  # shaw: pair_cost = n_heads
     out, ref = kernel_output(encoding("shaw"), *qkv(30), 64, False)
     kernel = seen[:-1]  # the last call is the reference's, all 30 queries at once
     assert max(kernel) == 4 and sum(kernel) == 30 and seen[-1] == 30

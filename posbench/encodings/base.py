@@ -104,6 +104,11 @@ class PositionEncoding(nn.Module):
         """probs: (B, H, Tq, Tk) attention weights -> extra output (B, H, Tq, hs)."""
         raise NotImplementedError
 
+    def pair_cost(self) -> int:
+        """fp32 values per (query, key) pair (per batch row) that ``bias`` / ``score`` hold at
+        once; the kernels size their query chunks by it to bound memory. Default: one per head."""
+        return self.dims.n_heads
+
     def logit_scale(self) -> float:
         """Factor on q.k (and on the ``score`` terms' sum); 1/sqrt(head_dim) by default."""
         return self.dims.head_dim ** -0.5

@@ -318,6 +318,9 @@ class FIRE(PositionEncoding):
         self.init_threshold = float(init_threshold or dims.train_len)  # L0
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # s, L = |s| L0
 
+    def pair_cost(self) -> int:
+        return 2 * self.mlp[0].out_features + self.dims.n_heads  # MLP input, hidden, ReLU, output
+
     def psi(self, x: torch.Tensor) -> torch.Tensor:
         return torch.log1p(torch.abs(self.c * x))
 

@@ -39,6 +39,9 @@ class CoPE(PositionEncoding):
             raise PosbenchError(f"cope max_pos must be >= 1, got {max_pos}")
         self.pos_emb = nn.Parameter(torch.randn(dims.n_layers, self.max_pos + 1, dims.head_dim) * 0.02)  # e[0..p_max]
 
+    def pair_cost(self) -> int:
+        return 3 * self.dims.n_heads  # gates / positions, their floor (int64), the gathered terms
+
     def positions(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
                   k_pos: torch.Tensor) -> torch.Tensor:
         """Contextual positions p_ij: q (B, H, Tq, hs), k (B, H, Tk, hs) -> (B, H, Tq, Tk), fp32."""

@@ -1,0 +1,68 @@
+"""posbench bench: a real (tiny) run of the benchmark, its tables and its errors."""
+
+import importlib.util
+import os
+
+import pandas as pd
+import pytest
+
+from conftest import posbench
+from posbench.bench import flops_per_token, targets
+from posbench.build import keep_freed_memory
+
+
+def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
+    out = tmp_path / "bench"
+    done = posbench("bench", "--encodings", "alibi", "rope", "--train-lens", "16", "--eval-lens", "64", "128",
+                    "--steps", "1", "--no-peer", "--out", str(out))
+    rows = pd.read_csv(out / "bench.csv")
+    assert len(rows) == 2 * (1 + 2) and set(rows.kind) == {"train", "eval"}
+    assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 100).all()  # torch alone is > 100 MB resident
+    text = (out / "bench.md").read_text()
+    assert "| alibi |" in text and "| rope |" in text and "bf16" in text
+    assert "every encoding evaluates at 128 tokens under 2 GB peak" in text
+    assert "alibi evaluation" not in text  # the 2x-of-rope target is judged at 8,192 tokens only
+    assert "wrote" in done.stdout
+
+
+def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
+    done = posbench("bench", "--encodings", "alibi", "nonsense", "--no-peer", "--out", str(tmp_path / "b"), check=False)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "nonsense" in done.stderr and "valid choices" in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("x_transformers") is not None, reason="x-transformers is installed")
+def test_bench_without_the_peer_library_says_how_to_get_it(tmp_path):
+    done = posbench("bench", "--encodings", "alibi", "--out", str(tmp_path / "b"), check=False)
+    assert done.returncode == 2 and '.[bench]' in done.stderr and "--no-peer" in done.stderr
+
+
+def test_targets_are_judged_on_the_figures():
+    rows = pd.DataFrame([
+        {"encoding": "rope", "impl": "posbench", "kind": "eval", "length": 8192, "tokens_per_s": 2000, "seconds": 4.0, "peak_mb": 900},
+        {"encoding": "alibi", "impl": "posbench", "kind": "eval", "length": 8192, "tokens_per_s": 1000, "seconds": 8.5, "peak_mb": 2100},
+        {"encoding": "t5", "impl": "posbench", "kind": "eval", "length": 8192, "tokens_per_s": 1500, "seconds": 6.0, "peak_mb": 1000},
+        {"encoding": "rope", "impl": "posbench", "kind": "train", "length": 128, "tokens_per_s": 7000, "seconds": 1, "peak_mb": 1},
+        {"encoding": "rope", "impl": "x-transformers", "kind": "train", "length": 128, "tokens_per_s": 5000, "seconds": 1, "peak_mb": 1},
+        {"encoding": "rope", "impl": "x-transformers flash", "kind": "train", "length": 128, "tokens_per_s": 5500, "seconds": 1, "peak_mb": 1},
+    ])
+    lines = targets(rows)
+    assert lines[0].startswith("NOT met: every encoding evaluates at 8,192 tokens under 2 GB") and "alibi 2,100 MB" in lines[0]
+    assert any(line.startswith("NOT met: alibi evaluation") and "2.12x" in line for line in lines)
+    assert any(line.startswith("met: t5 evaluation") and "1.50x" in line for line in lines)
+    # against the faster x-transformers setting: 7000 / 5500 = 1.27 < 1.3
+    assert any(line.startswith("NOT met: rope training at T=128") and "1.27x" in line for line in lines)
+
+
+def test_flops_per_token_counts_matmuls_and_causal_attention():
+    d, L, ff, V, T = 256, 4, 1024, 8192, 128
+    assert flops_per_token(T) == 6 * (L * (4 * d * d + 2 * d * ff) + V * d) + 6 * L * d * T
+
+
+def test_malloc_tuning_applies_on_glibc_and_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("POSBENCH_SYSTEM_MALLOC", "1")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("POSBENCH_SYSTEM_MALLOC")
+    assert keep_freed_memory() is (os.uname().sysname == "Linux")
