@@ -12,7 +12,9 @@ its own. The model is the benchmark shape of the performance issue: 4 layers, d_
   1,024 tokens;
 * **peer**: the same figures for x-transformers (``pip install -e ".[bench]"``) where it has
   the encoding, at whichever of its two attention settings (``attn_flash`` on or off) is
-  faster, and the ratio posbench / x-transformers;
+  faster, and the ratio posbench / x-transformers. It runs as it does out of the box, with
+  glibc's default malloc; ``--peer-malloc posbench`` gives it posbench's setting
+  (:func:`posbench.build.keep_freed_memory`) to separate that gain from the kernels';
 * **FLOP/s**: training FLOPs per token, 6 N (N = matmul parameters, output layer included)
   plus 6 n_layers d_model T (causal attention, forward and backward), times tokens/s, as a
   fraction of the bf16 matmul peak measured on 2048^3 products in the same run (the best
@@ -75,10 +77,11 @@ def _child(spec: dict) -> dict:
 
     from .build import autocast_dtype, keep_freed_memory
 
-    keep_freed_memory()
+    peer = spec["impl"] != "posbench"
+    if not peer or spec.get("peer_malloc") == "posbench":
+        keep_freed_memory()
     torch.manual_seed(0)
     length = spec["length"]
-    peer = spec["impl"] != "posbench"
     model = _peer_model(spec["encoding"], spec["impl"] == "x-transformers flash") if peer else \
         _posbench_model(spec["encoding"], length if spec["kind"] == "train" else 128)
     dtype = autocast_dtype(torch.device("cpu"), "auto")
@@ -228,7 +231,8 @@ def _fmt(value, spec=",.0f"):
     return format(value, spec)
 
 
-def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: int, log=print) -> dict:
+def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: int, peer_malloc: str = "system",
+          log=print) -> dict:
     """Run every measurement; -> {"machine": {...}, "rows": [...], "kernels": [...]}."""
     import torch
 
@@ -251,7 +255,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
             for kind, lengths in (("train", train_lens), ("eval", eval_lens)):
                 for length in lengths:
                     spec = {"what": "model", "encoding": encoding, "impl": impl, "kind": kind, "length": length,
-                            "steps": steps, "warmup": 2}
+                            "steps": steps, "warmup": 2, "peer_malloc": peer_malloc}
                     got = run_child(spec)
                     rows.append({**spec, **got})
                     figure = got.get("error") or (f"{got['tokens_per_s']:8,.0f} tok/s  {got['peak_mb']:6,.0f} MB")
@@ -265,7 +269,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
             kernel_rows.append({"kernel": kernel, "length": 8192, **got})
             log(f"kernel {kernel:<28} " + (got.get("error") or f"{got['seconds']:.3f} s/layer"
                                             + (f" (compile {got['compile_s']:.0f} s)" if got.get("compile_s") else "")))
-    return {"machine": machine, "rows": rows, "kernels": kernel_rows}
+    return {"machine": {**machine, "peer_malloc": peer_malloc}, "rows": rows, "kernels": kernel_rows}
 
 
 def _cpu_name() -> str:
@@ -290,8 +294,10 @@ def tables(result: dict) -> str:
     out = [f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}. "
            f"Matmul 2048^3: fp32 {machine['float32_gflops']:.0f} GFLOP/s, bf16 {machine['bfloat16_gflops']:.0f} GFLOP/s.",
            "", f"Model: {SHAPE['n_layers']} layers, d_model {SHAPE['d_model']}, {SHAPE['n_heads']} heads, "
-           f"FFN {SHAPE['d_ff']}, vocabulary {SHAPE['vocab']}; bf16 autocast. x-transformers: the faster of "
-           "attn_flash off/on per cell.", ""]
+           f"FFN {SHAPE['d_ff']}, vocabulary {SHAPE['vocab']}; bf16 autocast. x-transformers (x-t): the faster of "
+           "attn_flash off/on per cell, "
+           + ("with glibc's default malloc, as it runs out of the box." if machine.get("peer_malloc", "system") == "system"
+              else "with posbench's malloc setting (freed memory kept in the heap)."), ""]
 
     def best_peer(enc, kind, length):
         peers = df[(df.encoding == enc) & (df.kind == kind) & (df.length == length) & (df.impl != "posbench")]
@@ -389,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per figure (after 2 warm-up steps)")
     parser.add_argument("--no-peer", action="store_true", help="leave out x-transformers")
     parser.add_argument("--kernels", action="store_true", help="also compare attention kernels (flex attention compiles)")
+    parser.add_argument("--peer-malloc", choices=["system", "posbench"], default="system",
+                        help="x-transformers under glibc's default malloc (default) or posbench's setting")
     parser.add_argument("--out", default="results/bench", help="where bench.csv, bench.json and bench.md go")
     ns = parser.parse_args(argv)
     peer = not ns.no_peer
@@ -398,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             from .errors import PosbenchError
             raise PosbenchError('x-transformers is not installed; valid: pip install -e ".[bench]", or --no-peer')
-    result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps)
+    result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, ns.peer_malloc)
     import pandas as pd
 
     from .checkpoint import atomic_write_text
