@@ -308,7 +308,7 @@ def tables(result: dict) -> str:
         r = df[(df.encoding == enc) & (df.kind == kind) & (df.length == length) & (df.impl == "posbench")]
         return r.iloc[0] if len(r) else None
 
-    encodings = list(dict.fromkeys(df.encoding))
+    encodings = sorted(set(df.encoding))
     for kind, lengths in (("train", sorted(set(df[df.kind == "train"].length))),
                           ("eval", sorted(set(df[df.kind == "eval"].length)))):
         if kind == "train":
@@ -397,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kernels", action="store_true", help="also compare attention kernels (flex attention compiles)")
     parser.add_argument("--peer-malloc", choices=["system", "posbench"], default="system",
                         help="x-transformers under glibc's default malloc (default) or posbench's setting")
+    parser.add_argument("--update", action="store_true",
+                        help="re-measure --encodings and replace their rows in --out's bench.json (other rows, "
+                             "machine figures and kernels kept unless --kernels)")
     parser.add_argument("--out", default="results/bench", help="where bench.csv, bench.json and bench.md go")
     ns = parser.parse_args(argv)
     peer = not ns.no_peer
@@ -406,12 +409,20 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             from .errors import PosbenchError
             raise PosbenchError('x-transformers is not installed; valid: pip install -e ".[bench]", or --no-peer')
+    out = Path(ns.out)
+    if ns.update and not (out / "bench.json").is_file():
+        from .errors import PosbenchError
+        raise PosbenchError(f"--update needs an earlier run's {out / 'bench.json'}; valid: run posbench bench "
+                            f"--out {out} first, or leave out --update")
     result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, ns.peer_malloc)
+    if ns.update:
+        old = json.loads((out / "bench.json").read_text())
+        result = {"machine": old["machine"], "kernels": result["kernels"] or old["kernels"],
+                  "rows": [r for r in old["rows"] if r["encoding"] not in ns.encodings] + result["rows"]}
     import pandas as pd
 
     from .checkpoint import atomic_write_text
 
-    out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     text = tables(result)
     atomic_write_text(out / "bench.csv", pd.DataFrame(result["rows"]).to_csv(index=False))

@@ -155,6 +155,9 @@ class DeBERTa(PositionEncoding):
     def _project(self, proj: nn.Linear) -> torch.Tensor:
         return proj(self.rel_embeddings).view(2 * self.max_distance, self.dims.n_heads, -1).permute(1, 2, 0)
 
+    def pair_cost(self) -> int:
+        return 3 * self.dims.n_heads  # c2p and p2c, each in the matmul dtype and in fp32
+
     def score(self, q, k, q_pos, k_pos, layer):
         Kr = self._project(self.pos_key[layer]).to(q.dtype)  # (H, hs, 2k)
         Qr = self._project(self.pos_query[layer]).to(k.dtype)  # (H, hs, 2k)
