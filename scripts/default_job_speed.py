@@ -1,8 +1,9 @@
 """The default job, `posbench train encoding=alibi`, at a base commit and at this checkout.
 
-Both run here, one after the other, in fresh run dirs, after one short run has built the
-corpus cache they share, so the figures differ only by the code. Prints (and writes with
---out) wall time, median training tokens/s over the logged intervals, and the perplexities.
+Both run here, one after the other, in fresh run dirs (outputs/default_job/before and
+after, replaced if there), after one short run has built the corpus cache they share, so the
+figures differ only by the code. Prints (and writes with --out) wall time, median training
+tokens/s over the logged intervals, and the perplexities.
 
     python scripts/default_job_speed.py BASE_COMMIT [--out results/bench/default_job.md]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,8 @@ def main() -> None:
                           check=True).stdout.strip()
     base = subprocess.run(["git", "rev-parse", "--short", ns.base], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
+    runs = ROOT / "outputs" / "default_job"
+    shutil.rmtree(runs, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         subprocess.run(["git", "worktree", "add", "--quiet", "--detach", str(tmp / "base"), base], cwd=ROOT, check=True)
@@ -49,9 +53,10 @@ def main() -> None:
             rows = []
             for name, source in ((f"before ({base})", tmp / "base"), (f"after ({head})", ROOT)):
                 print(f"running the default job at {name} ...", file=sys.stderr)
-                wall = run_job(source, tmp / name.split()[0])
-                metrics = [json.loads(line) for line in (tmp / name.split()[0] / "metrics.jsonl").read_text().splitlines()]
-                results = pd.read_csv(tmp / name.split()[0] / "results.csv").sort_values("eval_len")
+                run = runs / name.split()[0]
+                wall = run_job(source, run)
+                metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+                results = pd.read_csv(run / "results.csv").sort_values("eval_len")
                 rows.append({"code": name, "wall s": f"{wall:.0f}",
                              "median train tok/s": f"{statistics.median(m['tokens_per_s'] for m in metrics):,.0f}",
                              **{f"ppl L={n}": f"{p:.2f}" for n, p in zip(results.eval_len, results.ppl)}})
