@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="posbench bench", description=__doc__.splitlines()[0])
     parser.add_argument("--encodings", nargs="+", default=sorted(REGISTRY), metavar="NAME", help="default: all")
-    parser.add_argument("--train-lens", nargs="+", type=int, default=[128, 512], metavar="T")
+    parser.add_argument("--train-lens", nargs="*", type=int, default=[128, 512], metavar="T")
     parser.add_argument("--eval-lens", nargs="+", type=int, default=[1024, 4096, 8192, 16384], metavar="L")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per figure (after 2 warm-up steps)")
     parser.add_argument("--no-peer", action="store_true", help="leave out x-transformers")
@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer-malloc", choices=["system", "posbench"], default="system",
                         help="x-transformers under glibc's default malloc (default) or posbench's setting")
     parser.add_argument("--update", action="store_true",
-                        help="re-measure --encodings and replace their rows in --out's bench.json (other rows, "
-                             "machine figures and kernels kept unless --kernels)")
+                        help="re-measure --encodings at the lengths given and replace those rows in --out's "
+                             "bench.json (other rows, machine figures and kernels kept unless --kernels)")
     parser.add_argument("--out", default="results/bench", help="where bench.csv, bench.json and bench.md go")
     ns = parser.parse_args(argv)
     peer = not ns.no_peer
@@ -417,8 +417,10 @@ def main(argv: list[str] | None = None) -> None:
     result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, ns.peer_malloc)
     if ns.update:
         old = json.loads((out / "bench.json").read_text())
+        fresh = {(r["encoding"], r["impl"], r["kind"], r["length"]) for r in result["rows"]}
         result = {"machine": old["machine"], "kernels": result["kernels"] or old["kernels"],
-                  "rows": [r for r in old["rows"] if r["encoding"] not in ns.encodings] + result["rows"]}
+                  "rows": [r for r in old["rows"] if (r["encoding"], r["impl"], r["kind"], r["length"]) not in fresh]
+                  + result["rows"]}
     import pandas as pd
 
     from .checkpoint import atomic_write_text

@@ -24,10 +24,14 @@ def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     assert "alibi evaluation" not in text  # the 2x-of-rope target is judged at 8,192 tokens only
     assert "wrote" in done.stdout
     # --update re-measures the named encodings and keeps the others' rows
-    posbench("bench", "--encodings", "rope", "--train-lens", "16", "--eval-lens", "64", "--steps", "1", "--no-peer",
-             "--update", "--out", str(out))
+    posbench("bench", "--encodings", "rope", "--train-lens", "--eval-lens", "64", "--no-peer", "--update", "--out", str(out))
     updated = pd.read_csv(out / "bench.csv")
-    assert len(updated[updated.encoding == "alibi"]) == 3 and len(updated[updated.encoding == "rope"]) == 2
+    assert len(updated) == len(rows)
+    merged = updated.set_index(["encoding", "kind", "length"]).tokens_per_s
+    before = rows.set_index(["encoding", "kind", "length"]).tokens_per_s
+    assert merged[("rope", "eval", 128)] == before[("rope", "eval", 128)]  # kept
+    assert merged[("alibi", "train", 16)] == before[("alibi", "train", 16)]
+    assert merged[("rope", "eval", 64)] != before[("rope", "eval", 64)]  # measured again
 
 
 def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):

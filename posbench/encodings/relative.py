@@ -105,6 +105,9 @@ class TransformerXL(PositionEncoding):
         self.u = _normal(dims.n_heads, dims.head_dim)  # content bias
         self.v = _normal(dims.n_heads, dims.head_dim)  # position bias
 
+    def pair_cost(self) -> int:
+        return 2 * self.dims.n_heads  # the (b)+(d) term by distance, then gathered
+
     def score(self, q, k, q_pos, k_pos, layer):
         distance = _offsets(q_pos, k_pos).clamp(min=0)  # (Tq, Tk)
         n = int(distance.max()) + 1
@@ -199,6 +202,9 @@ class TENER(PositionEncoding):
         self.scaled, self.base = bool(scaled), float(base)
         self.u = _normal(dims.n_layers, dims.n_heads, dims.head_dim)
         self.v = _normal(dims.n_layers, dims.n_heads, dims.head_dim)
+
+    def pair_cost(self) -> int:
+        return 2 * self.dims.n_heads  # the (Q + v) R term by offset, then gathered
 
     def score(self, q, k, q_pos, k_pos, layer):
         offset = _offsets(q_pos, k_pos)  # (Tq, Tk), signed t - j
