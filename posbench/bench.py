@@ -49,7 +49,9 @@ MEMORY_CAP = 16 << 30  # bytes of address space per child
 
 # ---- inside a child process --------------------------------------------------------------
 
-def _posbench_model(encoding: str, train_len: int):
+def _posbench_model(encoding: str, train_len: int, max_len: int):
+    """The benchmark model; a position table (``encoding.max_len``) gets ``max_len`` entries so it
+    can run at every measured length, as x-transformers' ``max_seq_len``."""
     from hydra import compose, initialize_config_dir
 
     from .build import build_model
@@ -57,6 +59,9 @@ def _posbench_model(encoding: str, train_len: int):
 
     with initialize_config_dir(str(conf_dir()), version_base=None):
         cfg = compose("app_train", [f"encoding={encoding}", "model=tiny", f"train.train_len={train_len}"])
+        if "max_len" in cfg.encoding:
+            cfg = compose("app_train", [f"encoding={encoding}", "model=tiny", f"train.train_len={train_len}",
+                                        f"encoding.max_len={max_len}"])
     return build_model(cfg, SHAPE["vocab"])
 
 
@@ -83,7 +88,7 @@ def _child(spec: dict) -> dict:
     torch.manual_seed(0)
     length = spec["length"]
     model = _peer_model(spec["encoding"], spec["impl"] == "x-transformers flash") if peer else \
-        _posbench_model(spec["encoding"], length if spec["kind"] == "train" else 128)
+        _posbench_model(spec["encoding"], length if spec["kind"] == "train" else 128, max(length, 16384))
     dtype = autocast_dtype(torch.device("cpu"), "auto")
     amp = torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
 
@@ -225,6 +230,14 @@ def flops_per_token(train_len: int) -> float:
     return 6 * matmul_params + 6 * L * d * train_len
 
 
+def _short(error) -> str:
+    """A table cell for a failed measurement (the CSV keeps the whole message)."""
+    error = str(error)
+    if "memory" in error.lower():
+        return "out of memory"
+    return error.split(": ", 1)[-1][:60]
+
+
 def _fmt(value, spec=",.0f"):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -327,14 +340,14 @@ def tables(result: dict) -> str:
                 peer_tps = None if theirs is None else theirs.tokens_per_s
                 peer_err = df[(df.encoding == enc) & (df.kind == kind) & (df.length == n) & (df.impl != "posbench")]
                 peer_txt = _fmt(peer_tps) if theirs is not None else (
-                    "failed" if len(peer_err) else "-")
+                    " / ".join(sorted(set(map(_short, peer_err.error.dropna())))) if len(peer_err) else "-")
                 ratio = f"{ours_tps / peer_tps:.2f}" if ours_tps and peer_tps else "-"
                 if kind == "train":
                     frac = (f"{ours_tps * flops_per_token(n) / (peak * 1e9):.0%}" if ours_tps else "-")
-                    cells += [_fmt(ours_tps) if ours is not None and ours_tps else str(ours.error) if ours is not None else "-",
+                    cells += [_fmt(ours_tps) if ours is not None and ours_tps else _short(ours.error) if ours is not None else "-",
                               peer_txt, ratio, frac]
                 else:
-                    cells += [_fmt(ours_tps) if ours_tps else (str(ours.error) if ours is not None else "-"),
+                    cells += [_fmt(ours_tps) if ours_tps else (_short(ours.error) if ours is not None else "-"),
                               _fmt(None if ours is None else ours.peak_mb), peer_txt,
                               _fmt(None if theirs is None else theirs.peak_mb), ratio]
             out.append("| " + " | ".join(cells) + " |")
