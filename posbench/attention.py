@@ -24,12 +24,12 @@ Why these choices (``posbench bench --kernels`` prints the figures behind them):
   says so with ``relative_bias``) is a Toeplitz matrix, so the bias of query chunk
   [s, e) against keys [0, e) is a slice of one (H, chunk, T) matrix M built for query
   positions T - chunk .. T - 1: rows r0.., columns T - chunk + r0 - s .. (see
-  :func:`_toeplitz_slice`). Building the bias once instead of per chunk and layer made
-  ALiBi at 8,192 tokens 2.3x faster per layer. M is built in row blocks, so no fp32
+  :func:`_toeplitz_slice`). Building the bias once instead of per chunk and layer took
+  one ALiBi layer at 8,192 tokens from 0.96 s to 0.58 s (SDPA with no bias: 0.35 s). M is built in row blocks, so no fp32
   (H, chunk, T) intermediate exists; its bf16 size at 16,384 tokens is 256 MiB.
 * Flex attention (``score_mod``, compiled by inductor) computes such a bias inside the
-  kernel with no matrix at all, but on this CPU it ran 2.6x slower per layer than the
-  Toeplitz slices at 8,192 tokens after a 25 s compile, so it is not used.
+  kernel with no matrix at all, but on this CPU it took 1.02 s per layer at 8,192 tokens,
+  1.8x the Toeplitz slices, after an 8 s compile (results/bench/bench.md), so it is not used.
 
 Memory: the fp32 tensors of the chunked kernels hold at most ``ATTN_BUDGET`` elements
 (128 MiB) per value an encoding keeps per (query, key) pair (``pair_cost``: one per head,
@@ -117,8 +117,7 @@ def _toeplitz(enc, positions, layer, chunk, dtype) -> torch.Tensor:
     built in row blocks of at most ``ATTN_BUDGET`` fp32 elements."""
     T = len(positions)
     q_pos = positions[T - chunk:]
-    first = _masked_bias(enc, q_pos[:1], positions, layer, dtype)
-    table = first.new_empty(1, first.shape[1], chunk, T)
+    table = torch.empty(1, enc.dims.n_heads, chunk, T, dtype=dtype, device=positions.device)
     step = _rows(chunk, enc.pair_cost() * T)
     for r in range(0, chunk, step):
         table[:, :, r:r + step] = _masked_bias(enc, q_pos[r:r + step], positions, layer, dtype)
