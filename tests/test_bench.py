@@ -7,31 +7,36 @@ import pandas as pd
 import pytest
 
 from conftest import posbench
-from posbench.bench import flops_per_token, targets
+from posbench.bench import flops_per_token, measured, targets
 from posbench.build import keep_freed_memory
 
 
 def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     out = tmp_path / "bench"
     done = posbench("bench", "--encodings", "alibi", "rope", "--train-lens", "16", "--eval-lens", "64", "128",
-                    "--steps", "1", "--no-peer", "--out", str(out))
+                    "--steps", "1", "--no-peer", "--malloc", "posbench", "--out", str(out))
     rows = pd.read_csv(out / "bench.csv")
-    assert len(rows) == 2 * (1 + 2) and set(rows.kind) == {"train", "eval"}
+    assert len(rows) == 2 * (1 + 2) and set(rows.kind) == {"train", "eval"} and set(rows.malloc) == {"posbench"}
     assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 100).all()  # torch alone is > 100 MB resident
+    assert (rows.params > 5e6).all()  # the tiny model: 5.25M parameters
     text = (out / "bench.md").read_text()
-    assert "| alibi |" in text and "| rope |" in text and "bf16" in text
+    assert "| alibi | posbench | 5.25M |" in text and "| rope | posbench | 5.25M |" in text
     assert "every encoding evaluates at 128 tokens under 2 GB peak" in text
     assert "alibi evaluation" not in text  # the 2x-of-rope target is judged at 8,192 tokens only
     assert "wrote" in done.stdout
-    # --update re-measures the named encodings and keeps the others' rows
-    posbench("bench", "--encodings", "rope", "--train-lens", "--eval-lens", "64", "--no-peer", "--update", "--out", str(out))
+    # --update re-measures the named encodings and keeps the others' rows; another allocator
+    # setting adds rows beside the first setting's
+    posbench("bench", "--encodings", "rope", "--train-lens", "--eval-lens", "64", "--no-peer", "--update",
+             "--malloc", "posbench", "system", "--out", str(out))
     updated = pd.read_csv(out / "bench.csv")
-    assert len(updated) == len(rows)
-    merged = updated.set_index(["encoding", "kind", "length"]).tokens_per_s
-    before = rows.set_index(["encoding", "kind", "length"]).tokens_per_s
-    assert merged[("rope", "eval", 128)] == before[("rope", "eval", 128)]  # kept
-    assert merged[("alibi", "train", 16)] == before[("alibi", "train", 16)]
-    assert merged[("rope", "eval", 64)] != before[("rope", "eval", 64)]  # measured again
+    assert len(updated) == len(rows) + 1
+    merged = updated.set_index(["encoding", "malloc", "kind", "length"]).tokens_per_s
+    before = rows.set_index(["encoding", "malloc", "kind", "length"]).tokens_per_s
+    assert merged[("rope", "posbench", "eval", 128)] == before[("rope", "posbench", "eval", 128)]  # kept
+    assert merged[("alibi", "posbench", "train", 16)] == before[("alibi", "posbench", "train", 16)]
+    assert merged[("rope", "posbench", "eval", 64)] != before[("rope", "posbench", "eval", 64)]  # measured again
+    assert merged[("rope", "system", "eval", 64)] > 0
+    assert "| rope | system |" in (out / "bench.md").read_text()
 
 
 def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
@@ -57,12 +62,42 @@ def test_targets_are_judged_on_the_figures():
         {"encoding": "rope", "impl": "x-transformers", "kind": "train", "length": 128, "tokens_per_s": 5000, "seconds": 1, "peak_mb": 1},
         {"encoding": "rope", "impl": "x-transformers flash", "kind": "train", "length": 128, "tokens_per_s": 5500, "seconds": 1, "peak_mb": 1},
     ])
-    lines = targets(rows)
+    lines = targets(rows.assign(malloc="posbench"))
     assert lines[0].startswith("NOT met: every encoding evaluates at 8,192 tokens under 2 GB") and "alibi 2,100 MB" in lines[0]
     assert any(line.startswith("NOT met: alibi evaluation") and "2.12x" in line for line in lines)
     assert any(line.startswith("met: t5 evaluation") and "1.50x" in line for line in lines)
     # against the faster x-transformers setting: 7000 / 5500 = 1.27 < 1.3
     assert any(line.startswith("NOT met: rope training at T=128") and "1.27x" in line for line in lines)
+
+
+def test_training_ratios_compare_both_libraries_under_one_allocator_setting():
+    def row(impl, malloc, tps):
+        return {"encoding": "rope", "impl": impl, "malloc": malloc, "kind": "train", "length": 128,
+                "tokens_per_s": tps, "seconds": 1, "peak_mb": 1}
+    rows = pd.DataFrame([row("posbench", "posbench", 9000), row("x-transformers", "posbench", 6000),
+                         row("posbench", "system", 6600), row("x-transformers", "system", 6000)])
+    lines = [line for line in targets(rows) if "training" in line]
+    assert lines == ["NOT met: rope training at T=128 >= 1.3x x-transformers, both under malloc=system "
+                     "(6,600 vs 6,000 tok/s, 1.10x)",
+                     "met: rope training at T=128 >= 1.3x x-transformers, both under malloc=posbench "
+                     "(9,000 vs 6,000 tok/s, 1.50x)"]
+
+
+def test_an_older_bench_json_reads_with_the_allocator_each_row_ran_under():
+    old = {"machine": {"peer_malloc": "system"}, "rows": [
+        {"encoding": "rope", "impl": "posbench", "kind": "train", "length": 128, "tokens_per_s": 1.0},
+        {"encoding": "rope", "impl": "x-transformers", "kind": "train", "length": 128, "tokens_per_s": 1.0}]}
+    assert measured(old).malloc.tolist() == ["posbench", "system"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("x_transformers") is None, reason="needs the bench extra")
+@pytest.mark.parametrize("encoding", ["nope", "rope", "alibi"])
+def test_the_peer_has_posbenchs_shape_and_parameter_count(encoding):
+    from posbench.bench import _peer_model, _posbench_model
+
+    peer, ours = _peer_model(encoding, flash=False), _posbench_model(encoding, 128, 1024)
+    assert abs(sum(p.numel() for p in peer.parameters()) - ours.num_params()) / ours.num_params() < 0.01
+    assert peer.attn_layers.attn_dim_head == ours.cfg.d_model // ours.cfg.n_heads
 
 
 def test_flops_per_token_counts_matmuls_and_causal_attention():
