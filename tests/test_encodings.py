@@ -93,8 +93,23 @@ def test_t5_bias_is_shared_table_lookup():
     enc = make("t5")
     bias = enc.bias(torch.arange(40), torch.arange(40), layer=1)
     assert bias.shape == (4, 40, 40)
-    assert torch.equal(bias[:, 39, 0], enc.table.weight[t5_reference(39)])
+    scale = math.sqrt(DIMS.d_model // DIMS.n_heads)  # x-transformers: bias * dim_head ** 0.5
+    assert torch.allclose(bias[:, 39, 0], scale * enc.table.weight[t5_reference(39)])
     assert torch.equal(bias, enc.bias(torch.arange(40), torch.arange(40), layer=0))
+
+
+@pytest.mark.parametrize("bias_scale, scale, std", [("sqrt_head_dim", 8.0, 1.0), ("none", 1.0, 0.02)])
+def test_t5_bias_scale_and_its_init(bias_scale, scale, std):
+    """sqrt_head_dim: x-transformers' sqrt(head_dim) * table with nn.Embedding's N(0, 1) table;
+    none: Hugging Face T5's unscaled table, here at N(0, 0.02)."""
+    torch.manual_seed(0)
+    dims = ModelDims(d_model=256, n_heads=4, n_layers=2, train_len=16)  # head_dim 64, 128 table entries
+    enc = build_encoding({"name": "t5", "bias_scale": bias_scale}, dims)
+    assert enc.table.weight.std().item() == pytest.approx(std, rel=0.2)
+    bias = enc.bias(torch.arange(20), torch.arange(20), 0)
+    assert torch.allclose(bias[:, 19, 2], scale * enc.table.weight[t5_reference(17)])  # sqrt(64) = 8
+    with pytest.raises(PosbenchError, match="t5 bias_scale 'sqrt' is not valid; valid choices: sqrt_head_dim, none"):
+        build_encoding({"name": "t5", "bias_scale": "sqrt"}, dims)
 
 
 def test_unknown_encoding_and_option_errors():
