@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posbench.attention import causal_attention, reference_attention
-from posbench.encodings import REGISTRY, ModelDims, PositionRangeError, build_encoding
+from posbench.encodings import REGISTRY, ModelDims, PositionEncoding, PositionRangeError, build_encoding
 from posbench.encodings.bias import alibi_slopes, t5_bucket
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig
@@ -161,3 +161,62 @@ def test_chunked_kernel_matches_reference(name):
     out = causal_attention(q, k, v, enc, pos, 0, chunk_size=10)
     ref = reference_attention(q, k, v, enc, pos, 0)
     assert torch.allclose(out, ref, atol=1e-5)
+
+
+# ---- the bias cache shared by layers is only used where the bias is the same in every layer ----
+
+def per_layer_reference(model, x):
+    """The model's forward pass with nothing shared between layers: each layer gets a fresh cache,
+    so every bias is built from that layer's own parameters."""
+    positions = torch.arange(x.shape[1])
+    h = model.drop(model.encoding.embed(model.tok_emb(x) * model.emb_scale, positions, x))
+    for layer, block in enumerate(model.blocks):
+        h = block(h, model.encoding, positions, layer, {})
+    return model.ln_f(h) @ model.tok_emb.weight.t()
+
+
+def shared_cache_model(enc, chunk):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=chunk)
+    return LanguageModel(cfg, 64, enc).eval()
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])  # one (H, T, T) bias per forward; Toeplitz slices
+@pytest.mark.parametrize("name, params", [(name, {}) for name in sorted(REGISTRY)] + [("t5", {"per_layer": True})])
+def test_shared_bias_cache_equals_a_per_layer_forward(name, params, chunk):
+    """A 2-layer forward with the attention's shared cache equals one that builds every layer's
+    bias afresh: an encoding may only claim ``layer_invariant_bias`` when it is true."""
+    dims = LanguageModel.dims(ModelConfig(d_model=32, n_layers=2, n_heads=4), 16, 64)
+    model = shared_cache_model(build_encoding({"name": name, **params}, dims), chunk)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.allclose(model(x), per_layer_reference(model, x), atol=1e-5)
+
+
+class _PerLayerSlopes(PositionEncoding):
+    """A per-layer bias that does not mention ``layer_invariant_bias`` (not registered)."""
+
+    relative_bias = True
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.slopes = torch.nn.Parameter(torch.tensor([[0.5] * dims.n_heads, [4.0] * dims.n_heads]))
+
+    def bias(self, q_pos, k_pos, layer):
+        return -self.slopes[layer][:, None, None] * (q_pos[:, None] - k_pos[None, :]).float()
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])
+def test_a_per_layer_bias_that_forgets_the_flag_is_still_right(chunk):
+    """The default is the safe one: without the flag, layer 1 gets its own bias, not layer 0's."""
+    assert PositionEncoding.layer_invariant_bias is False
+    model = shared_cache_model(_PerLayerSlopes(DIMS), chunk)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = model(x), per_layer_reference(model, x)
+        assert torch.allclose(got, want, atol=1e-5)
+        _PerLayerSlopes.layer_invariant_bias = True  # the unsafe claim reuses layer 0's bias...
+        try:
+            assert not torch.allclose(model(x), want, atol=1e-3)  # ...and the check above catches it
+        finally:
+            del _PerLayerSlopes.layer_invariant_bias
