@@ -220,3 +220,19 @@ def test_a_per_layer_bias_that_forgets_the_flag_is_still_right(chunk):
             assert not torch.allclose(model(x), want, atol=1e-3)  # ...and the check above catches it
         finally:
             del _PerLayerSlopes.layer_invariant_bias
+
+
+def test_a_saved_t5_run_without_bias_scale_is_rebuilt_unscaled():
+    """Run dirs written before ``bias_scale`` existed trained an unscaled N(0, 0.02) table; their
+    config.yaml lacks the key, and the evaluator must rebuild them so, not with the new default."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose
+    from posbench.build import build_model
+
+    cfg = compose("encoding=t5", "model.d_model=32", "model.n_heads=4", "model.n_layers=2", "model.d_ff=64")
+    assert build_model(cfg, 64).encoding.scale == pytest.approx(math.sqrt(8))  # today's default
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["encoding"]["bias_scale"], old["encoding"]["init_std"]
+    enc = build_model(OmegaConf.create(old), 64).encoding
+    assert enc.bias_scale == "none" and enc.scale == 1.0
