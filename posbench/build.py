@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .config import DEVICES, _choice, model_config
-from .encodings import build_encoding
+from .encodings import build_encoding, saved_options
 from .errors import PosbenchError
 from .model import LanguageModel
 
@@ -77,5 +77,6 @@ def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
     """Model of ``cfg.model`` with encoding ``cfg.encoding``; raises PosbenchError on bad shapes."""
     mcfg = model_config(cfg.model)
     train_len = int(cfg.train.train_len)
-    encoding = build_encoding(OmegaConf.to_container(cfg.encoding, resolve=True), LanguageModel.dims(mcfg, train_len, vocab_size))
+    options = saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))  # older run dirs: former defaults
+    encoding = build_encoding(options, LanguageModel.dims(mcfg, train_len, vocab_size))
     return LanguageModel(mcfg, vocab_size, encoding)

@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from .learned_bias import write_run_figure
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint
 from .config import EvalConfig, code_version, config_hash, typed
 from .data import load_corpus
@@ -332,6 +333,7 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     if not todo:
         return done
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+    write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
     write_results(run, rows)

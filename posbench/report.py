@@ -386,6 +386,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
     and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv."""
     from .figures import passkey_figure, positions_figure, ppl_figure, save
+    from .learned_bias import write_report_figure
 
     if fmt not in ("md", "latex"):
         raise PosbenchError(f"report: --format {fmt!r} is not valid; valid choices: md, latex")
@@ -425,4 +426,5 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
         atomic_write_text(files[-1], table + "\n")
     for name, fig in figures.items():
         files += save(fig, out / f"{name}.png", also_svg=True)
+    files += write_report_figure(sorted(set(df.run)), out)  # learned_bias.png/.svg, runs with a learned bias
     return Report(summary, table + failures_markdown(failed), text, files)

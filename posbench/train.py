@@ -39,6 +39,7 @@ from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable
 from .errors import PosbenchError
 from .evaluate import perplexity_ladder, result_rows, scored_tokens, write_results
+from .learned_bias import write_run_figure
 from .logger import MetricsLogger
 
 
@@ -316,5 +317,6 @@ def train(cfg: DictConfig, run_dir) -> dict:
 
     ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
     rows = write_results(run, result_rows(cfg, ladder, step))
+    write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
     logger.finish(rows)
     return {"run_dir": str(run.path), "results": rows, "steps": step}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posbench.attention import causal_attention, reference_attention
-from posbench.encodings import REGISTRY, ModelDims, PositionRangeError, build_encoding
+from posbench.encodings import REGISTRY, ModelDims, PositionEncoding, PositionRangeError, build_encoding
 from posbench.encodings.bias import alibi_slopes, t5_bucket
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig
@@ -93,8 +93,23 @@ def test_t5_bias_is_shared_table_lookup():
     enc = make("t5")
     bias = enc.bias(torch.arange(40), torch.arange(40), layer=1)
     assert bias.shape == (4, 40, 40)
-    assert torch.equal(bias[:, 39, 0], enc.table.weight[t5_reference(39)])
+    scale = math.sqrt(DIMS.d_model // DIMS.n_heads)  # x-transformers: bias * dim_head ** 0.5
+    assert torch.allclose(bias[:, 39, 0], scale * enc.table.weight[t5_reference(39)])
     assert torch.equal(bias, enc.bias(torch.arange(40), torch.arange(40), layer=0))
+
+
+@pytest.mark.parametrize("bias_scale, scale, std", [("sqrt_head_dim", 8.0, 1.0), ("none", 1.0, 0.02)])
+def test_t5_bias_scale_and_its_init(bias_scale, scale, std):
+    """sqrt_head_dim: x-transformers' sqrt(head_dim) * table with nn.Embedding's N(0, 1) table;
+    none: Hugging Face T5's unscaled table, here at N(0, 0.02)."""
+    torch.manual_seed(0)
+    dims = ModelDims(d_model=256, n_heads=4, n_layers=2, train_len=16)  # head_dim 64, 128 table entries
+    enc = build_encoding({"name": "t5", "bias_scale": bias_scale}, dims)
+    assert enc.table.weight.std().item() == pytest.approx(std, rel=0.2)
+    bias = enc.bias(torch.arange(20), torch.arange(20), 0)
+    assert torch.allclose(bias[:, 19, 2], scale * enc.table.weight[t5_reference(17)])  # sqrt(64) = 8
+    with pytest.raises(PosbenchError, match="t5 bias_scale 'sqrt' is not valid; valid choices: sqrt_head_dim, none"):
+        build_encoding({"name": "t5", "bias_scale": "sqrt"}, dims)
 
 
 def test_unknown_encoding_and_option_errors():
@@ -146,3 +161,78 @@ def test_chunked_kernel_matches_reference(name):
     out = causal_attention(q, k, v, enc, pos, 0, chunk_size=10)
     ref = reference_attention(q, k, v, enc, pos, 0)
     assert torch.allclose(out, ref, atol=1e-5)
+
+
+# ---- the bias cache shared by layers is only used where the bias is the same in every layer ----
+
+def per_layer_reference(model, x):
+    """The model's forward pass with nothing shared between layers: each layer gets a fresh cache,
+    so every bias is built from that layer's own parameters."""
+    positions = torch.arange(x.shape[1])
+    h = model.drop(model.encoding.embed(model.tok_emb(x) * model.emb_scale, positions, x))
+    for layer, block in enumerate(model.blocks):
+        h = block(h, model.encoding, positions, layer, {})
+    return model.ln_f(h) @ model.tok_emb.weight.t()
+
+
+def shared_cache_model(enc, chunk):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=chunk)
+    return LanguageModel(cfg, 64, enc).eval()
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])  # one (H, T, T) bias per forward; Toeplitz slices
+@pytest.mark.parametrize("name, params", [(name, {}) for name in sorted(REGISTRY)] + [("t5", {"per_layer": True})])
+def test_shared_bias_cache_equals_a_per_layer_forward(name, params, chunk):
+    """A 2-layer forward with the attention's shared cache equals one that builds every layer's
+    bias afresh: an encoding may only claim ``layer_invariant_bias`` when it is true."""
+    dims = LanguageModel.dims(ModelConfig(d_model=32, n_layers=2, n_heads=4), 16, 64)
+    model = shared_cache_model(build_encoding({"name": name, **params}, dims), chunk)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.allclose(model(x), per_layer_reference(model, x), atol=1e-5)
+
+
+class _PerLayerSlopes(PositionEncoding):
+    """A per-layer bias that does not mention ``layer_invariant_bias`` (not registered)."""
+
+    relative_bias = True
+
+    def __init__(self, dims):
+        super().__init__(dims)
+        self.slopes = torch.nn.Parameter(torch.tensor([[0.5] * dims.n_heads, [4.0] * dims.n_heads]))
+
+    def bias(self, q_pos, k_pos, layer):
+        return -self.slopes[layer][:, None, None] * (q_pos[:, None] - k_pos[None, :]).float()
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])
+def test_a_per_layer_bias_that_forgets_the_flag_is_still_right(chunk):
+    """The default is the safe one: without the flag, layer 1 gets its own bias, not layer 0's."""
+    assert PositionEncoding.layer_invariant_bias is False
+    model = shared_cache_model(_PerLayerSlopes(DIMS), chunk)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = model(x), per_layer_reference(model, x)
+        assert torch.allclose(got, want, atol=1e-5)
+        _PerLayerSlopes.layer_invariant_bias = True  # the unsafe claim reuses layer 0's bias...
+        try:
+            assert not torch.allclose(model(x), want, atol=1e-3)  # ...and the check above catches it
+        finally:
+            del _PerLayerSlopes.layer_invariant_bias
+
+
+def test_a_saved_t5_run_without_bias_scale_is_rebuilt_unscaled():
+    """Run dirs written before ``bias_scale`` existed trained an unscaled N(0, 0.02) table; their
+    config.yaml lacks the key, and the evaluator must rebuild them so, not with the new default."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose
+    from posbench.build import build_model
+
+    cfg = compose("encoding=t5", "model.d_model=32", "model.n_heads=4", "model.n_layers=2", "model.d_ff=64")
+    assert build_model(cfg, 64).encoding.scale == pytest.approx(math.sqrt(8))  # today's default
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["encoding"]["bias_scale"], old["encoding"]["init_std"]
+    enc = build_model(OmegaConf.create(old), 64).encoding
+    assert enc.bias_scale == "none" and enc.scale == 1.0

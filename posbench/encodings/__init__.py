@@ -39,5 +39,13 @@ def build_encoding(cfg: Mapping[str, Any], dims: ModelDims) -> PositionEncoding:
     return cls(dims, **params)
 
 
+def saved_options(cfg: Mapping[str, Any]) -> dict:
+    """A saved run's encoding config with the former default of every option it does not name
+    (``former_defaults``): a run trained before ``t5.bias_scale`` existed was unscaled, and is
+    rebuilt so. Unknown names pass through for :func:`build_encoding` to reject."""
+    cls = REGISTRY.get(cfg.get("name"))
+    return {**(cls.former_defaults if cls else {}), **cfg}
+
+
 __all__ = ["HOOKS", "REGISTRY", "ModelDims", "PositionEncoding", "PositionRangeError",
-           "build_encoding", "register"]
+           "build_encoding", "register", "saved_options"]

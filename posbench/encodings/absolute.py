@@ -82,6 +82,11 @@ def lookup_learned(table: nn.Embedding, positions: torch.Tensor) -> torch.Tensor
 
 @register
 class Learned(PositionEncoding):
+    """A trainable absolute position table added to the token embeddings (Gehring et al. 2017;
+    Radford et al. 2018, GPT). Init N(0, 0.02) and added unscaled, as karpathy/nanoGPT
+    ``model.py`` (``wpe``) and Hugging Face ``GPT2Model`` (``initializer_range`` 0.02) do; this
+    follows them. Past ``max_len`` it fails loudly (:func:`lookup_learned`)."""
+
     name = "learned"
     paper = "Gehring et al. 2017; Radford et al. 2018 (GPT)"
     description = "trainable absolute position table; cannot go past its length"

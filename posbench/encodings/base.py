@@ -2,8 +2,15 @@
 
 Every scheme in the length-extrapolation literature touches attention at one or
 more of four places. An encoding is a ``nn.Module`` that overrides only the hooks
-it needs; the model and the attention kernel ask which hooks are overridden
-(:meth:`PositionEncoding.hooks`) instead of reading boolean flags.
+it needs; the attention kernel picks its path from which hooks are overridden
+(:meth:`PositionEncoding.hooks`). Besides the hooks it reads exactly two class attributes,
+both of which default to the slow path that is right for every encoding:
+``layer_invariant_bias`` (False: the bias is rebuilt in every layer; True lets one bias built in
+layer 0 serve every layer) and ``relative_bias`` (False: the bias is built per query chunk; True
+lets one Toeplitz table serve every chunk); and two methods, :meth:`~PositionEncoding.pair_cost`
+and :meth:`~PositionEncoding.logit_scale`. An encoding sets a flag to True only where its bias
+has that property; ``tests/test_encodings.py`` checks every registered encoding against a
+forward pass that shares nothing between layers.
 
 =============  ==============================================  ===================
 hook           what it changes                                 examples
@@ -71,11 +78,16 @@ class PositionEncoding(nn.Module):
     # Vaswani et al. 2017, sec. 3.4: token embeddings are multiplied by sqrt(d_model)
     # before absolute positions are added, so the positions do not swamp them.
     scale_token_embedding: ClassVar[bool] = False
-    # False when ``bias`` differs between layers (then it is rebuilt in every layer).
-    layer_invariant_bias: ClassVar[bool] = True
+    # True only when ``bias`` is the same in every layer: the attention kernel then builds it once
+    # per forward pass and reuses layer 0's bias in every layer. False (the safe default) rebuilds
+    # it in every layer, which is right for any encoding, only slower.
+    layer_invariant_bias: ClassVar[bool] = False
     # True when ``bias(i, j)`` depends on i - j only (a Toeplitz matrix): the attention kernel
     # then builds it once per forward pass and slices it for every query chunk.
     relative_bias: ClassVar[bool] = False
+    # Options whose default changed, with the value a config written before the option existed
+    # meant (a saved run's config.yaml lacks the key): :func:`saved_options` fills them in.
+    former_defaults: ClassVar[dict] = {}
 
     def __init__(self, dims: ModelDims):
         super().__init__()

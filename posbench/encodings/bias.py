@@ -40,10 +40,14 @@ class ALiBi(PositionEncoding):
 
     ``learned_slopes``: the slopes become trainable, parameterised by their logarithm and
     initialised at the paper's values, as x-transformers' ``LearnedAlibiPositionalBias``
-    (slopes stay positive). Shared by all layers either way.
+    (lucidrains/x-transformers ``x_transformers/x_transformers.py``: ``learned_logslopes =
+    log(slopes)``, bias = -|i - j| * exp(learned_logslopes)), so slopes stay positive with no
+    clamp. That is the reference parameterisation and this follows it unchanged (no scale on the
+    bias). Shared by all layers either way.
     """
 
     relative_bias = True  # a function of i - j
+    layer_invariant_bias = True  # one bias for all layers
 
     name = "alibi"
     paper = "Press et al. 2022, Train Short, Test Long (ALiBi)"
@@ -85,47 +89,83 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
     return torch.where(is_small, n, large)
 
 
+T5_BIAS_SCALES = ("sqrt_head_dim", "none")
+
+
 @register
 class T5Bias(PositionEncoding):
-    """Raffel et al. 2020: a learned scalar per head and distance bucket (:func:`t5_bucket`).
+    """Raffel et al. 2020 ("Exploring the Limits of Transfer Learning with a Unified Text-to-Text
+    Transformer", JMLR, sec. 2.1): a learned scalar per head and distance bucket
+    (:func:`t5_bucket`), added to the attention logits.
+
+    ``bias_scale``: how the table reaches the logits, and with it the default init.
+
+    - ``sqrt_head_dim`` (default): the form of the length-extrapolation baselines,
+      lucidrains/x-transformers ``x_transformers/x_transformers.py`` ``RelativePositionBias``:
+      b = sqrt(head_dim) * table[bucket], the table an ``nn.Embedding`` left at PyTorch's default
+      init N(0, 1) (``Attention`` builds it with ``scale = dim_head ** 0.5`` and nothing
+      re-initialises it), added to the already scaled logits q.k / sqrt(head_dim). The KERPLE
+      authors' GPT-NeoX baseline (chijames/KERPLE ``megatron/mpu/layers.py``
+      ``ParallelRelativePositionBias``, "based on" x-transformers) uses the same scale with a
+      Xavier-normal table. With the scale, an optimiser step of size lr moves the bias by
+      sqrt(head_dim) * lr, so the table can learn within a short schedule.
+    - ``none``: b = table[bucket], unscaled, init N(0, 0.02) (GPT-2's init, as every other
+      weight here): the Mesh TensorFlow / Hugging Face ``T5Attention`` form (Hugging Face
+      initialises its table at N(0, d_model^-0.5) and folds 1/sqrt(d) into the query init instead
+      of scaling q.k). With AdamW at lr 1e-3 over a few hundred steps no entry can move further
+      than the summed learning rate, a fraction of a logit.
+
+    ``init_std``: the table's init N(0, init_std); null takes the form's own (1.0 with
+    ``sqrt_head_dim``, 0.02 with ``none``).
 
     ``per_layer: false`` (default): one table shared by all layers, as in T5 (Mesh TensorFlow
-    and Hugging Face compute it in the first layer and hand it on). ``per_layer: true``: one
-    table per layer, as BEiT's ``use_rel_pos_bias`` (against its ``use_shared_rel_pos_bias``)
-    and Swin's per-block tables; the instance then sets ``layer_invariant_bias = False`` so the
-    attention kernel rebuilds the bias in every layer instead of reusing layer 0's.
+    and Hugging Face compute it in the first layer and hand it on) and x-transformers (one
+    ``rel_pos`` module for all layers). ``per_layer: true``: one table per layer, each scaled
+    and initialised as above, as BEiT's ``use_rel_pos_bias`` (against its
+    ``use_shared_rel_pos_bias``) and Swin's per-block tables; the instance then sets
+    ``layer_invariant_bias = False`` so the attention kernel rebuilds the bias in every layer.
     """
 
     relative_bias = True  # a function of i - j
+    layer_invariant_bias = True  # one table for all layers, unless per_layer (set per instance)
+    former_defaults = {"bias_scale": "none", "init_std": 0.02}  # runs saved before bias_scale existed
 
     name = "t5"
     paper = "Raffel et al. 2020, T5 relative position bias"
     description = "learned scalar per head for log-spaced distance buckets, shared by layers (or per layer)"
 
     def __init__(self, dims: ModelDims, num_buckets: int = 32, max_distance: int = 128,
-                 per_layer: bool = False):
+                 per_layer: bool = False, bias_scale: str = "sqrt_head_dim", init_std: float | None = None):
         super().__init__(dims)
         self.num_buckets, self.max_distance = int(num_buckets), int(max_distance)
         self.per_layer = bool(per_layer)
         if self.num_buckets < 2 or self.max_distance <= self.num_buckets // 2:
             raise PosbenchError(f"t5 needs num_buckets >= 2 and max_distance > num_buckets / 2, got "
                                 f"num_buckets={num_buckets}, max_distance={max_distance}")
+        if bias_scale not in T5_BIAS_SCALES:
+            raise PosbenchError(f"t5 bias_scale {bias_scale!r} is not valid; valid choices: {', '.join(T5_BIAS_SCALES)}")
+        self.bias_scale = str(bias_scale)
+        self.scale = dims.head_dim ** 0.5 if self.bias_scale == "sqrt_head_dim" else 1.0
+        self.init_std = None if init_std is None else float(init_std)
+        std = (1.0 if self.bias_scale == "sqrt_head_dim" else 0.02) if init_std is None else float(init_std)
+        if std < 0:
+            raise PosbenchError(f"t5 init_std must be >= 0 (or null), got {init_std}")
         if self.per_layer:
             self.layer_invariant_bias = False
             self.tables = nn.ModuleList(nn.Embedding(self.num_buckets, dims.n_heads) for _ in range(dims.n_layers))
             for table in self.tables:
-                nn.init.normal_(table.weight, std=0.02)
+                nn.init.normal_(table.weight, std=std)
         else:
             self.table = nn.Embedding(self.num_buckets, dims.n_heads)
-            nn.init.normal_(self.table.weight, std=0.02)
+            nn.init.normal_(self.table.weight, std=std)
 
     def bias(self, q_pos, k_pos, layer):
         buckets = t5_bucket(q_pos[:, None] - k_pos[None, :], self.num_buckets, self.max_distance)
         table = self.tables[layer] if self.per_layer else self.table
-        return table(buckets).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
+        return table(buckets).permute(2, 0, 1) * self.scale  # (Tq, Tk, H) -> (H, Tq, Tk)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, per_layer={self.per_layer}"
+        return f"{super().extra_repr()}, per_layer={self.per_layer}, bias_scale={self.bias_scale}"
 
 
 # ---- helpers shared by the learned and parameter-free distance biases ------------------------
@@ -160,6 +200,11 @@ class _Kerple(PositionEncoding):
     """Two learned per-head parameters (r1, r2), shared by all layers as in the authors'
     GPT-NeoX code (one module handed to every layer).
 
+    Reference: chijames/KERPLE ``megatron/mpu/layers.py`` (``ParallelKerpleLog``,
+    ``ParallelKerplePower``), built once in ``megatron/model/gpt2_model.py``. This follows it
+    unchanged: the bias is added to the scaled logits with no extra scale, the uniform inits
+    below, and the clamp.
+
     Positivity: the authors' projection. Before each use the stored values are clamped in
     place (``.data``, outside autograd) to r >= 1e-2, and for the power exponent also r2 <= 2.
     A parameter that an optimiser step pushed out of range is reset to the boundary on the next
@@ -168,6 +213,7 @@ class _Kerple(PositionEncoding):
     """
 
     relative_bias = True  # a function of i - j
+    layer_invariant_bias = True  # one bias for all layers
 
     r2_max: float = float("inf")
 
@@ -256,6 +302,7 @@ class Sandwich(PositionEncoding):
     """
 
     relative_bias = True  # a function of i - j
+    layer_invariant_bias = True  # one bias for all layers
 
     name = "sandwich"
     paper = "Chi et al. 2023, Dissecting Transformer Length Extrapolation (Sandwich)"
@@ -299,11 +346,19 @@ class FIRE(PositionEncoding):
     a learned multiplier s (init 1) on L0 = ``init_threshold`` (default train_len), so both stay
     positive and L moves at a rate relative to its size. Init c = ``init_c`` = 0.1.
 
+    Reference: the PyTorch ``FIRE`` module of the paper's appendix (its only published code):
+    ``init_c=0.1``, ``L_multiplier`` init 1 on a fixed ``init_L``, eps 1e-6 on the normaliser,
+    ``nn.Linear`` layers at PyTorch's default init, the MLP output added to the logits
+    unscaled. This follows it unchanged, except L0: the appendix code's default ``init_L`` is
+    512, its pretraining length; here L0 defaults to the training length likewise.
+
     One MLP (and c, L) shared by all layers, like T5 and KERPLE here. The input depends on i
     as well as on i - j, so f runs per (i, j) pair: (Tq, Tk, mlp_width) activations per query
     chunk. It runs in fp32 even under bf16 autocast: bf16 cannot tell apart the inputs of
     neighbouring keys at long range (their difference is ~1e-4 near 1).
     """
+
+    layer_invariant_bias = True  # one MLP for all layers
 
     name = "fire"
     paper = "Li et al. 2024, Functional Interpolation for Relative Positions (FIRE)"
@@ -347,19 +402,28 @@ class DynamicPositionBias(PositionEncoding):
 
         b(h, i, j) = MLP(sign(i - j) log(1 + |i - j|))_h.
 
-    MLP as in x-transformers: 1 -> width (SiLU) -> [width -> width (SiLU)] * (depth - 1) -> H,
-    width = d_model // 4 unless given, depth 2, no normalisation; one MLP shared by all layers.
+    MLP as in x-transformers (lucidrains/x-transformers ``x_transformers/x_transformers.py``
+    ``DynamicPositionBias``): 1 -> width (SiLU) -> [width -> width (SiLU)] * (depth - 1) -> H,
+    width = d_model // 4 unless given, depth 2, no normalisation, ``nn.Linear`` layers at
+    PyTorch's default init, output added to the logits unscaled; one MLP shared by all layers
+    (x-transformers builds one ``rel_pos`` for all layers). This follows it unchanged.
+
+    ``log_distance``: true (default) feeds sign(d) log(1 + |d|), x-transformers'
+    ``dynamic_pos_bias_log_distance=True``, the log-spaced coordinates of Swin Transformer V2
+    (Liu et al. 2022, eq. 4), which keep the MLP's input small at 16x the training length;
+    false feeds the raw distance d, x-transformers' default and CrossFormer's linear offsets.
     The bias depends on i - j only, so the MLP runs once per distance 0 .. Tk-1 (causal
     distances are >= 0, where sign(d) log(1 + |d|) = log(1 + d)), then is gathered.
     """
 
     relative_bias = True  # a function of i - j
+    layer_invariant_bias = True  # one bias for all layers
 
     name = "dynamic"
     paper = "Wang et al. 2022, CrossFormer (dynamic position bias); x-transformers"
     description = "MLP of log(1 + |i - j|) giving a bias per head, evaluated once per distance"
 
-    def __init__(self, dims: ModelDims, width: int | None = None, depth: int = 2):
+    def __init__(self, dims: ModelDims, width: int | None = None, depth: int = 2, log_distance: bool = True):
         super().__init__(dims)
         width = int(width or dims.d_model // 4)
         if int(depth) < 1:
@@ -369,10 +433,12 @@ class DynamicPositionBias(PositionEncoding):
             layers += [nn.Linear(width, width), nn.SiLU()]
         layers.append(nn.Linear(width, dims.n_heads))
         self.mlp = nn.Sequential(*layers)
+        self.log_distance = bool(log_distance)
 
     def table(self, distances: torch.Tensor) -> torch.Tensor:
         """(N,) distances >= 0 -> (H, N)."""
-        return self.mlp(torch.log1p(distances)[:, None]).t()
+        x = torch.log1p(distances) if self.log_distance else distances  # log(1 + d), or d
+        return self.mlp(x[:, None]).t()
 
     def bias(self, q_pos, k_pos, layer):
         return by_distance(self.table, q_pos, k_pos)

@@ -24,20 +24,30 @@ class CoPE(PositionEncoding):
     q_i^T k_j before the kernel's 1/sqrt(d_head), i.e. e is added to the key as in the
     attention line. Gates of keys after the query are 0, so p_ij only counts t <= i; keys
     must come in increasing position order (the kernel's chunks do). One table per layer,
-    shared by heads as in the paper's code; small random init instead of the code's zeros,
-    so the gates get a gradient from the first step.
+    shared by heads as in the paper's code.
+
+    Init: the reference code (the paper's appendix ``CoPE`` module, ``pos_emb =
+    nn.Parameter(torch.zeros(1, head_dim, npos_max))``, and x-transformers' port,
+    lucidrains/x-transformers ``x_transformers/x_transformers.py`` ``CoPE``) starts the table
+    at zeros and adds q.e[p] to the logits with no extra scale; this follows it by default
+    (``init_std: 0``). The table still trains from the first step (its gradient is q times the
+    attention gradient); the gates get theirs once e[n] differ. ``init_std > 0`` draws
+    N(0, init_std) instead (0.02 was this project's former default).
     """
 
     name = "cope"
     paper = "Golovneva et al. 2024, Contextual Position Encoding (CoPE)"
     description = "position = sum of sigmoid gates q.k from key to query; interpolated learned embeddings"
 
-    def __init__(self, dims: ModelDims, max_pos: int = 64):
+    def __init__(self, dims: ModelDims, max_pos: int = 64, init_std: float = 0.0):
         super().__init__(dims)
         self.max_pos = int(max_pos)
         if self.max_pos < 1:
             raise PosbenchError(f"cope max_pos must be >= 1, got {max_pos}")
-        self.pos_emb = nn.Parameter(torch.randn(dims.n_layers, self.max_pos + 1, dims.head_dim) * 0.02)  # e[0..p_max]
+        if float(init_std) < 0:
+            raise PosbenchError(f"cope init_std must be >= 0, got {init_std}")
+        self.init_std = float(init_std)
+        self.pos_emb = nn.Parameter(torch.randn(dims.n_layers, self.max_pos + 1, dims.head_dim) * self.init_std)  # e[0..p_max]
 
     def pair_cost(self) -> int:
         return 3 * self.dims.n_heads  # gates / positions, their floor (int64), the gathered terms

@@ -47,6 +47,12 @@ class Shaw(PositionEncoding):
     vectors; row r is offset -r (row k for every key k or more tokens back). Keys
     after the query (masked by the kernel) read row 0. Tables are shared by heads
     (sec. 3.3) and, as in the tensor2tensor code, one pair per layer.
+
+    Reference: tensorflow/tensor2tensor ``tensor2tensor/layers/common_attention.py``
+    (``_generate_relative_positions_embeddings``, ``dot_product_attention_relative``): the
+    table is a plain ``tf.get_variable`` with no initializer of its own, so it takes the model's
+    weight init, and a^K enters inside q (k + a^K) / sqrt(d) with no extra scale. This follows
+    it: the tables take the model's init, N(0, 0.02) (GPT-2) as every weight here.
     """
 
     name = "shaw"
@@ -88,6 +94,11 @@ class TransformerXL(PositionEncoding):
     is computed for every distance 0..max(i - j) in the chunk, then gathered. Keys after
     the query (masked by the kernel) read distance 0. Scaled by 1/sqrt(d_head) as in
     the reference code.
+
+    Reference: kimiyoung/transformer-xl ``pytorch/mem_transformer.py``
+    (``RelPartialLearnableMultiHeadAttn``; ``r_w_bias``, ``r_r_bias`` shared by layers unless
+    ``untie_r``) with the init of ``pytorch/train.py`` ``weights_init``: N(0, ``init_std`` =
+    0.02) for u, v and the r_net projection. This follows it unchanged.
     """
 
     name = "xl"
@@ -131,6 +142,11 @@ class DeBERTa(PositionEncoding):
     layer (DeBERTa v1; v2's ``share_att_key`` would reuse W_q, W_k instead). d in
     sqrt(3d) is the head dimension. The default k = 64 is half the default training
     length, so the clipped ids are trained before evaluation goes past them.
+
+    Reference: microsoft/DeBERTa ``DeBERTa/deberta/disentangled_attention.py`` and
+    ``bert.py`` (``rel_embeddings`` an ``nn.Embedding``, ``pos_proj`` / ``pos_q_proj``
+    linear), all initialised by ``init_weights`` at N(0, ``initializer_range`` = 0.02), the
+    scores divided by sqrt(d * 3) with no other scale. This follows it unchanged.
     """
 
     name = "deberta"
@@ -190,18 +206,30 @@ class TENER(PositionEncoding):
     signed over the chunk's whole range, so the hook is exact for any positions. u and
     v are per head and, as in the authors' code, per layer. K itself is projected here
     (the model's shared attention), whereas the paper leaves K unprojected.
+
+    Init: the authors' code (fastnlp/TENER ``modules/relative_transformer.py``
+    ``RelativeMultiHeadAttn``) draws u and v (``r_w_bias``, ``r_r_bias``) with
+    ``nn.init.xavier_normal_`` on an (n_head, head_dim) tensor, N(0, 2 / (H + head_dim)); this
+    is the default (``init_std: null``). A number draws N(0, init_std) instead (0.02 was this
+    project's former default).
     """
 
     name = "tener"
     paper = "Yan et al. 2019, TENER"
     description = "unprojected direction-aware sinusoidal offsets with biases u, v; unscaled logits"
 
-    def __init__(self, dims: ModelDims, scaled: bool = False, base: float = 10000.0):
+    def __init__(self, dims: ModelDims, scaled: bool = False, base: float = 10000.0,
+                 init_std: float | None = None):
         super().__init__(dims)
         _even("tener", dims.head_dim)
         self.scaled, self.base = bool(scaled), float(base)
-        self.u = _normal(dims.n_layers, dims.n_heads, dims.head_dim)
-        self.v = _normal(dims.n_layers, dims.n_heads, dims.head_dim)
+        self.init_std = None if init_std is None else float(init_std)
+        xavier = (2.0 / (dims.n_heads + dims.head_dim)) ** 0.5  # xavier_normal_ on (H, hs)
+        std = xavier if init_std is None else float(init_std)
+        if std < 0:
+            raise PosbenchError(f"tener init_std must be >= 0 (or null), got {init_std}")
+        self.u = nn.Parameter(torch.randn(dims.n_layers, dims.n_heads, dims.head_dim) * std)
+        self.v = nn.Parameter(torch.randn(dims.n_layers, dims.n_heads, dims.head_dim) * std)
 
     def pair_cost(self) -> int:
         return 2 * self.dims.n_heads  # the (Q + v) R term by offset, then gathered
