@@ -8,6 +8,7 @@ from conftest import compose, posbench
 from posbench.build import build_model
 from posbench.cli import conf_dir
 from posbench.config import DataConfig, EvalConfig, TrainConfig, config_hash, model_config, typed
+from posbench.errors import PosbenchError
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "probe")  # probe: eval only, tests/test_probe.py
 
@@ -30,6 +31,23 @@ def test_config_hash_ignores_seed_and_eval_only():
     assert config_hash(compose("seed=3", "eval.max_tokens=4096", "wandb.mode=offline")) == base
     assert config_hash(compose("train.lr=0.002")) != base
     assert config_hash(compose("encoding=rope")) != base
+
+
+def test_embed_scale_is_one_model_setting():
+    """model.embed_scale: sqrt_d (the ALiBi paper's fairseq setup) for every encoding by default;
+    a bad value is one line; a run's config.yaml from before the key keeps its encoding's old scale."""
+    from omegaconf import open_dict
+
+    for name in ("alibi", "rope", "sinusoidal", "learned"):
+        assert build_model(compose(f"encoding={name}"), vocab_size=300).emb_scale == 16.0  # sqrt(256)
+        assert build_model(compose(f"encoding={name}", "model.embed_scale=none"), vocab_size=300).emb_scale == 1.0
+    with pytest.raises(PosbenchError, match=r"^model.embed_scale='yes' is not valid; valid choices: sqrt_d, none$"):
+        model_config(compose("model.embed_scale=yes").model)
+    for name, old_scale in (("sinusoidal", 16.0), ("learned", 16.0), ("alibi", 1.0), ("rope", 1.0)):
+        cfg = compose(f"encoding={name}")
+        with open_dict(cfg):
+            del cfg.model["embed_scale"]
+        assert build_model(cfg, vocab_size=300).emb_scale == old_scale
 
 
 def test_eval_lengths_default_to_multiples_of_train_len():
