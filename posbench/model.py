@@ -143,3 +143,10 @@ class LanguageModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def param_counts(self) -> dict[str, int]:
+        """{'params': every parameter once (the tied output embedding once), 'pos_params': the
+        position encoding's (``encoding.*``), which holds any input table an encoding adds:
+        complex's per-word amplitude, frequency and phase, (V, 3D/2)."""
+        pos = sum(p.numel() for name, p in self.named_parameters() if name.startswith("encoding."))
+        return {"params": self.num_params(), "pos_params": pos}

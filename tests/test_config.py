@@ -61,9 +61,17 @@ def test_help_and_encodings_list():
     train_help = posbench("train", "--help").stdout
     assert "posbench train" in train_help and "encoding: " in train_help
     listing = posbench("encodings").stdout.splitlines()
-    names = [line.split()[0] for line in listing]
-    assert {"sinusoidal", "learned", "rope", "alibi", "t5", "nope"} <= set(names)
-    assert all(len(line.split()) > 3 for line in listing)  # each has a description
+    assert listing[0].split()[:4] == ["encoding", "hook", "params", "position"]
+    rows = {line.split()[0]: line.split() for line in listing[1:-1]}
+    assert {"sinusoidal", "learned", "rope", "alibi", "t5", "nope"} <= set(rows)
+    assert all(len(r) > 5 for r in rows.values())  # each has counts and a description
+    # the default model: tiny (D 256, 4 layers, d_ff 1024) and the default corpus's 8192 tokens
+    d, ff, vocab = 256, 1024, 8192
+    base = vocab * d + 4 * (4 * d * d + 4 * d + 2 * d * ff + ff + d) + 2 * d
+    complex_tables = 3 * vocab * d // 2  # r, omega, theta: (V, D/2) each
+    assert rows["alibi"][2:4] == [f"{base / 1e6:.2f}M", "0"]
+    assert rows["complex"][2:4] == [f"{(base + complex_tables) / 1e6:.2f}M", f"{complex_tables / 1e6:.2f}M"]
+    assert rows["t5"][2:4] == [f"{(base + 32 * 8) / 1e6:.2f}M", "256"]  # 32 buckets x 8 heads
 
 
 def test_unknown_command():
