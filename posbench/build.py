@@ -79,4 +79,6 @@ def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
     train_len = int(cfg.train.train_len)
     options = saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))  # older run dirs: former defaults
     encoding = build_encoding(options, LanguageModel.dims(mcfg, train_len, vocab_size))
+    if "embed_scale" not in cfg.model:  # a run trained before model.embed_scale: its encoding chose
+        mcfg.embed_scale = "sqrt_d" if encoding.scale_token_embedding else "none"
     return LanguageModel(mcfg, vocab_size, encoding)

@@ -268,12 +268,39 @@ def cmd_report(args: list[str]) -> None:
     print(f"\nwrote {', '.join(map(str, done.files))}")
 
 
-def cmd_encodings(args: list[str]) -> None:
+def encoding_param_counts() -> dict[str, dict[str, int]]:
+    """Encoding name -> {'params', 'pos_params'} of the default model (``posbench train`` with no
+    overrides but ``encoding=``: model tiny, the default corpus's vocabulary size data.vocab_size,
+    train.train_len), built on the CPU without loading any data. (The meta device would allocate
+    nothing but costs more here: its first use takes longer than the 21 small builds.)"""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from .build import build_model
     from .encodings import REGISTRY
 
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        cfg = compose(HYDRA_APPS["train"])
+    counts = {}
+    for name in sorted(REGISTRY):
+        with open_dict(cfg):
+            cfg.encoding = OmegaConf.load(conf_dir() / "encoding" / f"{name}.yaml")
+        counts[name] = build_model(cfg, int(cfg.data.vocab_size)).param_counts()
+    return counts
+
+
+def cmd_encodings(args: list[str]) -> None:
+    from .encodings import REGISTRY
+    from .report import count_text
+
+    counts = encoding_param_counts()
     width = max(map(len, REGISTRY))
+    print(f"{'encoding':<{width}}  {'hook':<6}  {'params':>6}  {'position':>8}  description  [paper]")
     for name, cls in sorted(REGISTRY.items()):
-        print(f"{name:<{width}}  {cls.hook_kind():<6}  {cls.description}  [{cls.paper}]")
+        total, pos = count_text(counts[name]["params"]), count_text(counts[name]["pos_params"])
+        print(f"{name:<{width}}  {cls.hook_kind():<6}  {total:>6}  {pos:>8}  {cls.description}  [{cls.paper}]")
+    print("(params: all parameters of the default model, model=tiny with the default corpus's vocabulary; "
+          "position: those of the position encoding)")
 
 
 def cmd_convert(args: list[str]) -> None:

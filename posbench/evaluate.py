@@ -52,7 +52,7 @@ from .model import LanguageModel
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
-                 "model", "data", "steps", "config_hash", "code_version"]
+                 "model", "data", "steps", "params", "pos_params", "config_hash", "code_version"]
 POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
 
 
@@ -133,7 +133,8 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
 def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
                       device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None) -> list[dict]:
     """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
-    word_ppl, tokens, bytes, words, status, and ``positions`` (the binned NLL by position).
+    word_ppl, tokens, bytes, words, status, params and pos_params (the model's parameter counts,
+    :meth:`LanguageModel.param_counts`), and ``positions`` (the binned NLL by position).
 
     ``n_tokens`` fixes the scored count (default: :func:`scored_tokens` of ``lengths``); without
     ``tokenizer`` bytes, words, bpb and word_ppl are None. Under ``ecfg.rope_scaling`` each window
@@ -150,7 +151,8 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
             stride = strides[length]
             row = {"eval_len": length, "rope_scaling": kind, "mode": ecfg.mode, "stride": stride,
                    "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
-                   "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": []}
+                   "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [],
+                   **model.param_counts()}
             desc = f"eval L={length}" + (f" stride={stride}" if ecfg.mode == "sliding" else "")
             try:
                 sums, counts = window_nll(model, ids, length, stride, ecfg.batch_tokens, device, dtype, desc)
@@ -199,13 +201,15 @@ def _cached_text_size(cfg: DictConfig, n: int) -> tuple[int, int]:
 
 def _backfill(df: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
-    bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1."""
+    bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1;
+    before parameter counts with params and pos_params unknown."""
     df = df.copy()
     defaults = {"rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping", "stride": df.get("eval_len"),
-                "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan}
+                "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan,
+                "params": math.nan, "pos_params": math.nan}
     for col, value in defaults.items():
         df[col] = value if col not in df else df[col].fillna(value)
-    for col in ("stride", "bytes", "words"):
+    for col in ("stride", "bytes", "words", "params", "pos_params"):
         df[col] = df[col].astype("Int64")
     for col in ("bpb", "word_ppl"):
         df[col] = df[col].astype(float)

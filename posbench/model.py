@@ -15,7 +15,14 @@ from torch import nn
 
 from .attention import causal_attention
 from .encodings import ModelDims, PositionEncoding
+from .errors import PosbenchError
 from .loss import linear_cross_entropy
+
+# Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
+# paper's setup (Press et al. 2022): its fairseq-train command for transformer_lm_wiki103 leaves
+# --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
+# the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
+EMBED_SCALES = ("sqrt_d", "none")
 
 
 @dataclass
@@ -27,6 +34,16 @@ class ModelConfig:
     d_ff: int = 1024
     dropout: float = 0.0
     attn_chunk: int = 1024  # query chunk for biased / content-dependent attention
+    embed_scale: str = "sqrt_d"  # sqrt_d: token embeddings x sqrt(d_model) for every encoding; none: x 1
+
+    def __post_init__(self):
+        if self.embed_scale not in EMBED_SCALES:
+            raise PosbenchError(f"model.embed_scale={self.embed_scale!r} is not valid; "
+                                f"valid choices: {', '.join(EMBED_SCALES)}")
+
+    def embed_factor(self) -> float:
+        """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
+        return math.sqrt(self.d_model) if self.embed_scale == "sqrt_d" else 1.0
 
 
 class Attention(nn.Module):
@@ -68,13 +85,14 @@ class LanguageModel(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self._init_weights()
-        self.emb_scale = math.sqrt(cfg.d_model) if encoding.scale_token_embedding else 1.0
+        self.emb_scale = cfg.embed_factor()  # the same for every encoding (model.embed_scale)
 
     def _init_weights(self):
-        """GPT-2 init, N(0, 0.02), for every encoding. Absolute encodings multiply the token
-        embeddings by sqrt(d_model) (Vaswani et al.); initialising them at N(0, d^-0.5) as
-        well (tensor2tensor/fairseq) was measured worse here with tied embeddings: sinusoidal
-        ppl at train_len 184.6 vs 169.0 on the default run."""
+        """GPT-2 init, N(0, 0.02), for every encoding. The token embeddings are then multiplied by
+        sqrt(d_model) under ``model.embed_scale=sqrt_d`` (fairseq, Vaswani et al.); initialising
+        them at N(0, d^-0.5) as well (tensor2tensor/fairseq) was measured worse here with tied
+        embeddings, when only sinusoidal and learned were scaled: sinusoidal ppl at train_len
+        184.6 vs 169.0 on the default run."""
         for name, p in self.named_parameters():
             if name.startswith("encoding."):
                 continue  # encodings initialise their own parameters
@@ -125,3 +143,10 @@ class LanguageModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def param_counts(self) -> dict[str, int]:
+        """{'params': every parameter once (the tied output embedding once), 'pos_params': the
+        position encoding's (``encoding.*``), which holds any input table an encoding adds:
+        complex's per-word amplitude, frequency and phase, (V, 3D/2)."""
+        pos = sum(p.numel() for name, p in self.named_parameters() if name.startswith("encoding."))
+        return {"params": self.num_params(), "pos_params": pos}

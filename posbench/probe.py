@@ -10,13 +10,16 @@ instruction is left out: these are base LMs, and it would make the shortest prom
 longer.
 
 ``posbench eval probe=passkey checkpoint=<run dir>``: for each length L (probe.lengths, default
-multiples of train_len) and depth d, ``probe.trials`` prompts of exactly L tokens, with the
-key sentence starting at the filler sentence boundary nearest d x (filler tokens). Scores:
+multiples of train_len) and depth d, ``probe.trials`` prompts, with the key sentence starting at
+the filler sentence boundary nearest d x (filler tokens). A row at length L uses exactly L
+positions: the prompt is L - (k - 1) tokens for a key of k tokens, so that the prompt plus the
+key's tokens but the last, the one forward pass, is L tokens, and the last key token is
+predicted at position L - 1 (a model trained on L tokens is probed at 1x within its positions).
+Scores:
 
 * ``accuracy``: greedy decoding reproduces the key's tokens exactly. Read by teacher forcing
-  in one forward pass over the prompt plus the key's tokens but the last: greedy decoding
-  yields the key iff every key token is the argmax given the prompt and the key tokens before
-  it (the later key tokens are predicted at positions L .. L + k - 2);
+  in that forward pass: greedy decoding yields the key iff every key token is the argmax given
+  the prompt and the key tokens before it;
 * ``logprob``: the mean natural-log probability of the key's tokens under the same pass,
   averaged over trials: a soft figure that moves before accuracy does (a model with no idea
   of the key scores about -ln(vocab size)).
@@ -85,10 +88,16 @@ class PasskeyConfig:
 
 @dataclass
 class Prompt:
-    ids: list[int]  # exactly the requested number of tokens
+    ids: list[int]  # the prompt: the requested length minus the answer's tokens but one
     answer: list[int]  # the key's tokens as they follow the question (" 71432")
     key_start: int  # index in ids of the key sentence's first token
     filler: int  # filler tokens in ids
+
+    @property
+    def forward_ids(self) -> list[int]:
+        """The teacher-forced input: the prompt and the key's tokens but the last; exactly the
+        requested length."""
+        return self.ids + self.answer[:-1]
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -96,19 +105,23 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def min_length(tokenizer, key: int) -> int:
-    """Tokens of the key sentence plus the question: the shortest prompt (no filler)."""
-    return len(_encode(tokenizer, KEY_SENTENCE.format(key=key))) + len(_encode(tokenizer, QUESTION))
+    """Tokens of the key sentence, the question and the key's tokens but the last: the shortest
+    probe length (no filler)."""
+    return (len(_encode(tokenizer, KEY_SENTENCE.format(key=key))) + len(_encode(tokenizer, QUESTION))
+            + len(_encode(tokenizer, str(key))) - 1)
 
 
 def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
-    """Filler sentences cycled to fill ``length`` tokens around the key sentence, which starts at the
-    sentence boundary nearest ``depth`` x (filler tokens), then the question (the filler's last
-    sentence may be cut to hit ``length`` exactly)."""
+    """Filler sentences cycled around the key sentence, which starts at the sentence boundary
+    nearest ``depth`` x (filler tokens), then the question; the filler's last sentence may be cut
+    so that the prompt plus the key's tokens but the last (:attr:`Prompt.forward_ids`) is exactly
+    ``length`` tokens."""
     key_ids, question = _encode(tokenizer, KEY_SENTENCE.format(key=key)), _encode(tokenizer, QUESTION)
-    filler = length - len(key_ids) - len(question)
+    answer = _encode(tokenizer, str(key))
+    filler = length - (len(answer) - 1) - len(key_ids) - len(question)
     if filler < 0:
-        raise PosbenchError(f"probe length {length} is too short for the passkey prompt (key sentence and question "
-                            f"take {length - filler} tokens); valid: probe.lengths >= {length - filler}")
+        raise PosbenchError(f"probe length {length} is too short for the passkey prompt (key sentence, question "
+                            f"and key take {length - filler} tokens); valid: probe.lengths >= {length - filler}")
     sentences = [_encode(tokenizer, s) for s in FILLER]
     stream, bounds = [], [0]
     while len(stream) < filler:
@@ -117,26 +130,26 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
     stream = stream[:filler]
     at = min((b for b in bounds if b <= filler), key=lambda b: abs(b - depth * filler))
     ids = stream[:at] + key_ids + stream[at:] + question
-    return Prompt(ids, _encode(tokenizer, str(key)), at, filler)
+    return Prompt(ids, answer, at, filler)
 
 
 @torch.no_grad()
 def score_prompts(model, prompts: list[Prompt], device: torch.device, dtype, batch_tokens: int):
     """-> (greedy decoding reproduces the key, mean log-prob of the key's tokens) per prompt.
-    One teacher-forced pass over prompt + key tokens but the last, batched by total length."""
+    One teacher-forced pass over :attr:`Prompt.forward_ids`, batched by (prompt, key) lengths."""
     correct, logprob = np.zeros(len(prompts), dtype=bool), np.zeros(len(prompts))
-    by_length: dict[int, list[int]] = {}
+    by_length: dict[tuple[int, int], list[int]] = {}
     for i, p in enumerate(prompts):
-        by_length.setdefault(len(p.ids) + len(p.answer) - 1, []).append(i)
-    for total, members in by_length.items():
-        per_batch = max(1, batch_tokens // total)
+        by_length.setdefault((len(p.ids), len(p.answer)), []).append(i)
+    for (prompt_len, answer_len), members in by_length.items():
+        per_batch = max(1, batch_tokens // (prompt_len + answer_len - 1))
         for j in range(0, len(members), per_batch):
             batch = members[j:j + per_batch]
-            x = torch.tensor([prompts[i].ids + prompts[i].answer[:-1] for i in batch], device=device)  # (B, T)
+            x = torch.tensor([prompts[i].forward_ids for i in batch], device=device)  # (B, T)
             answer = torch.tensor([prompts[i].answer for i in batch], device=device)  # (B, k)
             with autocast(device, dtype):
                 logits = model(x)  # (B, T, V)
-            logp = logits[:, len(prompts[batch[0]].ids) - 1:].float().log_softmax(-1)  # (B, k, V)
+            logp = logits[:, prompt_len - 1:].float().log_softmax(-1)  # (B, k, V)
             correct[batch] = (logp.argmax(-1) == answer).all(-1).cpu().numpy()
             logprob[batch] = logp.gather(-1, answer[..., None])[..., 0].mean(-1).double().cpu().numpy()
     return correct, logprob
@@ -149,8 +162,8 @@ def passkey_probe(model, tokenizer, pcfg: PasskeyConfig, lengths: list[int], dev
     keys = pcfg.keys()
     shortest = max(min_length(tokenizer, key) for key in keys)
     if min(lengths) < shortest:
-        raise PosbenchError(f"probe length {min(lengths)} is too short for the passkey prompt (key sentence and "
-                            f"question take up to {shortest} tokens); valid: probe.lengths >= {shortest}")
+        raise PosbenchError(f"probe length {min(lengths)} is too short for the passkey prompt (key sentence, "
+                            f"question and key take up to {shortest} tokens); valid: probe.lengths >= {shortest}")
     model.eval()
     rows = []
     cells = [(length, depth) for length in lengths for depth in pcfg.depths]

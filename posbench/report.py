@@ -16,7 +16,7 @@ the differing config keys, read from each run's ``config.yaml``.
 
 results.csv files written before a column existed read with its neutral value: rope_scaling
 ``none``, rope_factor 1, mode ``nonoverlapping``, stride = eval_len, NaN for bpb, word_ppl,
-bytes and words. The figures are drawn by :mod:`posbench.figures`.
+bytes, words, params and pos_params. The figures are drawn by :mod:`posbench.figures`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ GROUP = ["encoding", "rope_scaling", "mode", "stride", "model", "data", "train_l
 LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
 RESULT_COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride",
                   "rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model",
-                  "data", "steps", "config_hash", "code_version"]
+                  "data", "steps", "params", "pos_params", "config_hash", "code_version"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
+PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "alibi_paper_L512.csv"
 
 
@@ -48,7 +49,7 @@ def backfill(df: pd.DataFrame) -> pd.DataFrame:
     if "eval_len" in df:
         df["stride"] = df["stride"].fillna(df.eval_len) if "stride" in df else df.eval_len
         df["stride"] = df.stride.astype("int64")
-    for col in ("bpb", "word_ppl", "bytes", "words"):
+    for col in ("bpb", "word_ppl", "bytes", "words", "params", "pos_params"):
         if col not in df:
             df[col] = math.nan
     known = [c for c in RESULT_COLUMNS if c in df]
@@ -194,14 +195,16 @@ def check_one_config(df: pd.DataFrame) -> None:
 # ---------------------------------------------------------------- summary
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Mean, std, min, max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
-    (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label``."""
+    (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label`` and its
+    parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them)."""
     df = _with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
     stats = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"])
     stats.columns = ["ppl_mean", "ppl_std", "ppl_min", "ppl_max", "n_ok"]
     means = ok.groupby(GROUP, dropna=False)[["nll", "bpb", "word_ppl"]].mean().add_suffix("_mean")
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
-    out = _with_labels(pd.concat([stats, seeds, means], axis=1).reset_index())
+    counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
+    out = _with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
@@ -221,11 +224,27 @@ def _fmt(mean: float, std: float, pm: str = " ± ") -> str:
     return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f}{pm}{std:.2f}"
 
 
+def count_text(n) -> str:
+    """A parameter count for a table cell: exact below 10,000 ('330'), else in millions ('5.25M')."""
+    if n is None or pd.isna(n):
+        return "n/a"
+    return f"{int(n):,}" if n < 10_000 else f"{n / 1e6:.2f}M"
+
+
+def params_text(params, pos_params) -> str:
+    """'5.52M (0.26M)': all parameters, and in brackets the position encoding's."""
+    return f"{count_text(params)} ({count_text(pos_params)})"
+
+
 def _table_cells(summary: pd.DataFrame):
-    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, best?)})."""
+    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, best?)}).
+    Lines get a ``params`` extra column ('5.52M (0.26M)') when any row has parameter counts."""
     summary = _with_labels(summary)
     lengths = sorted(summary.eval_len.unique())
     extra = [c for c in ("model", "data", "split") if c in summary and summary[c].nunique() > 1]
+    if "params" in summary and summary.params.notna().any():
+        summary = summary.assign(params=[params_text(a, b) for a, b in zip(summary.params, summary.pos_params)])
+        extra = ["params"] + extra
     best = summary.groupby("eval_len").ppl_mean.min()
     several = len(summary.groupby(["label", "train_len"] + extra)) > 1  # one line: nothing to compare
     lines = []
@@ -240,7 +259,7 @@ def markdown_table(summary: pd.DataFrame) -> str:
     """Labels as rows, eval lengths as columns, 'mean ± std' cells; the lowest ppl of each
     column in bold."""
     lengths, extra, lines = _table_cells(summary)
-    head = ["encoding", "train_len", "seeds", *extra, *(f"L={n}" for n in lengths)]
+    head = ["encoding", "train_len", "seeds", *(PARAMS_HEAD.get(c, c) for c in extra), *(f"L={n}" for n in lengths)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (label, tlen, *rest), seeds, cells in lines:
         row = [label, str(tlen), str(seeds), *map(str, rest)]
@@ -263,7 +282,8 @@ def latex_table(summary: pd.DataFrame) -> str:
     """A booktabs table (needs ``\\usepackage{booktabs}``): the Markdown table's cells, the
     lowest ppl of each column in \\textbf."""
     lengths, extra, lines = _table_cells(summary)
-    head = ["encoding", "$L_\\mathrm{train}$", "seeds", *extra, *(f"$L={n}$" for n in lengths)]
+    head = ["encoding", "$L_\\mathrm{train}$", "seeds", *(PARAMS_HEAD.get(c, c) for c in extra),
+            *(f"$L={n}$" for n in lengths)]
     out = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}",
            r"\toprule", " & ".join(head) + r" \\", r"\midrule"]
     for (label, tlen, *rest), seeds, cells in lines:

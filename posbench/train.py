@@ -60,7 +60,10 @@ def lr_lambda(tcfg: TrainConfig):
 
 
 def make_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on the network's matrices, none on norms, biases and encodings."""
+    """AdamW; weight decay on the network's matrices (the tied token embedding included), none on
+    norms, biases and every position-encoding parameter (``encoding.*``: tables, slopes, MLPs, GRU
+    and convolution weights, complex's per-word tables), so an encoding's extra parameters are
+    never pulled towards zero (minGPT likewise leaves its position embedding undecayed)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and not name.startswith("encoding.") else no_decay).append(p)

@@ -8,6 +8,7 @@ from conftest import compose, posbench
 from posbench.build import build_model
 from posbench.cli import conf_dir
 from posbench.config import DataConfig, EvalConfig, TrainConfig, config_hash, model_config, typed
+from posbench.errors import PosbenchError
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "probe")  # probe: eval only, tests/test_probe.py
 
@@ -32,6 +33,23 @@ def test_config_hash_ignores_seed_and_eval_only():
     assert config_hash(compose("encoding=rope")) != base
 
 
+def test_embed_scale_is_one_model_setting():
+    """model.embed_scale: sqrt_d (the ALiBi paper's fairseq setup) for every encoding by default;
+    a bad value is one line; a run's config.yaml from before the key keeps its encoding's old scale."""
+    from omegaconf import open_dict
+
+    for name in ("alibi", "rope", "sinusoidal", "learned"):
+        assert build_model(compose(f"encoding={name}"), vocab_size=300).emb_scale == 16.0  # sqrt(256)
+        assert build_model(compose(f"encoding={name}", "model.embed_scale=none"), vocab_size=300).emb_scale == 1.0
+    with pytest.raises(PosbenchError, match=r"^model.embed_scale='yes' is not valid; valid choices: sqrt_d, none$"):
+        model_config(compose("model.embed_scale=yes").model)
+    for name, old_scale in (("sinusoidal", 16.0), ("learned", 16.0), ("alibi", 1.0), ("rope", 1.0)):
+        cfg = compose(f"encoding={name}")
+        with open_dict(cfg):
+            del cfg.model["embed_scale"]
+        assert build_model(cfg, vocab_size=300).emb_scale == old_scale
+
+
 def test_eval_lengths_default_to_multiples_of_train_len():
     cfg = compose("train.train_len=64")
     assert typed(EvalConfig, cfg.eval, "eval").resolve_lengths(64) == [64, 128, 256, 512, 1024]
@@ -43,9 +61,17 @@ def test_help_and_encodings_list():
     train_help = posbench("train", "--help").stdout
     assert "posbench train" in train_help and "encoding: " in train_help
     listing = posbench("encodings").stdout.splitlines()
-    names = [line.split()[0] for line in listing]
-    assert {"sinusoidal", "learned", "rope", "alibi", "t5", "nope"} <= set(names)
-    assert all(len(line.split()) > 3 for line in listing)  # each has a description
+    assert listing[0].split()[:4] == ["encoding", "hook", "params", "position"]
+    rows = {line.split()[0]: line.split() for line in listing[1:-1]}
+    assert {"sinusoidal", "learned", "rope", "alibi", "t5", "nope"} <= set(rows)
+    assert all(len(r) > 5 for r in rows.values())  # each has counts and a description
+    # the default model: tiny (D 256, 4 layers, d_ff 1024) and the default corpus's 8192 tokens
+    d, ff, vocab = 256, 1024, 8192
+    base = vocab * d + 4 * (4 * d * d + 4 * d + 2 * d * ff + ff + d) + 2 * d
+    complex_tables = 3 * vocab * d // 2  # r, omega, theta: (V, D/2) each
+    assert rows["alibi"][2:4] == [f"{base / 1e6:.2f}M", "0"]
+    assert rows["complex"][2:4] == [f"{(base + complex_tables) / 1e6:.2f}M", f"{complex_tables / 1e6:.2f}M"]
+    assert rows["t5"][2:4] == [f"{(base + 32 * 8) / 1e6:.2f}M", "256"]  # 32 buckets x 8 heads
 
 
 def test_unknown_command():

@@ -119,9 +119,9 @@ def test_unknown_encoding_and_option_errors():
         make("t5", buckets=4)
 
 
-def tiny_model(name, vocab=64):
+def tiny_model(name, vocab=64, **model):
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=8)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=8, **model)
     return LanguageModel(cfg, vocab, build_encoding({"name": name}, LanguageModel.dims(cfg, 16, vocab))).eval()
 
 
@@ -136,6 +136,32 @@ def test_causality(name):
         a, b = model(x), model(y)
     assert torch.allclose(a[:, :10], b[:, :10], atol=1e-5)
     assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_one_token_embedding_scale_for_every_encoding(name):
+    """model.embed_scale: every encoding's embed hook receives the token embeddings times
+    sqrt(d_model) (sqrt_d, the default) or times 1 (none), whatever the encoding."""
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(16)
+    hidden = {}
+    for scale, factor in (("sqrt_d", math.sqrt(32)), ("none", 1.0)):
+        model = tiny_model(name, embed_scale=scale)  # the same weights for both settings
+        with torch.no_grad():
+            x = model.encoding.embed(model.tok_emb(idx) * factor, positions, idx)  # (B, T, D)
+            cache = {}
+            for layer, block in enumerate(model.blocks):
+                x = block(x, model.encoding, positions, layer, cache)
+            hidden[scale] = model.hidden(idx)
+        assert torch.allclose(hidden[scale], model.ln_f(x), atol=1e-5)
+    assert ModelConfig().embed_scale == "sqrt_d"
+    # the setting reaches every model; complex alone ignores the token embedding (it replaces it)
+    assert torch.allclose(hidden["sqrt_d"], hidden["none"], atol=1e-5) == (name == "complex")
+
+
+def test_embed_scale_validates():
+    with pytest.raises(PosbenchError, match=r"^model.embed_scale='sqrt' is not valid; valid choices: sqrt_d, none$"):
+        ModelConfig(embed_scale="sqrt")
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

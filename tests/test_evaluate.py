@@ -97,6 +97,23 @@ def naive_sliding(model, tokens, n, length, stride):
     return nll, where
 
 
+def expected_params(d=32, layers=1, d_ff=64, vocab=50, encoding=0):
+    """Parameters of a LanguageModel counted from its shape: tied token embedding V*D; per block
+    qkv 3D^2 and proj D^2 (no biases), two LayerNorms 2*2D, MLP D*d_ff + d_ff + d_ff*D + D; final
+    LayerNorm 2D; plus the encoding's own."""
+    block = 4 * d * d + 4 * d + 2 * d * d_ff + d_ff + d
+    return vocab * d + layers * block + 2 * d + encoding
+
+
+@pytest.mark.parametrize("name, pos_params", [("alibi", 0), ("learned", 8 * 32), ("t5", 32 * 4),
+                                              ("complex", 3 * 50 * 16)])
+def test_ladder_rows_carry_parameter_counts(name, pos_params):
+    """learned: a (train_len, D) table; t5: 32 buckets x 4 heads; complex: r, omega, theta of
+    (V, D/2) each, an input table beside the tied token embedding."""
+    rows = perplexity_ladder(tiny_model(name), random_tokens(), [8], EvalConfig(lengths=[8], max_tokens=64), CPU, None)
+    assert (rows[0]["params"], rows[0]["pos_params"]) == (expected_params(encoding=pos_params), pos_params)
+
+
 @pytest.mark.parametrize("lengths, stride", [([8, 16], None), ([12], 5), ([8, 16], 1)])
 def test_sliding_window_matches_a_window_by_window_loop(lengths, stride):
     model, tokens = tiny_model(), random_tokens()
@@ -238,6 +255,7 @@ def test_training_run_writes_new_columns_positions_and_text_metrics(smoke_run):
     df = pd.read_csv(smoke_run / "results.csv")
     assert df.columns.tolist() == COLUMNS
     assert (df["mode"] == "nonoverlapping").all() and (df.stride == df.eval_len).all()
+    assert (df.params > 0).all() and (df.pos_params == 0).all()  # alibi: no position parameters
     positions = pd.read_csv(smoke_run / "positions.csv")
     assert positions.columns.tolist() == POSITION_COLUMNS
     for row in df.itertuples():

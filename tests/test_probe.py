@@ -31,13 +31,15 @@ def encode(tok, text):
 @pytest.mark.parametrize("filler", [0, 5, 40, 250])
 def test_prompt_has_the_requested_length_and_the_key_at_the_requested_depth(tok, filler):
     key = 71432
-    sentence = encode(tok, KEY_SENTENCE.format(key=key))
-    length = len(sentence) + len(encode(tok, QUESTION)) + filler
+    sentence, answer = encode(tok, KEY_SENTENCE.format(key=key)), encode(tok, "71432")
+    length = len(sentence) + len(encode(tok, QUESTION)) + filler + len(answer) - 1
     longest = max(len(encode(tok, s)) for s in FILLER)
     starts = []
     for depth in (0, 0.25, 0.5, 0.75, 1.0):
         p = passkey_prompt(tok, length, depth, key)
-        assert len(p.ids) == length
+        # the forward pass, prompt + key tokens but the last, is exactly the asked length
+        assert len(p.forward_ids) == length and p.forward_ids == p.ids + answer[:-1]
+        assert len(p.ids) == length - (len(answer) - 1)
         assert p.filler == filler
         assert p.ids[p.key_start:p.key_start + len(sentence)] == sentence  # the key sentence, whole
         assert abs(p.key_start - depth * p.filler) <= longest  # within a filler sentence of the depth
@@ -104,6 +106,25 @@ def test_lengths_a_model_cannot_represent_get_nan_rows(tok):
     assert math.isnan(rows[1]["accuracy"]) and math.isnan(rows[1]["logprob"]) and rows[1]["correct"] is None
 
 
+def test_a_row_at_length_l_uses_exactly_l_positions(tok):
+    """A learned table of train_len entries is probed at L = train_len (not n/a), and one entry
+    short of L it cannot be: the forward pass is exactly L positions, for keys of any token count."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
+    pcfg = PasskeyConfig(trials=6, depths=[0.0, 1.0])
+    assert len({len(encode(tok, str(key))) for key in pcfg.keys()}) > 1  # keys of different token counts
+    train_len = 64
+    for max_len, status in ((train_len, "ok"), (train_len - 1, "n/a: learned position table has 63 entries")):
+        dims = LanguageModel.dims(cfg, train_len, tok.get_vocab_size())
+        model = LanguageModel(cfg, tok.get_vocab_size(), build_encoding({"name": "learned", "max_len": max_len}, dims))
+        rows = passkey_probe(model, tok, pcfg, [train_len], CPU, None)
+        assert all(r["status"].startswith(status) for r in rows)
+        if status == "ok":
+            assert all(0 <= r["accuracy"] <= 1 and not math.isnan(r["logprob"]) for r in rows)
+    for key in pcfg.keys():
+        assert len(passkey_prompt(tok, train_len, 0.5, key).forward_ids) == train_len
+
+
 def test_bad_probe_values_are_refused(tok):
     with pytest.raises(PosbenchError, match=r"probe.depths\[1\]=1.5 is not in \[0, 1\]"):
         PasskeyConfig(depths=[0.0, 1.5])
@@ -113,7 +134,8 @@ def test_bad_probe_values_are_refused(tok):
         PasskeyConfig(lengths=[-5])
     with pytest.raises(PosbenchError, match="probe.depths is empty"):
         PasskeyConfig(depths=[])
-    shortest = len(encode(tok, KEY_SENTENCE.format(key=71432))) + len(encode(tok, QUESTION))
+    shortest = (len(encode(tok, KEY_SENTENCE.format(key=71432))) + len(encode(tok, QUESTION))
+                + len(encode(tok, "71432")) - 1)
     with pytest.raises(PosbenchError, match=f"probe length 20 is too short .* valid: probe.lengths >= {shortest}"):
         passkey_prompt(tok, 20, 0.5, 71432)
     assert PasskeyConfig().resolve_lengths(32) == [32, 64, 128, 256, 512]

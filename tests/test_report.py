@@ -21,7 +21,7 @@ from posbench.report import (REFERENCE, collect, extrapolation_summary, latex_ta
 
 COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
            "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model", "data", "steps",
-           "config_hash", "code_version"]
+           "params", "pos_params", "config_hash", "code_version"]
 
 
 def rows(encoding, seed, ppl: dict, scaling="none", mode="nonoverlapping", stride=None, chash="h1", train_len=32):
@@ -69,7 +69,7 @@ def test_old_results_read_with_neutral_values(tmp_path):
     assert df.columns.tolist() == COLUMNS
     assert df["mode"].tolist() == ["nonoverlapping"] * 2 and df.stride.tolist() == [32, 64]
     assert df.rope_scaling.tolist() == ["none", "none"] and df.rope_factor.tolist() == [1.0, 1.0]
-    assert df[["bpb", "word_ppl", "bytes", "words"]].isna().all().all()
+    assert df[["bpb", "word_ppl", "bytes", "words", "params", "pos_params"]].isna().all().all()
 
 
 def test_summary_averages_seeds_and_keeps_sliding_windows_apart(sweep):
@@ -87,6 +87,24 @@ def test_summary_averages_seeds_and_keeps_sliding_windows_apart(sweep):
     assert table[2] == "| alibi | 32 | 2 | 11.00 ± 1.41 | 11.50 ± 1.41 | **11.50 ± 0.71** | **12.20 ± 1.41** |"
     assert table[3] == "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35** | **9.25 ± 0.35** |  |  |"
     assert table[4] == "| nope | 32 | 1 | 10.50 | 10.00 | n/a | n/a |"
+
+
+def test_table_has_a_parameter_column_when_rows_carry_counts(tmp_path):
+    with_counts = lambda df, params, pos: df.assign(params=params, pos_params=pos)
+    write_run(tmp_path / "a", with_counts(rows("alibi", 0, {32: 10.0, 64: 12.0}), 5_252_608, 0))
+    write_run(tmp_path / "b", with_counts(rows("complex", 0, {32: 11.0, 64: 11.5}, chash="h2"), 8_398_336, 3_145_728))
+    write_run(tmp_path / "c", with_counts(rows("kerple_log", 0, {32: 10.5, 64: 12.5}, chash="h3"), 5_252_624, 16))
+    summary = summarize(collect([tmp_path]))
+    assert summary.set_index(["label", "eval_len"]).loc[("complex", 64), ["params", "pos_params"]].tolist() == \
+        [8_398_336, 3_145_728]
+    table = markdown_table(summary).splitlines()
+    assert table[0] == "| encoding | train_len | seeds | params (position) | L=32 | L=64 |"
+    assert table[2:] == ["| alibi | 32 | 1 | 5.25M (0) | **10.00** | 12.00 |",
+                         "| complex | 32 | 1 | 8.40M (3.15M) | 11.00 | **11.50** |",
+                         "| kerple_log | 32 | 1 | 5.25M (16) | 10.50 | 12.50 |"]
+    tex = latex_table(summary).splitlines()
+    assert tex[4] == r"encoding & $L_\mathrm{train}$ & seeds & params (position) & $L=32$ & $L=64$ \\"
+    assert tex[7] == r"complex & 32 & 1 & 8.40M (3.15M) & 11.00 & \textbf{11.50} \\"
 
 
 def test_latex_table_is_booktabs_with_escaped_names_and_bold_best(tmp_path):

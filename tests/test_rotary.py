@@ -13,7 +13,7 @@ from conftest import SMOKE, posbench
 from posbench.checkpoint import RunDir
 from posbench.config import EvalConfig
 from posbench.encodings import ModelDims, build_encoding
-from posbench.encodings.rotary import check_scalable, ntk_base, xpos_scale, yarn_attention_factor, yarn_ramp
+from posbench.encodings.rotary import check_scalable, ntk_base, xpos_scale, yarn_attention_factor, yarn_inv_freq
 from posbench.errors import PosbenchError
 from posbench.evaluate import KEY, perplexity_ladder, write_results
 from posbench.model import LanguageModel, ModelConfig
@@ -107,16 +107,24 @@ def test_dynamic_ntk_is_plain_up_to_train_len_then_ntk_at_window_over_train_len(
 
 # ---- YaRN ------------------------------------------------------------------------------------
 
-def paper_yarn_freqs(s, train_len, base=BASE, alpha=1.0, beta=32.0):
-    """Peng et al. 2023, NTK-by-parts: r = L / lambda_d, lambda_d = 2 pi b^(2d/|D|)."""
-    out, gammas = [], []
-    for d in range(HS // 2):
-        th = base ** (-2 * d / HS)
-        r = train_len / (2 * math.pi * base ** (2 * d / HS))
-        gamma = 0.0 if r < alpha else 1.0 if r > beta else (r - alpha) / (beta - alpha)
-        out.append((1 - gamma) * th / s + gamma * th)
-        gammas.append(gamma)
-    return torch.tensor(out, dtype=torch.float64), gammas
+def reference_yarn_freqs(s, train_len, head_dim=HS, base=BASE, beta_fast=32, beta_slow=1):
+    """YaRN inverse frequencies as jquesnelle/yarn and Hugging Face compute them (float64): the pair
+    index where a frequency turns n times over train_len is hs ln(train_len / (2 pi n)) / (2 ln base);
+    the ramp runs linearly in the index from floor(index at beta_fast) to ceil(index at beta_slow);
+    pairs below it keep theta, pairs above get theta / s. -> (inv freqs, share kept per pair)."""
+    def index_at(rotations):
+        return head_dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low = max(math.floor(index_at(beta_fast)), 0)
+    high = min(math.ceil(index_at(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001
+    out, kept = [], []
+    for i in range(head_dim // 2):
+        th = 1.0 / base ** (2 * i / head_dim)
+        keep = 1.0 - min(max((i - low) / (high - low), 0.0), 1.0)
+        out.append(th / s * (1 - keep) + th * keep)
+        kept.append(keep)
+    return torch.tensor(out, dtype=torch.float64), kept
 
 
 def test_yarn_temperature():
@@ -131,20 +139,41 @@ def test_yarn_temperature():
     assert close((qs * ks).sum(-1), plain * (0.1 * math.log(16.0) + 1) ** 2)
 
 
-def test_yarn_ramp_keeps_short_wavelengths_and_interpolates_long_ones():
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("train_len", [128, 512, 4096])
+@pytest.mark.parametrize("s", [2.0, 4.0, 16.0])
+def test_yarn_inverse_frequencies_match_the_reference(head_dim, train_len, s):
+    expected, _ = reference_yarn_freqs(s, train_len, head_dim)
+    assert torch.allclose(yarn_inv_freq(head_dim, BASE, s, train_len).double(), expected, rtol=1e-4, atol=0)
+    # the rotation the encoding applies: the angle at position 1 is the inverse frequency itself,
+    # and cos, sin both carry the attention factor
+    rope = build_encoding({"name": "rope"}, ModelDims(2 * head_dim, 2, 1, train_len))
+    cos, sin = rope.angle_table(torch.arange(2), "yarn", s)
+    assert torch.allclose(torch.atan2(sin[1], cos[1]).double(), expected, rtol=1e-4, atol=0)
+    assert torch.allclose(torch.hypot(sin, cos).double(), torch.full_like(cos, 0.1 * math.log(s) + 1).double(),
+                          rtol=1e-5)
+
+
+def test_yarn_keeps_the_highest_frequency_pair():
+    """head_dim 32, train_len 128, s = 16: pair 0 turns 20 times over train_len, below beta_fast = 32,
+    but the ramp starts at floor(index at 32 rotations) = 0, so the reference keeps it at 1.0x
+    (a ramp linear in train_len / wavelength would give it (1 - g) / 16 + g = 0.65x, g = 0.625)."""
+    got = yarn_inv_freq(32, BASE, 16.0, 128)
+    assert got[0].item() == 1.0
+    assert 128 / (2 * math.pi) < 32  # fewer than beta_fast rotations: inside the paper's r-ramp
+
+
+def test_yarn_rotation_spans_kept_ramped_and_interpolated_pairs():
     train_len, s = 2048, 8.0
-    expected, gammas = paper_yarn_freqs(s, train_len)
-    got = yarn_ramp(theta().float(), train_len)
-    assert torch.allclose(got.double(), torch.tensor(gammas, dtype=torch.float64), atol=1e-5)
-    # this head spans all three regimes: kept (gamma 1), ramp, interpolated fully (gamma 0)
-    assert gammas[0] == 1.0 and gammas[-1] == 0.0 and any(0 < g < 1 for g in gammas)
+    expected, kept = reference_yarn_freqs(s, train_len)
+    # this head spans all three regimes: kept (1), ramp, interpolated fully (0)
+    assert kept[0] == 1.0 and kept[-1] == 0.0 and any(0 < g < 1 for g in kept)
     rope = build_encoding({"name": "rope"}, ModelDims(2 * HS, 2, 1, train_len))
     q, k = qk(50)
     pos = torch.arange(50) * 97  # positions spread up to ~4800 > train_len
     with rope.scaled("yarn", s):
         qs, _ = rope.rotate(q, k, pos, 0)
     assert close(qs, reference_rotate(q, pos, expected, scale=0.1 * math.log(s) + 1), tol=3e-3)
-    # the boundary pairs: wavelength << train_len keeps theta, wavelength > train_len gets theta / s
     keep, interp = 0, HS // 2 - 1
     assert expected[keep].item() == pytest.approx(theta()[keep].item())
     assert expected[interp].item() == pytest.approx(theta()[interp].item() / s)

@@ -52,13 +52,16 @@ def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0,
 
 @register
 class Sinusoidal(PositionEncoding):
-    """Fixed sinusoids added to the scaled token embeddings; ``layout`` picks the table
+    """Fixed sinusoids added to the token embeddings; ``layout`` picks the table
     (:func:`sinusoid_table`): ``interleave`` as in the paper, or ``concat`` as in
-    tensor2tensor, fairseq and the diffusion/robotics code that copied them."""
+    tensor2tensor, fairseq and the diffusion/robotics code that copied them.
+
+    Vaswani et al. (sec. 3.4) multiply the token embeddings by sqrt(d_model) before adding the
+    table, as posbench's default ``model.embed_scale=sqrt_d`` does for every encoding."""
 
     name = "sinusoidal"
     paper = "Vaswani et al. 2017, Attention Is All You Need"
-    description = "fixed sin/cos absolute positions added to scaled token embeddings"
+    description = "fixed sin/cos absolute positions added to the token embeddings"
     scale_token_embedding = True
 
     def __init__(self, dims: ModelDims, base: float = 10000.0, layout: str = "interleave"):
@@ -82,10 +85,14 @@ def lookup_learned(table: nn.Embedding, positions: torch.Tensor) -> torch.Tensor
 
 @register
 class Learned(PositionEncoding):
-    """A trainable absolute position table added to the token embeddings (Gehring et al. 2017;
-    Radford et al. 2018, GPT). Init N(0, 0.02) and added unscaled, as karpathy/nanoGPT
-    ``model.py`` (``wpe``) and Hugging Face ``GPT2Model`` (``initializer_range`` 0.02) do; this
-    follows them. Past ``max_len`` it fails loudly (:func:`lookup_learned`)."""
+    """A trainable table of ``max_len`` absolute positions added to the token embeddings
+    (Gehring et al. 2017; Radford et al. 2018, GPT). Init N(0, 0.02), as karpathy/nanoGPT
+    ``model.py`` (``wpe``) and Hugging Face ``GPT2Model`` (``initializer_range`` 0.02) do.
+    Past ``max_len`` it fails loudly (:func:`lookup_learned`).
+
+    GPT adds it to unscaled token embeddings (``model.embed_scale=none``); fairseq's learned
+    positions, like its sinusoids, follow token embeddings times sqrt(d_model) (``sqrt_d``,
+    the default)."""
 
     name = "learned"
     paper = "Gehring et al. 2017; Radford et al. 2018 (GPT)"
@@ -119,8 +126,8 @@ class Multiplicative(PositionEncoding):
     (max_len, d_model) table initialised to ones, so the model starts as NoPE and learns
     position-dependent gains; like ``learned`` it cannot encode positions past ``max_len``.
 
-    A product has no sum to balance, so the token embeddings are not scaled by sqrt(d_model)
-    (``scale_token_embedding`` off).
+    A product has no sum to balance: sqrt(d_model) (``model.embed_scale=sqrt_d``) only rescales
+    x * p; runs made before that setting used ``none`` for this encoding.
     """
 
     name = "multiplicative"
@@ -168,7 +175,8 @@ class Complex(PositionEncoding):
 
     The real-valued model receives [Re f, Im f] (D/2 + D/2 = D). As in the paper this
     *replaces* the word embedding: ``x`` is ignored and the model's ``tok_emb`` serves only
-    as the (untied in effect) output embedding, so ``scale_token_embedding`` is off.
+    as the (untied in effect) output embedding, so ``model.embed_scale`` does not reach the
+    input of this encoding at all; r, omega and theta are an extra (V, 3D/2) input table.
 
     Initialisation: r ~ N(0, 0.02) like the model's token embedding; omega_{w,k} =
     base^(-2k/D) for every word, the sinusoidal frequencies (the authors' language-model
@@ -219,7 +227,8 @@ class Conv(PositionEncoding):
     positions, the same k tokens are encoded the same way wherever they sit.
 
     The residual form keeps the token embedding on the direct path; the convolution is linear
-    in x, so there is no table to balance against and ``scale_token_embedding`` is off.
+    in x, so there is no table to balance against. The PEG sits in a vision transformer whose
+    patch embeddings are not scaled; runs made before ``model.embed_scale`` used ``none``.
     Weights use PyTorch's default Conv1d initialisation, the bias starts at zero.
     """
 
@@ -259,7 +268,8 @@ class Recurrent(PositionEncoding):
     first block unchanged and the GRU adds order information, which matters here because the
     output embedding is tied to the input one. ``residual: false`` feeds h_t alone, as in the
     paper. The GRU always runs in float32 with autocast off, so the hidden state carried over
-    thousands of steps is not rounded to bf16 at every step; the layer is small.
+    thousands of steps is not rounded to bf16 at every step; the layer is small. Runs made
+    before ``model.embed_scale`` used ``none`` for this encoding.
     """
 
     name = "rnn"

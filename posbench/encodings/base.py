@@ -75,8 +75,8 @@ class PositionEncoding(nn.Module):
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    # Vaswani et al. 2017, sec. 3.4: token embeddings are multiplied by sqrt(d_model)
-    # before absolute positions are added, so the positions do not swamp them.
+    # Whether runs of this encoding scaled token embeddings by sqrt(d_model) before the one model
+    # setting existed (``model.embed_scale``); read only for a config.yaml without that key.
     scale_token_embedding: ClassVar[bool] = False
     # True only when ``bias`` is the same in every layer: the attention kernel then builds it once
     # per forward pass and reuses layer 0's bias in every layer. False (the safe default) rebuilds

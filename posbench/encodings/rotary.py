@@ -9,9 +9,10 @@ scaling          what changes                                                sou
 ``pi``           positions p -> p / s                                        Chen et al. 2023 (PI)
 ``ntk``          base b -> b * s^(hs / (hs - 2))                             bloc97 2023 (NTK-aware)
 ``dynamic_ntk``  ``ntk`` with s = max(1, T / train_len) for a window of T    emozilla 2023
-``yarn``         NTK-by-parts: each frequency is kept, interpolated (/ s),   Peng et al. 2023 (YaRN)
-                 or between, by its wavelength against train_len; q and k
-                 times 0.1 ln s + 1 (so logits scale by 1/t)
+``yarn``         NTK-by-parts: pairs that turn more than beta_fast = 32      Peng et al. 2023 (YaRN)
+                 times over train_len are kept, those that turn less than
+                 beta_slow = 1 time are interpolated (/ s), a ramp linear
+                 in the pair index between; q and k times 0.1 ln s + 1
 ===============  ==========================================================  =======================
 
 s = 1 is plain RoPE for every scaling. Scaling is a setting of the module, not a
@@ -46,7 +47,7 @@ from .base import REGISTRY, ModelDims, PositionEncoding, register
 
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 PAIRINGS = ("half", "interleaved")
-YARN_ALPHA, YARN_BETA = 1.0, 32.0  # ramp bounds on r = train_len / wavelength (Peng et al. 2023, LLaMA values)
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # rotations over train_len bounding the ramp (Peng et al. 2023)
 
 
 def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
@@ -97,23 +98,46 @@ def ntk_base(base: float, factor: float, head_dim: int) -> float:
     return base * factor ** (head_dim / (head_dim - 2))
 
 
-def yarn_ramp(inv_freq: torch.Tensor, train_len: int, alpha: float = YARN_ALPHA,
-              beta: float = YARN_BETA) -> torch.Tensor:
-    """gamma(r) with r = train_len / lambda_i, lambda_i = 2 pi / theta_i: 0 where r < alpha
-    (interpolate fully), 1 where r > beta (keep), linear between. (hs/2,) -> (hs/2,)."""
-    r = train_len * inv_freq / (2 * math.pi)
-    return ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+def yarn_correction_dim(rotations: float, head_dim: int, base: float, train_len: int) -> float:
+    """The (fractional) pair index i whose frequency turns ``rotations`` times over ``train_len``
+    positions: train_len base^(-2i/hs) / (2 pi) = rotations, so
+    i = hs ln(train_len / (2 pi rotations)) / (2 ln base)
+    (``find_correction_dim`` in jquesnelle/yarn and Hugging Face ``_compute_yarn_parameters``)."""
+    return head_dim * math.log(train_len / (2 * math.pi * rotations)) / (2 * math.log(base))
 
 
-def yarn_inv_freq(inv_freq: torch.Tensor, factor: float, train_len: int) -> torch.Tensor:
-    """NTK-by-parts: h(theta_i) = (1 - gamma_i) theta_i / s + gamma_i theta_i."""
-    gamma = yarn_ramp(inv_freq, train_len)
+def yarn_ramp(head_dim: int, base: float, train_len: int, beta_fast: float = YARN_BETA_FAST,
+              beta_slow: float = YARN_BETA_SLOW) -> torch.Tensor:
+    """gamma_i, the share of pair i kept at its own frequency: 1 for the pairs below
+    low = floor(i at beta_fast rotations), 0 above high = ceil(i at beta_slow rotations), linear
+    in the pair index i between (low clamped at 0, high at hs - 1; high = low + 0.001 if they
+    meet). This is the reference ramp: ``find_correction_range`` (floor/ceil, Hugging Face's
+    default ``truncate=True``) and 1 - ``linear_ramp_mask`` of jquesnelle/yarn
+    (``scaled_rope/LlamaYaRNScaledRotaryEmbedding.py``), the code behind Peng et al. 2023.
+    -> (hs/2,)."""
+    low = max(math.floor(yarn_correction_dim(beta_fast, head_dim, base, train_len)), 0)
+    high = min(math.ceil(yarn_correction_dim(beta_slow, head_dim, base, train_len)), head_dim - 1)
+    if low == high:
+        high += 0.001  # as the reference: no division by zero
+    index = torch.arange(head_dim // 2, dtype=torch.float32)
+    return 1 - ((index - low) / (high - low)).clamp(0.0, 1.0)
+
+
+def yarn_inv_freq(head_dim: int, base: float, factor: float, train_len: int, device=None) -> torch.Tensor:
+    """NTK-by-parts (Peng et al. 2023): h(theta_i) = (1 - gamma_i) theta_i / s + gamma_i theta_i with
+    gamma from :func:`yarn_ramp`. The paper writes gamma as linear in r = train_len / wavelength;
+    its code (and Hugging Face's) ramps linearly in the pair index between whole indices, which
+    is what models are run with, so that is what this follows. -> (hs/2,)."""
+    inv_freq = rope_inv_freq(head_dim, base, device)
+    gamma = yarn_ramp(head_dim, base, train_len).to(inv_freq.device)
     return (1 - gamma) * inv_freq / factor + gamma * inv_freq
 
 
 def yarn_attention_factor(factor: float) -> float:
-    """sqrt(1/t) = 0.1 ln s + 1, applied to q and k so the logits scale by 1/t."""
-    return 0.1 * math.log(factor) + 1.0
+    """sqrt(1/t) = 0.1 ln s + 1 (1 for s <= 1), applied to cos and sin, hence to q and k, so the
+    logits scale by 1/t (Peng et al. 2023; ``get_mscale`` in jquesnelle/yarn, Hugging Face's
+    default ``attention_factor``)."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def rotary_encodings() -> list[str]:
@@ -190,7 +214,7 @@ class Rotary(PositionEncoding):
         elif kind == "ntk":
             angles = rope_angles(positions, hs, ntk_base(self.base, s, hs))
         elif kind == "yarn":
-            inv_freq = yarn_inv_freq(rope_inv_freq(hs, self.base, positions.device), s, self.dims.train_len)
+            inv_freq = yarn_inv_freq(hs, self.base, s, self.dims.train_len, positions.device)
             angles = positions.float()[:, None] * inv_freq[None, :]
         else:
             raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
