@@ -45,6 +45,7 @@ import numpy as np
 LEVEL = 0.95
 MIN_SEEDS = 3  # t over seeds from 3 seeds (2 degrees of freedom) on; fewer: the bootstrap
 BLOCK_TOKENS = 2048  # bootstrap resampling unit (docs/evaluation.md: how it was chosen)
+MIN_BLOCKS = 20  # fewer blocks than this and the blocks shrink (block_size)
 RESAMPLES = 2000  # percentile-interval resamples: Monte Carlo error of a 2.5% quantile ~ 0.4%-points
 
 
@@ -133,9 +134,19 @@ def welch_interval(a, b, level: float = LEVEL) -> Interval:
 
 
 # ---------------------------------------------------------------- block bootstrap
-def block_sums(token_nll: np.ndarray, block: int = BLOCK_TOKENS) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL sum, tokens) of each contiguous block of ``block`` scored tokens (the last may be shorter)."""
+def block_size(n: int) -> int:
+    """BLOCK_TOKENS, or n // MIN_BLOCKS tokens when n scored tokens hold fewer than MIN_BLOCKS such
+    blocks: a percentile bootstrap over a handful of blocks badly understates the spread, while
+    blocks shorter than the dependence between tokens understate it a little (report.csv's
+    ``block_tokens`` says which blocks an interval used)."""
+    return max(1, min(BLOCK_TOKENS, n // MIN_BLOCKS))
+
+
+def block_sums(token_nll: np.ndarray, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL sum, tokens) of each contiguous block of ``block`` (default :func:`block_size`) scored
+    tokens (the last may be shorter)."""
     x = np.asarray(token_nll, dtype=np.float64)
+    block = block or block_size(x.size)
     starts = np.arange(0, x.size, block)
     return np.add.reduceat(x, starts), np.diff(np.append(starts, x.size))
 
