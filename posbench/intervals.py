@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -84,6 +85,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+@lru_cache(maxsize=1024)
 def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t (bisection on :func:`t_cdf`; df may be fractional, as in Welch's)."""
     if not 0.0 < p < 1.0 or not df > 0:
