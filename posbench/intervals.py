@@ -15,9 +15,9 @@ means, df from the Welch-Satterthwaite formula.
 
 **Paired block bootstrap** (fewer seeds, or where the t-interval does not apply): every length of
 every run scores the same tokens 1 .. n of the split (:mod:`posbench.evaluate`), so all cells
-share one sample of text. The scored tokens are cut into contiguous blocks of
-:data:`BLOCK_TOKENS` (the last one shorter when n is not a multiple); a resample draws n_blocks
-block indices with replacement, and a cell's resampled mean NLL is
+share one sample of text. The n scored tokens are cut into :data:`BLOCKS` contiguous blocks of
+n / BLOCKS tokens (rounded); a resample draws BLOCKS block indices with replacement, and a
+cell's resampled mean NLL is
 
     sum over drawn blocks of NLL sums / sum over drawn blocks of token counts,
 
@@ -25,9 +25,11 @@ averaged over the cell's seeds. The same :data:`RESAMPLES` x n_blocks index matr
 cell with the same blocks: a ratio's numerator and denominator (and every column of a table)
 see the same resampled text, so the text's difficulty, shared by both, cancels in the ratio.
 The interval is the 2.5th and 97.5th percentile of the resampled statistic (percentile method).
-Blocks, not tokens: the losses of neighbouring tokens are correlated (one document, one
-window's context), and resampling single tokens would treat them as independent and give an
-interval too narrow; ``docs/evaluation.md`` shows how the block size was chosen.
+Blocks, not tokens: the losses of neighbouring tokens are correlated (one window's context, one
+document's topic and style), and resampling single tokens would treat them as independent and
+give an interval too narrow. The dependence reaches across whole documents, so the blocks are
+as long as the bootstrap allows: as few as still make a usable percentile bootstrap (20);
+``docs/evaluation.md`` shows the measurements behind that choice.
 
 The two intervals answer different questions. Over seeds: how much would a retrained model
 differ on this text. Bootstrap: how much would this model's numbers differ on other text like
@@ -45,8 +47,7 @@ import numpy as np
 
 LEVEL = 0.95
 MIN_SEEDS = 3  # t over seeds from 3 seeds (2 degrees of freedom) on; fewer: the bootstrap
-BLOCK_TOKENS = 2048  # bootstrap resampling unit (docs/evaluation.md: how it was chosen)
-MIN_BLOCKS = 20  # fewer blocks than this and the blocks shrink (block_size)
+BLOCKS = 20  # bootstrap resampling units: contiguous blocks of n / BLOCKS scored tokens (docs/evaluation.md)
 RESAMPLES = 2000  # percentile-interval resamples: Monte Carlo error of a 2.5% quantile ~ 0.4%-points
 
 
@@ -136,21 +137,12 @@ def welch_interval(a, b, level: float = LEVEL) -> Interval:
 
 
 # ---------------------------------------------------------------- block bootstrap
-def block_size(n: int) -> int:
-    """BLOCK_TOKENS, or n // MIN_BLOCKS tokens when n scored tokens hold fewer than MIN_BLOCKS such
-    blocks: a percentile bootstrap over a handful of blocks badly understates the spread, while
-    blocks shorter than the dependence between tokens understate it a little (report.csv's
-    ``block_tokens`` says which blocks an interval used)."""
-    return max(1, min(BLOCK_TOKENS, n // MIN_BLOCKS))
-
-
-def block_sums(token_nll: np.ndarray, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL sum, tokens) of each contiguous block of ``block`` (default :func:`block_size`) scored
-    tokens (the last may be shorter)."""
+def block_sums(token_nll: np.ndarray, blocks: int = BLOCKS) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL sum, tokens) of each of ``blocks`` contiguous blocks of the scored tokens, block k
+    holding tokens round(k n / blocks) .. round((k + 1) n / blocks) - 1 (sizes differ by at most 1)."""
     x = np.asarray(token_nll, dtype=np.float64)
-    block = block or block_size(x.size)
-    starts = np.arange(0, x.size, block)
-    return np.add.reduceat(x, starts), np.diff(np.append(starts, x.size))
+    starts = np.unique(np.round(np.linspace(0, x.size, min(blocks, x.size) + 1)).astype(np.int64))
+    return np.add.reduceat(x, starts[:-1]), np.diff(starts)
 
 
 def resample_indices(n_blocks: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:

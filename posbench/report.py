@@ -253,7 +253,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
     """Interval columns from the summary's ``cell`` column (see docs/report.md):
 
     - ``ppl_ci_low``, ``ppl_ci_high``, ``ci_method``: exp of the 95% interval of the mean NLL;
-      ``block_tokens``: the bootstrap block of the cell's scored tokens (NA: no per-token NLL);
+      ``block_tokens``: the length of the cell's bootstrap blocks (NA: no per-token NLL);
     - ``ratio_mean``, ``ratio_std`` (over seeds of each seed's ppl(L) / ppl(train_len)),
       ``ratio_ci_low``, ``ratio_ci_high``, ``ratio_method``: the line's ratio to its train_len cell,
       paired (by seed, or by resampled blocks);
@@ -263,7 +263,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
     cell_ci = [estimator.cell(c) for c in summary.cell]
     out = summary.assign(ppl_ci_low=[math.exp(i.low) for i in cell_ci],
                          ppl_ci_high=[math.exp(i.high) for i in cell_ci], ci_method=[i.method for i in cell_ci],
-                         block_tokens=pd.array([None if c.sizes is None else int(c.sizes[0]) for c in summary.cell],
+                         block_tokens=pd.array([None if c.sizes is None else int(c.sizes.max()) for c in summary.cell],
                                                dtype="Int64"))
     ratio = {c: [math.nan] * len(out) for c in ("ratio_mean", "ratio_std", "ratio_ci_low", "ratio_ci_high",
                                                  "vs_best", "vs_best_ci_low", "vs_best_ci_high")}

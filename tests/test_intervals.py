@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, SMOKE, posbench
-from posbench.intervals import (BLOCK_TOKENS, MIN_BLOCKS, Cell, Estimator, block_size, block_sums, bootstrap_means,
-                                percentile_interval, resample_indices, t_interval, t_quantile, welch_interval)
+from posbench.intervals import (BLOCKS, Cell, Estimator, block_sums, bootstrap_means, percentile_interval,
+                                resample_indices, t_interval, t_quantile, welch_interval)
 from posbench.report import read_results
 from posbench.token_nll import read_token_nll, row_key
 
@@ -70,28 +70,31 @@ def ar1(n: int, reps: int, phi: float, rng) -> np.ndarray:
 
 def test_block_bootstrap_covers_a_known_mean_where_a_token_bootstrap_does_not():
     rng = np.random.default_rng(2)
-    mean, n, block = 3.0, 4096, 128
+    mean, n = 3.0, 4096
     data = mean + ar1(n, 200, phi=0.7, rng=rng)  # losses with dependence between neighbours
 
-    def coverage(size: int) -> float:
-        index = resample_indices(n // size, resamples=400)
+    def coverage(blocks: int) -> float:
+        index = resample_indices(blocks, resamples=400)
         hits = []
         for x in data:
-            sums, sizes = block_sums(x, size)
+            sums, sizes = block_sums(x, blocks)
             iv = percentile_interval(x.mean(), bootstrap_means(sums, sizes, index))
             hits.append(iv.low <= mean <= iv.high)
         return float(np.mean(hits))
 
-    assert 0.88 <= coverage(block) <= 0.99  # 32 blocks of 128: near 95%
-    assert coverage(1) < 0.75  # single tokens: the interval ignores the dependence, far too narrow
+    assert 0.88 <= coverage(32) <= 0.99  # 32 blocks of 128 tokens: near 95%
+    assert 0.86 <= coverage(BLOCKS) <= 0.99  # the report's 20 blocks
+    assert coverage(n) < 0.75  # single tokens: the interval ignores the dependence, far too narrow
 
 
-def test_block_sizes_and_resampled_means():
-    assert block_size(131072) == BLOCK_TOKENS and block_size(2048) == 2048 // MIN_BLOCKS and block_size(5) == 1
-    sums, sizes = block_sums(np.arange(10.0), 4)
-    assert sums.tolist() == [6.0, 22.0, 17.0] and sizes.tolist() == [4, 4, 2]  # the last block is shorter
+def test_blocks_and_resampled_means():
+    sums, sizes = block_sums(np.arange(10.0), 3)
+    assert sizes.tolist() == [3, 4, 3] and sums.tolist() == [3.0, 18.0, 24.0]  # contiguous, within 1 token
+    assert block_sums(np.arange(5.0), BLOCKS)[1].tolist() == [1] * 5  # never an empty block
+    sizes_full = block_sums(np.ones(126976))[1]  # the default budget on the packaged corpus
+    assert sizes_full.size == BLOCKS and sizes_full.sum() == 126976 and set(sizes_full) == {6348, 6349}
     index = np.array([[0, 0, 2], [2, 2, 2]])
-    assert bootstrap_means(sums, sizes, index).tolist() == [(6 + 6 + 17) / 10, 51 / 6]  # a ratio of sums
+    assert bootstrap_means(sums, sizes, index).tolist() == [(3 + 3 + 24) / 9, 72 / 9]  # a ratio of sums
     assert (resample_indices(7, 50) == resample_indices(7, 50)).all()  # every cell alike: paired
 
 
@@ -162,7 +165,7 @@ def test_report_of_two_smoke_runs_has_paired_bootstrap_intervals(tmp_path):
     proc = posbench("report", tmp_path / "alibi", tmp_path / "rope", "--out", tmp_path / "out", "--no-reference")
     tidy = pd.read_csv(tmp_path / "out/report.csv")
     assert (tidy.ci_method == "bootstrap").all() and (tidy.n_ok == 1).all()
-    assert (tidy.block_tokens == 2048 // MIN_BLOCKS).all()  # the smoke budget of 2,048 tokens, 20 blocks
+    assert (tidy.block_tokens == 103).all()  # the smoke budget of 2,048 tokens in 20 blocks of 102 or 103
     assert ((tidy.ppl_ci_low < tidy.ppl_mean) & (tidy.ppl_mean < tidy.ppl_ci_high)).all()
     at_train = tidy[tidy.eval_len == tidy.train_len]
     assert (at_train.ratio_ci_low == 1).all() and (at_train.ratio_ci_high == 1).all()
