@@ -276,7 +276,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
             continue
         base = base.iloc[0]
         for i, cell in g.cell.items():
-            common, ia, ib = np.intersect1d(cell.seeds, base.seeds, return_indices=True)
+            _, ia, ib = np.intersect1d(cell.seeds, base.seeds, return_indices=True)
             per_seed = np.exp(cell.nll[ia] - base.nll[ib])
             d = estimator.difference(cell, base, same_models=True)
             row = at[i]
@@ -424,7 +424,8 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
             apart = at_train[at_train.tied_best.astype("boolean").eq(False).fillna(False).astype(bool)]
             if len(apart):
                 best = at_train.loc[at_train.vs_best.idxmin(), "name"]
-                lines.append(f"  warning: at train_len={tlen} {', '.join(apart.name)} differ from {best} by more "
+                verb = "differs" if len(apart) == 1 else "differ"
+                lines.append(f"  warning: at train_len={tlen} {', '.join(apart.name)} {verb} from {best} by more "
                              "than their 95% intervals: the ratios ppl(L) / ppl(train_len) compare models at "
                              "different stages of training")
         for name, e in g.groupby("name", sort=False):
@@ -548,7 +549,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
     shown = "".join(f"\n![{name}]({name}.png)\n" for name in figures)
-    atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}\n\n## Length extrapolation\n\n"
+    atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
+                      "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text) + f"\n## Figures\n{shown}")
     if fmt == "latex":
         table = latex_table(summary)

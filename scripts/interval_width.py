@@ -47,7 +47,8 @@ def half_width(iv) -> float:
 def token_losses(run: str) -> tuple[dict[int, np.ndarray], int]:
     """{eval_len: per-token NLL} of a run's plain non-overlapping rows, and its train_len."""
     results = read_results(Path(run) / "results.csv")
-    results = results[(results["mode"] == "nonoverlapping") & (results.rope_scaling == "none") & (results.status == "ok")]
+    plain = (results["mode"] == "nonoverlapping") & (results.rope_scaling == "none") & (results.status == "ok")
+    results = results[plain]
     stored = read_token_nll(Path(run) / "token_nll.npz")
     return ({int(r["eval_len"]): stored[row_key(r)].astype(np.float64) for r in results.to_dict("records")},
             int(results.train_len.iloc[0]))
@@ -63,7 +64,8 @@ def main(run: str, other: str | None = None) -> None:
     est = Estimator()
     vs = f" ppl({other}) / ppl({run}) at L={train_len} ± % |" if other else ""
     print(f"{run}: {n} scored tokens, lengths {sorted(by_len)}, train_len {train_len}\n")
-    print(f"| scored tokens | blocks x tokens | ppl(L={train_len}) ± % | ppl(L={longest}) / ppl(L={train_len}) ± % |{vs}")
+    print(f"| scored tokens | blocks x tokens | ppl(L={train_len}) ± % | "
+          f"ppl(L={longest}) / ppl(L={train_len}) ± % |{vs}")
     print("|---|---|---|---|" + ("---|" if other else ""))
     budgets = sorted({b for b in (4096, 8192, 16384, 32768, 65536, 98304, n) if b <= n and b % longest == 0})
     for m in budgets:
@@ -72,7 +74,8 @@ def main(run: str, other: str | None = None) -> None:
                f"{half_width(est.difference(b, a, same_models=True)):.2f} |")
         print(row + (f" {half_width(est.difference(cell(rival[:m]), a)):.2f} |" if other else ""))
     vs = f" s.e. paired difference {other} - {run} at L={train_len} |" if other else ""
-    print(f"\n| block tokens | blocks | s.e. mean NLL at L={train_len} | s.e. paired difference L={longest} - L={train_len} |{vs}")
+    print(f"\n| block tokens | blocks | s.e. mean NLL at L={train_len} | "
+          f"s.e. paired difference L={longest} - L={train_len} |{vs}")
     print("|---|---|---|---|" + ("---|" if other else ""))
     series = [base, far - base] + ([rival - base] if other else [])
     for size in (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, n // 20, 8192, n // 10):

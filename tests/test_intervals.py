@@ -134,8 +134,8 @@ def test_estimator_method_by_seeds_and_tokens():
     later = Cell(np.array([0, 1, 2]), np.array([4.1, 4.2, 4.4]))
     paired = est.difference(later, three, same_models=True)
     d = np.array([0.1, 0.1, 0.2])
-    assert paired.method == "paired t" and paired.high == pytest.approx(d.mean() + 4.3027 * d.std(ddof=1) / math.sqrt(3),
-                                                                        abs=1e-4)
+    assert paired.method == "paired t"
+    assert paired.high == pytest.approx(d.mean() + 4.3027 * d.std(ddof=1) / math.sqrt(3), abs=1e-4)
     assert est.difference(later, three).method == "welch"  # two lines: no seed pairing
     a, b = correlated_cells(np.random.default_rng(4))
     b.tokens_id = ("sotu", "test", b.tokens_id[2])  # other tokens: nothing to pair
@@ -157,7 +157,8 @@ def test_encoding_table_verdict_needs_the_whole_interval():
 def test_report_of_two_smoke_runs_has_paired_bootstrap_intervals(tmp_path):
     for encoding in ("alibi", "rope"):
         posbench("train", *SMOKE, f"encoding={encoding}", "train.steps=10", f"hydra.run.dir={tmp_path / encoding}")
-        results, stored = read_results(tmp_path / encoding / "results.csv"), read_token_nll(tmp_path / encoding / "token_nll.npz")
+        run = tmp_path / encoding
+        results, stored = read_results(run / "results.csv"), read_token_nll(run / "token_nll.npz")
         assert sorted(stored) == sorted(row_key(r) for r in results.to_dict("records"))
         for r in results.to_dict("records"):  # each row's loss is the mean of its tokens'
             assert stored[row_key(r)].dtype == np.float32 and stored[row_key(r)].size == r["tokens"]
