@@ -319,8 +319,8 @@ def _fmt(mean: float, std: float, pm: str = " ± ", low: float = math.nan, high:
     return text if math.isnan(low) or math.isnan(high) else f"{text} {interval_text(low, high)}"
 
 
-def interval_text(low: float, high: float) -> str:
-    return "[no interval]" if math.isnan(low) or math.isnan(high) else f"[{low:.2f}, {high:.2f}]"
+def interval_text(low: float, high: float, digits: int = 2) -> str:
+    return "[no interval]" if math.isnan(low) or math.isnan(high) else f"[{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def _bold(summary: pd.DataFrame) -> pd.Series:
@@ -436,7 +436,7 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
                 continue
             longest = e.iloc[-1]
             ratio = "n/a" if math.isnan(longest.ratio_mean) else \
-                f"{longest.ratio_mean:.2f} {interval_text(longest.ratio_ci_low, longest.ratio_ci_high)}"
+                f"{longest.ratio_mean:.3f} {interval_text(longest.ratio_ci_low, longest.ratio_ci_high, 3)}"
             holds, undecided = tlen, ""
             for r in e[e.eval_len > tlen].itertuples():
                 if math.isnan(r.ratio_mean) or r.ratio_ci_low > NEAR:  # cannot run, or clearly beyond

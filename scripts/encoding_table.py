@@ -50,7 +50,7 @@ def main(path: str) -> None:
         cls = REGISTRY.get(enc)
         paper, hook = (cls.paper, cls.hook_kind()) if cls else ("", "")
         fmt = lambda v: "n/a" if v != v else f"{v:.1f}"
-        shown = "n/a" if ratio != ratio else f"{ratio:.2f}" + ("" if low != low else f" [{low:.2f}, {high:.2f}]")
+        shown = "n/a" if ratio != ratio else f"{ratio:.3f}" + ("" if low != low else f" [{low:.3f}, {high:.3f}]")
         lines.append(f"| `{enc}` | {paper} | {hook} | {fmt(base)} | {fmt(longest)} | {shown} | "
                      f"{verdict(ratio, low, high)} |")
     print("\n".join(lines))

@@ -141,7 +141,7 @@ def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
     write_run(tmp_path / "d", rows("xpos", 0, {32: 100.0, 64: 110.0, 128: 100.0, 256: 100.0}, chash="h4"))
     summary = summarize(collect([tmp_path]))
     lines = extrapolation_summary(summary)
-    ci = r"\[(\d+\.\d\d), (\d+\.\d\d)\]"
+    ci = r"\[(\d+\.\d\d\d), (\d+\.\d\d\d)\]"
     spread = re.fullmatch(r"train_len=32: ppl at train_len spans 100\.00 \.\. 150\.00 across 4 encodings "
                           r"\(spread 50\.0%, 95% interval (\d+\.\d) \.\. (\d+\.\d)%\)", lines[0])
     assert spread and float(spread[1]) <= 50 <= float(spread[2]), lines[0]
@@ -150,10 +150,10 @@ def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
                         "the ratios ppl(L) / ppl(train_len) compare models at different stages of training")
     assert [re.sub(ci, "[ci]", line) for line in lines[2:]] == [
         "  learned: ppl(L=256) / ppl(L=32) = n/a; within 10% of ppl(L=32) up to L=32 (1x)",
-        "  rope: ppl(L=256) / ppl(L=32) = 1.15 [ci]; within 10% of ppl(L=32) up to L=128 (4x)",
-        "  t5: ppl(L=256) / ppl(L=32) = 1.04 [ci]; within 10% of ppl(L=32) up to L=32 (1x)",  # 20% above at 2x
+        "  rope: ppl(L=256) / ppl(L=32) = 1.150 [ci]; within 10% of ppl(L=32) up to L=128 (4x)",
+        "  t5: ppl(L=256) / ppl(L=32) = 1.039 [ci]; within 10% of ppl(L=32) up to L=32 (1x)",  # 20% above at 2x
         # exactly 10% above at 2x: its interval straddles the bound, so no verdict past 1x
-        "  xpos: ppl(L=256) / ppl(L=32) = 1.00 [ci]; within 10% of ppl(L=32) up to L=32 (1x); "
+        "  xpos: ppl(L=256) / ppl(L=32) = 1.000 [ci]; within 10% of ppl(L=32) up to L=32 (1x); "
         "L=64: not distinguishable from 10%",
     ]
     rope = summary[summary.encoding == "rope"].set_index("eval_len")
@@ -186,7 +186,7 @@ def test_no_verdict_without_an_interval_and_t_over_three_seeds(tmp_path):
     assert "**" not in markdown_table(summary)  # alibi vs nope (1 seed, no tokens) cannot be compared
     lines = extrapolation_summary(summary)
     assert lines[0] == "train_len=32: ppl at train_len spans 11.00 .. 20.00 across 2 encodings (spread 81.8%)"
-    assert lines[-1] == ("  nope: ppl(L=64) / ppl(L=32) = 1.05 [no interval]; within 10% of ppl(L=32) up to L=32 (1x); "
+    assert lines[-1] == ("  nope: ppl(L=64) / ppl(L=32) = 1.050 [no interval]; within 10% of ppl(L=32) up to L=32 (1x); "
                          "L=64: no interval")
 
 
@@ -315,7 +315,7 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
     md = (out / "report.md").read_text()
     assert "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35 [" in md and "![positions](positions.png)" in md
-    assert re.search(r"- alibi: ppl\(L=256\) / ppl\(L=32\) = 1\.11 \[1\.\d\d, 1\.\d\d\]; within 10% of "
+    assert re.search(r"- alibi: ppl\(L=256\) / ppl\(L=32\) = 1\.110 \[1\.\d\d\d, 1\.\d\d\d\]; within 10% of "
                      r"ppl\(L=32\) up to L=128 \(4x\)\n", md)
     assert "Cells: mean ± std over seeds [95% interval" in md
     tidy = pd.read_csv(out / "report.csv")
@@ -359,7 +359,7 @@ def test_scripts_read_only_plain_nonoverlapping_lines(sweep, tmp_path):
     table = subprocess.run([sys.executable, ROOT / "scripts/encoding_table.py", tmp_path / "reversed.csv"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == ["`alibi`", "`nope`"]
-    assert re.search(r"\| 11\.0 \| 12\.2 \| 1\.11 \[1\.\d\d, 1\.\d\d\] \| partly \|$", table[2])  # not sliding's 9.25
+    assert re.search(r"\| 11\.0 \| 12\.2 \| 1\.110 \[1\.\d\d\d, 1\.\d\d\d\] \| partly \|$", table[2])  # not sliding's 9.25
     # a variant beside its default, both runs also scored with sliding windows
     sliding = {32: 5.0, 64: 5.0, 128: 5.0, 256: 5.0}
     write_run(tmp_path / "zoo/alibi", rows("alibi", 0, {32: 10.0, 64: 10.5, 128: 11.0, 256: 11.2}),
