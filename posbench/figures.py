@@ -81,7 +81,7 @@ def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-INTERVAL_LABEL = "95% interval (t over >= 3 seeds, else block bootstrap)"
+INTERVAL_LABEL = "95% interval of each ppl (t over >= 3 seeds, else block bootstrap)"
 
 
 def _legend(ax, n: int) -> None:
