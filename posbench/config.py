@@ -68,7 +68,7 @@ MODES = ("nonoverlapping", "sliding")
 class EvalConfig:
     lengths: list[int] | None = None  # explicit eval lengths; None: multiples x train_len
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    max_tokens: int = 32768  # token budget scored at every length (see scored_count)
+    max_tokens: int = 131072  # token budget scored at every length (see scored_count); docs/evaluation.md
     batch_tokens: int = 16384  # tokens per forward pass
     split: str = "validation"
     rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn (rotary models only)

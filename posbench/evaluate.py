@@ -17,8 +17,9 @@ sliding, leaves a whole number of strides after the first window
 
 Beside token perplexity each row has the tokenizer-independent bits per byte and word-level
 perplexity of the scored text (as LM evaluation harnesses report them), and the mean NLL by
-position inside the window, in bins, goes to ``positions.csv``. ``docs/evaluation.md`` gives
-the formulas and the file formats.
+position inside the window, in bins, goes to ``positions.csv``; the NLL of every scored token
+goes to ``token_nll.npz`` (:mod:`posbench.token_nll`), for the report's paired bootstrap
+intervals. ``docs/evaluation.md`` gives the formulas and the file formats.
 
 A rotary model can be evaluated under a RoPE scaling (``eval.rope_scaling``, see
 :mod:`posbench.encodings.rotary`) with factor ``eval.rope_factor`` or, when null, s =
@@ -49,6 +50,7 @@ from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from .errors import PosbenchError
 from .model import LanguageModel
+from .token_nll import FILE as TOKEN_NLL, merge_token_nll, read_token_nll, row_key
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
@@ -108,25 +110,31 @@ def text_size(tokenizer, ids) -> tuple[int, int]:
 
 
 def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int, batch_tokens: int,
-               device: torch.device, dtype, desc: str = "") -> tuple[np.ndarray, np.ndarray]:
+               device: torch.device, dtype, desc: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Windows of ``length`` over ``ids`` (n + 1 tokens) advancing by ``stride``; the first scores all
     its tokens, each later one its last ``stride`` -> (NLL sum, tokens scored) by predicted-token
-    position 0 .. length-1 inside the window. Every target 1 .. n is scored once."""
+    position 0 .. length-1 inside the window, and the (n,) float32 NLL of targets 1 .. n in order.
+    Every target 1 .. n is scored once."""
     inputs, targets = ids[:-1].unfold(0, length, stride), ids[1:].unfold(0, length, stride)  # (K, L)
     fresh = length - stride  # positions fresh.. are new to every window after the first
     sums = torch.zeros(length, dtype=torch.float64)
+    per_token = []  # target order: the first window's older positions, then each window's fresh ones
     per_batch = max(1, batch_tokens // length)
     for i in tqdm(range(0, inputs.shape[0], per_batch), desc=desc, leave=False, disable=None, file=sys.stderr):
         x = inputs[i:i + per_batch].contiguous().to(device)
         y = targets[i:i + per_batch].contiguous().to(device)
         with autocast(device, dtype):
             hidden = model.hidden(x)  # (B, L, D); the output layer only where tokens are scored
-            sums[fresh:] += model.head_nll(hidden[:, fresh:], y[:, fresh:]).double().sum(0).cpu()
+            nll = model.head_nll(hidden[:, fresh:], y[:, fresh:]).cpu()  # (B, L - fresh)
+            sums[fresh:] += nll.double().sum(0)
             if i == 0 and fresh:  # the first window's older positions
-                sums[:fresh] += model.head_nll(hidden[0, :fresh], y[0, :fresh]).double().cpu()
+                first = model.head_nll(hidden[0, :fresh], y[0, :fresh]).cpu()
+                sums[:fresh] += first.double()
+                per_token.append(first.float())
+            per_token.append(nll.float().flatten())
     counts = np.full(length, inputs.shape[0], dtype=np.int64)
     counts[:fresh] = 1
-    return sums.numpy(), counts
+    return sums.numpy(), counts, torch.cat(per_token).numpy()
 
 
 @torch.no_grad()
@@ -134,7 +142,8 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
                       device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None) -> list[dict]:
     """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
     word_ppl, tokens, bytes, words, status, params and pos_params (the model's parameter counts,
-    :meth:`LanguageModel.param_counts`), and ``positions`` (the binned NLL by position).
+    :meth:`LanguageModel.param_counts`), ``positions`` (the binned NLL by position) and
+    ``token_nll`` (the (n,) float32 NLL of targets 1 .. n, None when the length cannot run).
 
     ``n_tokens`` fixes the scored count (default: :func:`scored_tokens` of ``lengths``); without
     ``tokenizer`` bytes, words, bpb and word_ppl are None. Under ``ecfg.rope_scaling`` each window
@@ -151,21 +160,22 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
             stride = strides[length]
             row = {"eval_len": length, "rope_scaling": kind, "mode": ecfg.mode, "stride": stride,
                    "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
-                   "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [],
+                   "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [], "token_nll": None,
                    **model.param_counts()}
             desc = f"eval L={length}" + (f" stride={stride}" if ecfg.mode == "sliding" else "")
             try:
-                sums, counts = window_nll(model, ids, length, stride, ecfg.batch_tokens, device, dtype, desc)
+                sums, counts, per_token = window_nll(model, ids, length, stride, ecfg.batch_tokens, device, dtype,
+                                                     desc)
             except PositionRangeError as e:
                 rows.append({**row, "nll": math.nan, "ppl": math.nan, **text_metrics(math.nan, n, nbytes, words),
                              "status": f"n/a: {e}"})
                 continue
-            assert counts.sum() == n  # every target 1 .. n once
+            assert counts.sum() == n == per_token.size  # every target 1 .. n once
             nll = sums.sum() / n
             positions = [{"bin_start": a, "bin_end": b, "nll": sums[a:b + 1].sum() / counts[a:b + 1].sum(),
                           "tokens": int(counts[a:b + 1].sum())} for a, b in position_bins(length, ecfg.position_bins)]
             rows.append({**row, "nll": nll, "ppl": math.exp(nll), **text_metrics(nll, n, nbytes, words),
-                         "positions": positions})
+                         "positions": positions, "token_nll": per_token})
     return rows
 
 
@@ -178,7 +188,8 @@ def text_metrics(nll: float, tokens: int, nbytes: int | None, words: int | None)
 
 def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame:
     """results.csv rows of a ladder (columns ``COLUMNS``); the binned positions ride along in
-    ``rows.attrs["positions"]`` for :func:`write_results`. A ladder computed without the
+    ``rows.attrs["positions"]`` and the per-token NLL in ``rows.attrs["token_nll"]`` (by
+    :func:`posbench.token_nll.row_key`) for :func:`write_results`. A ladder computed without the
     tokenizer (the training run's) gets bytes and words here, from the cached corpus."""
     if any(row.get("bytes") is None for row in ladder):
         nbytes, words = _cached_text_size(cfg, ladder[0]["tokens"])
@@ -191,6 +202,8 @@ def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame
     rows = _backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]
     rows.attrs["positions"] = [{**meta, **{k: row[k] for k in KEY if k in row}, **pos}
                                for row in ladder for pos in row.get("positions", [])]
+    rows.attrs["token_nll"] = {row_key({**meta, **row}): row["token_nll"] for row in ladder
+                               if row.get("token_nll") is not None}
     return rows
 
 
@@ -251,22 +264,27 @@ def merge_csv(path: Path, new: pd.DataFrame, key: list[str], replace: pd.DataFra
     return new
 
 
-def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None = None) -> pd.DataFrame:
-    """Merge rows into the run's results.csv (new rows replace old ones of the same key) and their
+def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None = None,
+                  token_nll: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """Merge rows into the run's results.csv (new rows replace old ones of the same key), their
     binned positions (``positions``, default ``new.attrs["positions"]``) into positions.csv, replacing
-    every bin of those keys; redraw the plot. Files are replaced atomically, under one lock."""
+    every bin of those keys, and their per-token NLL (``token_nll``, default ``new.attrs["token_nll"]``)
+    into token_nll.npz; redraw the plot. Files are replaced atomically, under one lock."""
     from .report import plot_ppl_vs_length, read_results
 
     positions = new.attrs.pop("positions", None) if positions is None else positions
+    token_nll = new.attrs.pop("token_nll", None) if token_nll is None else token_nll
     new = _backfill(new)
     with _locked(run.path):
+        if token_nll:
+            merge_token_nll(run.path / TOKEN_NLL, token_nll)
         if positions is not None:
             table = pd.DataFrame(positions, columns=POSITION_COLUMNS)
             merge_csv(run.path / "positions.csv", table.astype({"stride": int}), KEY, replace=new,
                       order=KEY + ["bin_start"])
         old = _backfill(read_results(run.results)) if run.results.exists() else None
         new = merge_csv(run.results, new, KEY, old=old)
-        plot_ppl_vs_length(new, run.plot)
+        plot_ppl_vs_length(new.assign(run=str(run.path)), run.plot)  # the run: its token_nll.npz
     return new
 
 
@@ -302,7 +320,8 @@ def load_model(cfg: DictConfig, run: RunDir, state: dict, train_cfg: DictConfig,
 
 def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths: list[int], n: int) -> pd.DataFrame:
     """Rows of results.csv that this evaluation would compute again: same key, config hash, rope
-    factor and scored token count, status ok, and bits per byte present."""
+    factor and scored token count, status ok, bits per byte present, and the per-token NLL in
+    token_nll.npz (rows written before it existed are computed again)."""
     from .report import read_results
 
     if not run.results.exists():
@@ -315,7 +334,9 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
             & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths) & (df.stride == df.eval_len.map(strides))
             & (df.config_hash == config_hash(train_cfg)) & (df.status == "ok") & (df.tokens == n)
             & np.isclose(df.rope_factor, factor) & df.bpb.notna())
-    return df[same.fillna(False).astype(bool)].reset_index(drop=True)
+    stored = read_token_nll(run.path / TOKEN_NLL)
+    kept = [key in stored and stored[key].size == n for key in map(row_key, df.to_dict("records"))]
+    return df[same.fillna(False).astype(bool) & np.array(kept, dtype=bool)].reset_index(drop=True)
 
 
 def evaluate(cfg: DictConfig) -> pd.DataFrame:

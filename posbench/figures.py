@@ -1,13 +1,13 @@
 """The report's figures, each a function that takes tidy rows and returns a matplotlib Figure.
 
 - :func:`ppl_figure`: perplexity vs evaluation length, one line per label (mean over seeds,
-  min..max shaded), and beside it the paper's published numbers.
+  its 95% interval shaded), and beside it the paper's published numbers.
 - :func:`run_figure`: one run's perplexity vs length (``ppl_vs_length.png`` in a run dir).
 - :func:`positions_figure`: mean NLL vs position in the window (positions.csv).
 - :func:`passkey_figure`: passkey accuracy by length x depth, one heat map per label (passkey.csv).
 
 Every artist a reader may look for carries a gid, kept as the ``id`` of its ``<g>`` in the
-SVG: ``ours:<line>``, ``paper:<encoding>``, ``spread:<line>``, ``positions:<line>``,
+SVG: ``ours:<line>``, ``paper:<encoding>``, ``interval:<line>``, ``positions:<line>``,
 ``passkey:<line>`` and ``train_len`` for the train-length markers. SVG text stays text
 (``svg.fonttype: none``), so labels can be searched too.
 """
@@ -81,6 +81,9 @@ def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
+INTERVAL_LABEL = "95% interval of each ppl (t over >= 3 seeds, else block bootstrap)"
+
+
 def _legend(ax, n: int) -> None:
     if n > 10:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -89,17 +92,22 @@ def _legend(ax, n: int) -> None:
 
 
 def _draw_ours(ax, summary: pd.DataFrame, colours: dict, multiples: bool) -> None:
-    """One line per name: mean ppl over seeds, min..max shaded, a dashed train-length marker."""
+    """One line per name: mean ppl over seeds, its 95% interval shaded (``ppl_ci_low`` ..
+    ``ppl_ci_high``, where the summary has one; the legend says which interval), a dashed
+    train-length marker."""
     summary = summary.assign(name=line_names(summary))
-    many = summary.name.nunique() > 10
+    many, shaded = summary.name.nunique() > 10, False
     for i, (name, g) in enumerate(summary.groupby("name", sort=False)):
         g = g.sort_values("eval_len")
         x = g.eval_len / g.train_len if multiples else g.eval_len
         line, = ax.plot(x, g.ppl_mean, label=name, color=colours[name], markersize=4 if many else 6,
                         gid=f"ours:{name}", **_style(g.iloc[0], i))
-        spread = g.ppl_max > g.ppl_min
-        if spread.any():
-            ax.fill_between(x, g.ppl_min, g.ppl_max, color=line.get_color(), alpha=0.2, gid=f"spread:{name}")
+        if "ppl_ci_low" in g and g.ppl_ci_low.notna().any():
+            shaded = True
+            ax.fill_between(x, g.ppl_ci_low, g.ppl_ci_high, color=line.get_color(), alpha=0.2, linewidth=0,
+                            gid=f"interval:{name}")
+    if shaded:  # one grey legend entry says what every band is
+        ax.fill_between([], [], [], color="gray", alpha=0.2, linewidth=0, label=INTERVAL_LABEL, gid="interval")
     for i, tlen in enumerate([1] if multiples else sorted(summary.train_len.unique())):
         ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len",
                    label="train length" if i == 0 else None)

@@ -1,4 +1,4 @@
-"""Many run dirs -> one tidy table (mean and spread over seeds) -> Markdown/LaTeX, CSV, figures.
+"""Many run dirs -> one tidy table (mean, spread and 95% interval) -> Markdown/LaTeX, CSV, figures.
 
     posbench report multirun/2026-11-22_10-00-00            # report.md/.csv/.png/.svg in that dir
     posbench report outputs/zoo_quick --out results/zoo_quick --format latex --log-y
@@ -17,6 +17,13 @@ the differing config keys, read from each run's ``config.yaml``.
 results.csv files written before a column existed read with its neutral value: rope_scaling
 ``none``, rope_factor 1, mode ``nonoverlapping``, stride = eval_len, NaN for bpb, word_ppl,
 bytes, words, params and pos_params. The figures are drawn by :mod:`posbench.figures`.
+
+Every cell, every ratio ppl(L) / ppl(train_len) and every comparison between lines gets a 95%
+interval (:mod:`posbench.intervals`: t over seeds where there are at least 3, else a paired
+block bootstrap over the scored tokens, read from each run's ``token_nll.npz``), and a verdict
+is printed only where the interval supports it: bold marks the lowest perplexity of a column
+and every line not distinguishable from it; "within 10%" counts a length only when the whole
+interval of its ratio is; a length whose interval straddles the bound is "not distinguishable".
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from .checkpoint import atomic_write_text
 from .errors import PosbenchError
+from .intervals import Cell, Estimator, block_sums
+from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
 
 GROUP = ["encoding", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
@@ -37,6 +47,9 @@ RESULT_COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "
                   "data", "steps", "params", "pos_params", "config_hash", "code_version"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
+TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
+              "bootstrap over the scored tokens]; bold: the lowest ppl of a column and every line whose 95% "
+              "interval of the ratio to it contains 1 (none where a comparison has no interval)")
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "alibi_paper_L512.csv"
 
 
@@ -193,10 +206,12 @@ def check_one_config(df: pd.DataFrame) -> None:
 
 
 # ---------------------------------------------------------------- summary
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFrame:
     """Mean, std, min, max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
-    (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label`` and its
-    parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them)."""
+    (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label``, its
+    parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them) and the
+    interval columns of :func:`add_intervals` (bootstrap intervals where rows carry their ``run``
+    dir and it holds token_nll.npz)."""
     df = _with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
     stats = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"])
@@ -205,7 +220,88 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
     out = _with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
+    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator()).drop(columns="cell")
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
+
+
+# ---------------------------------------------------------------- intervals
+def _cells(df: pd.DataFrame) -> list[Cell]:
+    """One :class:`Cell` per GROUP key, in groupby order: the ok seeds' mean NLLs and, where every
+    one of them has its per-token NLL in its run's token_nll.npz, their block sums."""
+    stored: dict[str, dict] = {}
+
+    def token_nll(row) -> np.ndarray | None:
+        run = row.get("run")
+        if not isinstance(run, str):
+            return None
+        if run not in stored:
+            stored[run] = read_token_nll(Path(run) / TOKEN_NLL)
+        found = stored[run].get(row_key(row))
+        return found if found is not None and found.size == row["tokens"] else None
+
+    cells = []
+    for _, g in df.groupby(GROUP, dropna=False):
+        g = g[(g.status == "ok") & g.nll.notna()].sort_values("seed")
+        cell = Cell(g.seed.to_numpy(), g.nll.to_numpy(dtype=float))
+        arrays = [token_nll(row) for row in g.to_dict("records")]
+        if arrays and all(a is not None for a in arrays):
+            sums = [block_sums(a) for a in arrays]
+            cell.blocks, cell.sizes = np.stack([b for b, _ in sums]), sums[0][1]
+            cell.tokens_id = (str(g.data.iloc[0]), str(g.split.iloc[0]), int(g.tokens.iloc[0]))
+        cells.append(cell)
+    return cells
+
+
+def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
+    """Interval columns from the summary's ``cell`` column (see docs/report.md):
+
+    - ``ppl_ci_low``, ``ppl_ci_high``, ``ci_method``: exp of the 95% interval of the mean NLL;
+      ``block_tokens``: the length of the cell's bootstrap blocks (NA: no per-token NLL);
+    - ``ratio_mean``, ``ratio_std`` (over seeds of each seed's ppl(L) / ppl(train_len)),
+      ``ratio_ci_low``, ``ratio_ci_high``, ``ratio_method``: the line's ratio to its train_len cell,
+      paired (by seed, or by resampled blocks);
+    - ``vs_best``, ``vs_best_ci_low``, ``vs_best_ci_high``: exp(mean NLL - the lowest mean NLL among
+      the lines of the same train_len and eval_len) and its interval; ``tied_best``: True where that
+      interval contains 1 (and for the lowest itself), False where it lies above 1, NA without one."""
+    cell_ci = [estimator.cell(c) for c in summary.cell]
+    out = summary.assign(ppl_ci_low=[math.exp(i.low) for i in cell_ci],
+                         ppl_ci_high=[math.exp(i.high) for i in cell_ci], ci_method=[i.method for i in cell_ci],
+                         block_tokens=pd.array([None if c.sizes is None else int(c.sizes.max()) for c in summary.cell],
+                                               dtype="Int64"))
+    ratio = {c: [math.nan] * len(out) for c in ("ratio_mean", "ratio_std", "ratio_ci_low", "ratio_ci_high",
+                                                 "vs_best", "vs_best_ci_low", "vs_best_ci_high")}
+    ratio["ratio_method"] = ["none"] * len(out)
+    tied = [pd.NA] * len(out)
+    at = {i: pos for pos, i in enumerate(out.index)}
+    for _, g in out.groupby(LINE, dropna=False):
+        base = g[g.eval_len == g.train_len].cell
+        if base.empty or not base.iloc[0].nll.size:
+            continue
+        base = base.iloc[0]
+        for i, cell in g.cell.items():
+            _, ia, ib = np.intersect1d(cell.seeds, base.seeds, return_indices=True)
+            per_seed = np.exp(cell.nll[ia] - base.nll[ib])
+            d = estimator.difference(cell, base, same_models=True)
+            row = at[i]
+            ratio["ratio_mean"][row] = float(per_seed.mean()) if per_seed.size else math.nan
+            ratio["ratio_std"][row] = float(per_seed.std(ddof=1)) if per_seed.size > 1 else math.nan
+            ratio["ratio_ci_low"][row], ratio["ratio_ci_high"][row] = math.exp(d.low), math.exp(d.high)
+            ratio["ratio_method"][row] = d.method
+    for _, g in out.groupby(["train_len", "eval_len"]):
+        means = g.cell.map(lambda c: c.mean).dropna()
+        if means.empty:
+            continue
+        best = g.cell[means.idxmin()]
+        for i, cell in g.cell.items():
+            if not cell.nll.size:
+                continue
+            row = at[i]
+            d = estimator.difference(cell, best) if i != means.idxmin() else None
+            low, high = (0.0, 0.0) if d is None else (d.low, d.high)
+            ratio["vs_best"][row] = math.exp(cell.mean - best.mean)
+            ratio["vs_best_ci_low"][row], ratio["vs_best_ci_high"][row] = math.exp(low), math.exp(high)
+            tied[row] = pd.NA if math.isnan(low) else bool(low <= 0)
+    return out.assign(**ratio, tied_best=pd.array(tied, dtype="boolean"))
 
 
 def line_names(frame: pd.DataFrame) -> pd.Series:
@@ -218,10 +314,27 @@ def line_names(frame: pd.DataFrame) -> pd.Series:
     return frame.label + " (" + suffix + ")"
 
 
-def _fmt(mean: float, std: float, pm: str = " ± ") -> str:
+def _fmt(mean: float, std: float, pm: str = " ± ", low: float = math.nan, high: float = math.nan) -> str:
+    """'11.00 ± 1.41 [10.12, 11.95]': mean, std over seeds (none for one seed), 95% interval (where known)."""
     if mean is None or math.isnan(mean):
         return "n/a"
-    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f}{pm}{std:.2f}"
+    text = f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f}{pm}{std:.2f}"
+    return text if math.isnan(low) or math.isnan(high) else f"{text} {interval_text(low, high)}"
+
+
+def interval_text(low: float, high: float, digits: int = 2) -> str:
+    return "[no interval]" if math.isnan(low) or math.isnan(high) else f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def _bold(summary: pd.DataFrame) -> pd.Series:
+    """Which cells are bold: per (train_len, eval_len) column, the lines tied with the lowest
+    (``tied_best``), or none where a comparison there has no interval."""
+    if "tied_best" not in summary:
+        return pd.Series(False, index=summary.index)
+    tied = summary.tied_best.astype("boolean")
+    known = tied.notna() | summary.ppl_mean.isna()
+    decided = known.groupby([summary.train_len, summary.eval_len]).transform("all")
+    return (tied.fillna(False) & decided).astype(bool)
 
 
 def count_text(n) -> str:
@@ -237,7 +350,7 @@ def params_text(params, pos_params) -> str:
 
 
 def _table_cells(summary: pd.DataFrame):
-    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, best?)}).
+    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, bold?)}).
     Lines get a ``params`` extra column ('5.52M (0.26M)') when any row has parameter counts."""
     summary = _with_labels(summary)
     lengths = sorted(summary.eval_len.unique())
@@ -245,27 +358,27 @@ def _table_cells(summary: pd.DataFrame):
     if "params" in summary and summary.params.notna().any():
         summary = summary.assign(params=[params_text(a, b) for a, b in zip(summary.params, summary.pos_params)])
         extra = ["params"] + extra
-    best = summary.groupby("eval_len").ppl_mean.min()
+    summary = summary.assign(bold=_bold(summary))
     several = len(summary.groupby(["label", "train_len"] + extra)) > 1  # one line: nothing to compare
     lines = []
     for keys, g in summary.groupby(["label", "train_len"] + extra, sort=False):
-        cells = {r.eval_len: (r.ppl_mean, r.ppl_std, several and r.ppl_mean == best[r.eval_len])
-                 for r in g.itertuples()}
+        cells = {r.eval_len: ((r.ppl_mean, r.ppl_std, getattr(r, "ppl_ci_low", math.nan),
+                               getattr(r, "ppl_ci_high", math.nan)), several and r.bold) for r in g.itertuples()}
         lines.append((keys, int(g.seeds.max()), cells))
     return lengths, extra, lines
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
-    """Labels as rows, eval lengths as columns, 'mean ± std' cells; the lowest ppl of each
-    column in bold."""
+    """Labels as rows, eval lengths as columns, 'mean ± std [95% interval]' cells; in bold the
+    lowest ppl of each column and the lines not distinguishable from it (:data:`TABLE_NOTE`)."""
     lengths, extra, lines = _table_cells(summary)
     head = ["encoding", "train_len", "seeds", *(PARAMS_HEAD.get(c, c) for c in extra), *(f"L={n}" for n in lengths)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (label, tlen, *rest), seeds, cells in lines:
         row = [label, str(tlen), str(seeds), *map(str, rest)]
         for n in lengths:
-            mean, std, best = cells.get(n, (None, None, False))
-            text = "" if n not in cells else _fmt(mean, std)
+            (mean, std, low, high), best = cells.get(n, ((None, None, math.nan, math.nan), False))
+            text = "" if n not in cells else _fmt(mean, std, " ± ", low, high)
             row.append(f"**{text}**" if best else text)
         out.append("| " + " | ".join(row) + " |")
     return "\n".join(out)
@@ -279,8 +392,8 @@ def latex_escape(text: str) -> str:
 
 
 def latex_table(summary: pd.DataFrame) -> str:
-    """A booktabs table (needs ``\\usepackage{booktabs}``): the Markdown table's cells, the
-    lowest ppl of each column in \\textbf."""
+    """A booktabs table (needs ``\\usepackage{booktabs}``): the Markdown table's cells and bold
+    (\\textbf)."""
     lengths, extra, lines = _table_cells(summary)
     head = ["encoding", "$L_\\mathrm{train}$", "seeds", *(PARAMS_HEAD.get(c, c) for c in extra),
             *(f"$L={n}$" for n in lengths)]
@@ -289,12 +402,13 @@ def latex_table(summary: pd.DataFrame) -> str:
     for (label, tlen, *rest), seeds, cells in lines:
         row = [latex_escape(label), str(tlen), str(seeds), *map(latex_escape, rest)]
         for n in lengths:
-            mean, std, best = cells.get(n, (None, None, False))
-            text = "" if n not in cells else _fmt(mean, std, r" $\pm$ ")
+            (mean, std, low, high), best = cells.get(n, ((None, None, math.nan, math.nan), False))
+            text = "" if n not in cells else _fmt(mean, std, r" $\pm$ ", low, high)
             row.append(rf"\textbf{{{text}}}" if best else text)
         out.append(" & ".join(row) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}",
-            r"\caption{Perplexity at evaluation length $L$ (mean $\pm$ std over seeds; lowest per column in bold).}",
+            r"\caption{Perplexity at evaluation length $L$: " + latex_escape(TABLE_NOTE).replace("±", r"$\pm$")
+            .replace(">=", r"$\geq$") + ".}",
             r"\label{tab:posbench}", r"\end{table}"]
     return "\n".join(out)
 
@@ -309,9 +423,12 @@ def markdown_results(rows: pd.DataFrame) -> str:
 
 
 def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
-    """How far apart the lines are at train_len; for each line ppl(longest)/ppl(train_len) and
-    the longest length up to which every evaluated length stays within 10% (at most 10% above)
-    of its ppl at train_len."""
+    """How far apart the lines are at train_len (the spread, worst / lowest, with its 95%
+    interval) and a warning when some differ beyond their intervals; for each line
+    ppl(longest) / ppl(train_len) with its interval, and the longest length up to which every
+    evaluated length is within 10% of its ppl at train_len: a length counts only when the whole
+    interval of its ratio is at most 1.10, and one whose interval straddles 1.10 ends the range
+    as "not distinguishable"."""
     summary = _with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
     for tlen, g in summary.groupby("train_len"):
@@ -319,8 +436,18 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
         if len(at_train) > 1:
             lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
             what = "encodings" if (at_train.label == at_train.encoding).all() else "lines"
+            worst = at_train.loc[at_train.vs_best.idxmax()] if at_train.vs_best.notna().any() else None
+            ci = "" if worst is None or math.isnan(worst.vs_best_ci_low) else \
+                f", 95% interval {100 * (worst.vs_best_ci_low - 1):.1f} .. {100 * (worst.vs_best_ci_high - 1):.1f}%"
             lines.append(f"train_len={tlen}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
-                         f"across {len(at_train)} {what} (spread {100 * (hi / lo - 1):.1f}%)")
+                         f"across {len(at_train)} {what} (spread {100 * (hi / lo - 1):.1f}%{ci})")
+            apart = at_train[at_train.tied_best.astype("boolean").eq(False).fillna(False).astype(bool)]
+            if len(apart):
+                best = at_train.loc[at_train.vs_best.idxmin(), "name"]
+                verb = "differs" if len(apart) == 1 else "differ"
+                lines.append(f"  warning: at train_len={tlen} {', '.join(apart.name)} {verb} from {best} by more "
+                             "than their 95% intervals: the ratios ppl(L) / ppl(train_len) compare models at "
+                             "different stages of training")
         for name, e in g.groupby("name", sort=False):
             e = e.sort_values("eval_len")
             base = e[e.eval_len == tlen].ppl_mean
@@ -328,14 +455,19 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
                 lines.append(f"  {name}: no perplexity at train_len={tlen} to compare with")
                 continue
             longest = e.iloc[-1]
-            ratio = "n/a" if math.isnan(longest.ppl_mean) else f"{longest.ppl_mean / base.iloc[0]:.2f}"
-            holds = tlen
-            for r in e[e.eval_len >= tlen].itertuples():
-                if not r.ppl_mean <= NEAR * base.iloc[0]:  # NaN (cannot run) ends it too
+            ratio = "n/a" if math.isnan(longest.ratio_mean) else \
+                f"{longest.ratio_mean:.3f} {interval_text(longest.ratio_ci_low, longest.ratio_ci_high, 3)}"
+            holds, undecided = tlen, ""
+            for r in e[e.eval_len > tlen].itertuples():
+                if math.isnan(r.ratio_mean) or r.ratio_ci_low > NEAR:  # cannot run, or clearly beyond
+                    break
+                if not r.ratio_ci_high <= NEAR:  # the interval straddles 1.10, or there is none
+                    why = "no interval" if math.isnan(r.ratio_ci_high) else "not distinguishable from 10%"
+                    undecided = f"; L={r.eval_len}: {why}"
                     break
                 holds = r.eval_len
             lines.append(f"  {name}: ppl(L={int(longest.eval_len)}) / ppl(L={tlen}) = {ratio}; "
-                         f"within 10% of ppl(L={tlen}) up to L={holds} ({holds / tlen:g}x)")
+                         f"within 10% of ppl(L={tlen}) up to L={holds} ({holds / tlen:g}x){undecided}")
     return lines
 
 
@@ -438,7 +570,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
     shown = "".join(f"\n![{name}]({name}.png)\n" for name in figures)
-    atomic_write_text(files[1], f"{table}{failures_markdown(failed)}\n\n## Length extrapolation\n\n"
+    atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
+                      "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text) + f"\n## Figures\n{shown}")
     if fmt == "latex":
         table = latex_table(summary)

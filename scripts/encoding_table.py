@@ -1,10 +1,13 @@
 """README's encoding table from a report: name, paper, hook, measured ppl at train_len and at
-the longest length, their ratio, and a verdict.
+the longest length, their ratio with its 95% interval, and a verdict.
 
     python scripts/encoding_table.py results/zoo_quick/report.csv > results/zoo_quick/encodings.md
 
-Verdict: "yes" if ppl(longest) <= 1.05 x ppl(train_len),
-"partly" up to 1.5x, "no" beyond or where the encoding cannot run that long.
+Verdict, from the interval of ppl(longest) / ppl(train_len) (report.csv's ratio_ci_low and
+ratio_ci_high): "yes" if the whole interval is <= 1.05, "partly" if it lies within (1.05, 1.5],
+"no" if it lies above 1.5 or the encoding cannot run that long. An interval that straddles 1.05
+or 1.5 supports neither side: "not distinguishable (yes/partly)"; one that is missing, "no interval".
+Rows are sorted by the ratio's point estimate, which is no ranking where intervals overlap.
 """
 
 import math
@@ -14,31 +17,42 @@ import pandas as pd
 
 from posbench.encodings import REGISTRY
 
+BOUNDS = ((1.05, "yes"), (1.5, "partly"), (math.inf, "no"))
 
-def verdict(ratio: float) -> str:
+
+def _grade(ratio: float) -> str:
+    return next(name for bound, name in BOUNDS if ratio <= bound)
+
+
+def verdict(ratio: float, low: float = math.nan, high: float = math.nan) -> str:
     if math.isnan(ratio):
         return "no (cannot run that long)"
-    return "yes" if ratio <= 1.05 else "partly" if ratio <= 1.5 else "no"
+    if math.isnan(low) or math.isnan(high):
+        return "no interval"
+    lo, hi = _grade(low), _grade(high)
+    return lo if lo == hi else f"not distinguishable ({lo}/{hi})"
 
 
 def main(path: str) -> None:
     df = pd.read_csv(path)
     df = df[df.rope_scaling.fillna("none") == "none"] if "rope_scaling" in df else df
     df = df[df["mode"].fillna("nonoverlapping") == "nonoverlapping"] if "mode" in df else df  # plain lines only
-    lines = ["| encoding | paper | hook | ppl at train_len | ppl at 16x | ratio | extrapolates? |",
+    lines = ["| encoding | paper | hook | ppl at train_len | ppl at 16x | ratio [95% interval] | extrapolates? |",
              "|---|---|---|---|---|---|---|"]
     rows = []
     for enc, g in df.groupby("encoding"):
         tlen = g.train_len.iloc[0]
         base = g[g.eval_len == tlen].ppl_mean.iloc[0]
-        longest = g[g.eval_len == g.eval_len.max()].ppl_mean.iloc[0]
-        rows.append((longest / base if base == base and longest == longest else math.nan, enc, base, longest))
-    for ratio, enc, base, longest in sorted(rows, key=lambda r: (math.isnan(r[0]), r[0])):
+        longest = g[g.eval_len == g.eval_len.max()].iloc[0]
+        ratio, low, high = (float(longest.get(c, math.nan)) for c in ("ratio_mean", "ratio_ci_low", "ratio_ci_high"))
+        rows.append((ratio, enc, base, longest.ppl_mean, low, high))
+    for ratio, enc, base, longest, low, high in sorted(rows, key=lambda r: (math.isnan(r[0]), r[0])):
         cls = REGISTRY.get(enc)
         paper, hook = (cls.paper, cls.hook_kind()) if cls else ("", "")
         fmt = lambda v: "n/a" if v != v else f"{v:.1f}"
-        lines.append(f"| `{enc}` | {paper} | {hook} | {fmt(base)} | {fmt(longest)} | "
-                     f"{'n/a' if ratio != ratio else f'{ratio:.2f}'} | {verdict(ratio)} |")
+        shown = "n/a" if ratio != ratio else f"{ratio:.3f}" + ("" if low != low else f" [{low:.3f}, {high:.3f}]")
+        lines.append(f"| `{enc}` | {paper} | {hook} | {fmt(base)} | {fmt(longest)} | {shown} | "
+                     f"{verdict(ratio, low, high)} |")
     print("\n".join(lines))
 
 

@@ -127,6 +127,8 @@ def test_sliding_window_matches_a_window_by_window_loop(lengths, stride):
         nll, where = naive_sliding(model, tokens, n, length, s)
         assert sorted(nll) == list(range(1, n + 1))  # the same tokens 1..n at every length
         assert row["nll"] == pytest.approx(sum(nll.values()) / n, rel=1e-5)
+        assert row["token_nll"].dtype == np.float32  # each target's loss, in target order
+        assert row["token_nll"] == pytest.approx([nll[t] for t in range(1, n + 1)], rel=1e-4, abs=1e-5)
         for b in row["positions"]:  # the same bins from the reference's per-token losses
             inside = [v for t, v in nll.items() if b["bin_start"] <= where[t] <= b["bin_end"]]
             assert b["tokens"] == len(inside) and b["nll"] == pytest.approx(np.mean(inside), rel=1e-5)

@@ -1,23 +1,27 @@
-"""posbench report on small hand-made run dirs (results.csv, positions.csv, passkey.csv,
-config.yaml): seeds averaged and nothing else, sliding windows and RoPE scalings as their own
-lines, Markdown/LaTeX tables, the extrapolation summary, and the figures' content."""
+"""posbench report on small hand-made run dirs (results.csv, token_nll.npz, positions.csv,
+passkey.csv, config.yaml): seeds averaged and nothing else, sliding windows and RoPE scalings as
+their own lines, Markdown/LaTeX tables with intervals, verdicts only where intervals support
+them, the extrapolation summary, and the figures' content."""
 
 import math
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import matplotlib.image
+import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, SMOKE, posbench
 from posbench.errors import PosbenchError
-from posbench.figures import DPI, passkey_figure, positions_figure, ppl_figure
+from posbench.figures import DPI, INTERVAL_LABEL, passkey_figure, positions_figure, ppl_figure
 from posbench.report import (REFERENCE, collect, extrapolation_summary, latex_table, markdown_table, read_reference,
                              read_results, report, summarize)
+from posbench.token_nll import merge_token_nll, row_key
 
 COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
            "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model", "data", "steps",
@@ -37,11 +41,26 @@ def rows(encoding, seed, ppl: dict, scaling="none", mode="nonoverlapping", strid
     return pd.DataFrame(out, columns=COLUMNS)
 
 
-def write_run(path: Path, *frames, lr=0.001, steps=10, encoding=None) -> Path:
-    """A run dir: results.csv plus the config.yaml whose hashed keys the rows' config_hash stands for."""
+def write_token_nll(path: Path, df: pd.DataFrame, own: float = 0.05) -> None:
+    """token_nll.npz for the ok rows: ln(ppl) plus the same difficulty pattern in every row (every
+    row scores the same text) plus ``own`` noise of each row's, both exactly mean zero."""
+    arrays = {}
+    for i, r in df[df.status == "ok"].iterrows():
+        n = int(r.tokens)
+        rng = np.random.default_rng([r.seed, r.eval_len, i, *map(ord, r.encoding + r["mode"])])
+        x = np.random.default_rng(0).normal(0, 1.0, n) + rng.normal(0, own, n)
+        arrays[row_key(r)] = math.log(r.ppl) + x - x.mean()
+    merge_token_nll(path / "token_nll.npz", arrays)
+
+
+def write_run(path: Path, *frames, lr=0.001, steps=10, encoding=None, tokens=True) -> Path:
+    """A run dir: results.csv, token_nll.npz (unless not ``tokens``) plus the config.yaml whose hashed
+    keys the rows' config_hash stands for."""
     path.mkdir(parents=True)
     df = pd.concat(frames, ignore_index=True)
     df.to_csv(path / "results.csv", index=False)
+    if tokens:
+        write_token_nll(path, df)
     config = {"encoding": {"name": str(df.encoding.iloc[0]), **(encoding or {})}, "train": {"lr": lr, "steps": steps, "train_len": 32},
               "seed": int(df.seed.iloc[0]), "eval": {"max_tokens": 2048 * (1 + int(df.seed.iloc[0]))},
               "wandb": {"mode": "disabled"}, "data": {"name": "sotu", "cache_dir": f"/tmp/c{df.seed.iloc[0]}"}}
@@ -81,12 +100,25 @@ def test_summary_averages_seeds_and_keeps_sliding_windows_apart(sweep):
     assert sliding.ppl_mean.to_dict() == {32: 9.25, 64: 9.25} and (sliding.stride == 16).all()
     assert summary.label.unique().tolist() == ["alibi", "alibi sliding/16", "nope"]
 
+    # two seeds and one: the paired block bootstrap over the scored tokens, around exp(mean NLL)
+    ok = summary.dropna(subset=["ppl_mean"])
+    assert (ok.ci_method == "bootstrap").all() and (ok.block_tokens == 103).all()  # 2,048 tokens, 20 blocks
+    assert ((ok.ppl_ci_low < np.exp(ok.nll_mean)) & (np.exp(ok.nll_mean) < ok.ppl_ci_high)).all()
+    assert summary[summary.ppl_mean.isna()].ci_method.eq("none").all()
+
     table = markdown_table(summary).splitlines()
     assert table[0] == "| encoding | train_len | seeds | L=32 | L=64 | L=128 | L=256 |"
-    # lowest ppl per column in bold: sliding at 32 and 64, nope n/a past 64, alibi best of the rest
-    assert table[2] == "| alibi | 32 | 2 | 11.00 ± 1.41 | 11.50 ± 1.41 | **11.50 ± 0.71** | **12.20 ± 1.41** |"
-    assert table[3] == "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35** | **9.25 ± 0.35** |  |  |"
-    assert table[4] == "| nope | 32 | 1 | 10.50 | 10.00 | n/a | n/a |"
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[4:-1]] for line in table[2:]}
+    number, ci = r"\d+\.\d\d", r" \[\d+\.\d\d, \d+\.\d\d\]"
+    assert re.fullmatch(f"11\\.00 ± 1\\.41{ci}", cells["alibi"][0]) and re.fullmatch(f"10\\.50{ci}", cells["nope"][0])
+    # lowest ppl per column in bold (the others are apart beyond their intervals): sliding at 32
+    # and 64, nope n/a past 64, alibi the only line left
+    bold = {label: [c.startswith("**") for c in row] for label, row in cells.items()}
+    assert bold == {"alibi": [False, False, True, True], "alibi sliding/16": [True, True, False, False],
+                    "nope": [False, False, False, False]}
+    assert cells["alibi sliding/16"][2:] == ["", ""] and cells["nope"][2:] == ["n/a", "n/a"]
+    assert all(re.fullmatch(f"(\\*\\*)?{number}( ± {number})?{ci}(\\*\\*)?", c) for row in cells.values()
+               for c in row if c not in ("", "n/a"))
 
 
 def test_table_has_a_parameter_column_when_rows_carry_counts(tmp_path):
@@ -113,22 +145,67 @@ def test_latex_table_is_booktabs_with_escaped_names_and_bold_best(tmp_path):
     tex = latex_table(summarize(collect([tmp_path]))).splitlines()
     assert tex[:4] == [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{lrrrr}", r"\toprule"]
     assert tex[4] == r"encoding & $L_\mathrm{train}$ & seeds & $L=32$ & $L=64$ \\" and tex[5] == r"\midrule"
-    assert tex[6] == r"kerple\_log & 32 & 1 & \textbf{10.00} & 12.00 \\"
-    assert tex[7] == r"rope+dynamic\_ntk & 32 & 1 & 11.00 & \textbf{11.50} \\"
+    ci = r" \[\d+\.\d\d, \d+\.\d\d\]"
+    assert re.fullmatch(rf"kerple\\_log & 32 & 1 & \\textbf\{{10\.00{ci}\}} & 12\.00{ci} \\\\", tex[6]), tex[6]
+    assert re.fullmatch(rf"rope\+dynamic\\_ntk & 32 & 1 & 11\.00{ci} & \\textbf\{{11\.50{ci}\}} \\\\", tex[7]), tex[7]
     assert tex[8:10] == [r"\bottomrule", r"\end{tabular}"] and tex[-1] == r"\end{table}"
+    assert r"mean $\pm$ std over seeds [95\% interval: t over seeds where a cell has $\geq$ 3" in tex[-3]
 
 
 def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
-    write_run(tmp_path / "a", rows("rope", 0, {32: 100.0, 64: 105.0, 128: 109.0, 256: 115.0}))
-    write_run(tmp_path / "b", rows("t5", 0, {32: 100.0, 64: 120.0, 128: 105.0, 256: 104.0}, chash="h2"))
+    write_run(tmp_path / "a", rows("rope", 0, {32: 100.0, 64: 105.0, 128: 108.0, 256: 115.0}))
+    write_run(tmp_path / "b", rows("t5", 0, {32: 100.1, 64: 120.0, 128: 105.0, 256: 104.0}, chash="h2"))
     write_run(tmp_path / "c", rows("learned", 0, {32: 150.0, 64: math.nan, 128: math.nan, 256: math.nan}, chash="h3"))
-    lines = extrapolation_summary(summarize(collect([tmp_path])))
-    assert lines == [
-        "train_len=32: ppl at train_len spans 100.00 .. 150.00 across 3 encodings (spread 50.0%)",
+    write_run(tmp_path / "d", rows("xpos", 0, {32: 100.0, 64: 110.0, 128: 100.0, 256: 100.0}, chash="h4"))
+    summary = summarize(collect([tmp_path]))
+    lines = extrapolation_summary(summary)
+    ci = r"\[(\d+\.\d\d\d), (\d+\.\d\d\d)\]"
+    spread = re.fullmatch(r"train_len=32: ppl at train_len spans 100\.00 \.\. 150\.00 across 4 encodings "
+                          r"\(spread 50\.0%, 95% interval (\d+\.\d) \.\. (\d+\.\d)%\)", lines[0])
+    assert spread and float(spread[1]) <= 50 <= float(spread[2]), lines[0]
+    # rope, t5 and xpos are 0.1% apart at train_len, within their intervals; learned is not
+    assert lines[1] == ("  warning: at train_len=32 learned differs from rope by more than their 95% intervals: "
+                        "the ratios ppl(L) / ppl(train_len) compare models at different stages of training")
+    assert [re.sub(ci, "[ci]", line) for line in lines[2:]] == [
         "  learned: ppl(L=256) / ppl(L=32) = n/a; within 10% of ppl(L=32) up to L=32 (1x)",
-        "  rope: ppl(L=256) / ppl(L=32) = 1.15; within 10% of ppl(L=32) up to L=128 (4x)",
-        "  t5: ppl(L=256) / ppl(L=32) = 1.04; within 10% of ppl(L=32) up to L=32 (1x)",  # 20% above at 2x
+        "  rope: ppl(L=256) / ppl(L=32) = 1.150 [ci]; within 10% of ppl(L=32) up to L=128 (4x)",
+        "  t5: ppl(L=256) / ppl(L=32) = 1.039 [ci]; within 10% of ppl(L=32) up to L=32 (1x)",  # 20% above at 2x
+        # exactly 10% above at 2x: its interval straddles the bound, so no verdict past 1x
+        "  xpos: ppl(L=256) / ppl(L=32) = 1.000 [ci]; within 10% of ppl(L=32) up to L=32 (1x); "
+        "L=64: not distinguishable from 10%",
     ]
+    rope = summary[summary.encoding == "rope"].set_index("eval_len")
+    low, high = rope.ratio_ci_low, rope.ratio_ci_high
+    assert (rope.ratio_method == "bootstrap").all() and (low[32], high[32]) == (1, 1)
+    assert (low < rope.ratio_mean).iloc[1:].all() and (rope.ratio_mean < high).iloc[1:].all()
+    # the paired ratio interval is far narrower than either cell's
+    assert (rope.ratio_ci_high / rope.ratio_ci_low).iloc[1:].max() < 1.01 < (rope.ppl_ci_high / rope.ppl_ci_low).min()
+
+
+def test_no_verdict_without_an_interval_and_t_over_three_seeds(tmp_path):
+    """Runs without per-token NLL and fewer than 3 seeds have no interval: no bold, no verdict.
+    Three seeds get the t-interval of the seeds' mean NLLs, t_{0.975, 2} = 4.303 (tables)."""
+    for seed, (a, b) in enumerate([(10.0, 10.5), (11.0, 11.2), (12.0, 13.0)]):
+        write_run(tmp_path / f"alibi{seed}", rows("alibi", seed, {32: a, 64: b}), tokens=False)
+    write_run(tmp_path / "nope", rows("nope", 0, {32: 20.0, 64: 21.0}, chash="h2"), tokens=False)
+    summary = summarize(collect([tmp_path]))
+    alibi = summary[summary.encoding == "alibi"].set_index("eval_len")
+    x = np.log([10.0, 11.0, 12.0])
+    half = 4.302653 * x.std(ddof=1) / math.sqrt(3)
+    assert alibi.loc[32, "ci_method"] == "t" and pd.isna(alibi.loc[32, "block_tokens"])
+    assert alibi.loc[32, ["ppl_ci_low", "ppl_ci_high"]].tolist() == pytest.approx(np.exp(x.mean() + np.array([-half, half])))
+    d = np.log([10.5 / 10, 11.2 / 11, 13.0 / 12])  # each seed's ratio: paired by seed
+    half = 4.302653 * d.std(ddof=1) / math.sqrt(3)
+    assert alibi.loc[64, "ratio_method"] == "paired t"
+    assert alibi.loc[64, ["ratio_ci_low", "ratio_ci_high"]].tolist() == pytest.approx(np.exp(d.mean() + np.array([-half, half])))
+    assert alibi.loc[64, "ratio_mean"] == pytest.approx(np.mean([1.05, 11.2 / 11, 13 / 12]))
+    nope = summary[summary.encoding == "nope"]
+    assert (nope.ci_method == "none").all() and nope.ppl_ci_low.isna().all() and nope.tied_best.isna().all()
+    assert "**" not in markdown_table(summary)  # alibi vs nope (1 seed, no tokens) cannot be compared
+    lines = extrapolation_summary(summary)
+    assert lines[0] == "train_len=32: ppl at train_len spans 11.00 .. 20.00 across 2 encodings (spread 81.8%)"
+    assert lines[-1] == ("  nope: ppl(L=64) / ppl(L=32) = 1.050 [no interval]; within 10% of ppl(L=32) up to L=32 (1x); "
+                         "L=64: no interval")
 
 
 def test_refuses_to_average_runs_whose_configs_differ(tmp_path):
@@ -155,7 +232,7 @@ def reference_csv(tmp_path) -> Path:
     return path
 
 
-def test_comparison_figure_lines_spread_marker_and_paper_panel(sweep, tmp_path):
+def test_comparison_figure_lines_interval_marker_and_paper_panel(sweep, tmp_path):
     summary = summarize(collect([sweep]))
     fig = ppl_figure(summary, read_reference(reference_csv(tmp_path)))
     ours, paper = fig.axes
@@ -165,9 +242,14 @@ def test_comparison_figure_lines_spread_marker_and_paper_panel(sweep, tmp_path):
     assert lines["ours:alibi"].get_ydata().tolist() == [11.0, 11.5, 11.5, 12.2]
     assert lines["ours:alibi sliding/16"].get_linestyle() == ":" and lines["ours:alibi"].get_linestyle() == "-"
     assert lines["train_len"].get_xdata()[0] == 1
-    assert [c.get_gid() for c in ours.collections] == ["spread:alibi", "spread:alibi sliding/16"]  # 2 seeds each
+    bands = {c.get_gid(): c for c in ours.collections}
+    assert list(bands) == ["interval:alibi", "interval:alibi sliding/16", "interval:nope", "interval"]
+    (band,) = bands["interval:nope"].get_paths()  # the 95% interval, not min..max (one seed has none)
+    nope = summary[summary.label == "nope"].dropna(subset=["ppl_mean"])
+    assert band.vertices[:, 1].min() == pytest.approx(nope.ppl_ci_low.min())
+    assert band.vertices[:, 1].max() == pytest.approx(nope.ppl_ci_high.max())
     assert [t.get_text() for t in ours.get_legend().get_texts()] == ["alibi", "alibi sliding/16", "nope",
-                                                                     "train length"]
+                                                                     INTERVAL_LABEL, "train length"]
     paper_lines = {line.get_gid(): line for line in paper.lines}
     assert paper_lines["paper:alibi"].get_xdata().tolist() == [1, 2, 32]
     assert paper_lines["paper:sinusoidal"].get_xdata().tolist() == [1]  # the empty ppl is left out
@@ -250,15 +332,17 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     assert sorted(p.name for p in done.files) == names
     assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
     md = (out / "report.md").read_text()
-    assert "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35** |" in md and "![positions](positions.png)" in md
-    assert "- alibi: ppl(L=256) / ppl(L=32) = 1.11; within 10% of ppl(L=32) up to L=128 (4x)" in md
+    assert "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35 [" in md and "![positions](positions.png)" in md
+    assert re.search(r"- alibi: ppl\(L=256\) / ppl\(L=32\) = 1\.110 \[1\.\d\d\d, 1\.\d\d\d\]; within 10% of "
+                     r"ppl\(L=32\) up to L=128 \(4x\)\n", md)
+    assert "Cells: mean ± std over seeds [95% interval" in md
     tidy = pd.read_csv(out / "report.csv")
     assert len(tidy) == 4 + 2 + 4 and set(tidy.label) == {"alibi", "alibi sliding/16", "nope"}
     assert tidy.set_index(["label", "eval_len"]).loc[("alibi", 32), "word_ppl_mean"] == 22.0
 
     ids = svg_ids(out / "report.svg")
     for gid in ("ours:alibi", "ours:alibi sliding/16", "ours:nope", "paper:alibi", "paper:sinusoidal",
-                "spread:alibi", "train_len"):
+                "interval:alibi", "train_len"):
         assert gid in ids, gid
     texts = {t.text for t in ET.parse(out / "report.svg").iter("{http://www.w3.org/2000/svg}text")}
     assert {"alibi sliding/16", "train length", "evaluation length / train length"} <= texts
@@ -293,7 +377,7 @@ def test_scripts_read_only_plain_nonoverlapping_lines(sweep, tmp_path):
     table = subprocess.run([sys.executable, ROOT / "scripts/encoding_table.py", tmp_path / "reversed.csv"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == ["`alibi`", "`nope`"]
-    assert "| 11.0 | 12.2 | 1.11 | partly |" in table[2]  # not the sliding line's 9.25
+    assert re.search(r"\| 11\.0 \| 12\.2 \| 1\.110 \[1\.\d\d\d, 1\.\d\d\d\] \| partly \|$", table[2])  # not sliding's 9.25
     # a variant beside its default, both runs also scored with sliding windows
     sliding = {32: 5.0, 64: 5.0, 128: 5.0, 256: 5.0}
     write_run(tmp_path / "zoo/alibi", rows("alibi", 0, {32: 10.0, 64: 10.5, 128: 11.0, 256: 11.2}),

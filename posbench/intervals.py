@@ -1,0 +1,220 @@
+"""95% intervals for perplexities and their ratios: over seeds, or a paired block bootstrap.
+
+Everything is computed on the log scale, the mean NLL per token (ln ppl), where a perplexity is
+an average and a ratio of perplexities a difference; intervals are exponentiated at the end.
+
+**Over seeds** (a cell with k >= :data:`MIN_SEEDS` seeds): the t-interval of the seeds' mean
+NLLs x_1 .. x_k,
+
+    mean(x) ± t_{0.975, k-1} * s / sqrt(k),      s² = sum (x_i - mean(x))² / (k - 1).
+
+A ratio ppl(L) / ppl(train_len) of one line is a paired difference, d_i = x_i(L) - x_i(train_len)
+for each seed i (the same model scores both), with the same interval on d. Two lines have no
+seeds in common (different models), so their ratio gets Welch's interval on the difference of
+means, df from the Welch-Satterthwaite formula.
+
+**Paired block bootstrap** (fewer seeds, or where the t-interval does not apply): every length of
+every run scores the same tokens 1 .. n of the split (:mod:`posbench.evaluate`), so all cells
+share one sample of text. The n scored tokens are cut into :data:`BLOCKS` contiguous blocks of
+n / BLOCKS tokens (rounded); a resample draws BLOCKS block indices with replacement, and a
+cell's resampled mean NLL is
+
+    sum over drawn blocks of NLL sums / sum over drawn blocks of token counts,
+
+averaged over the cell's seeds. The same :data:`RESAMPLES` x n_blocks index matrix serves every
+cell with the same blocks: a ratio's numerator and denominator (and every column of a table)
+see the same resampled text, so the text's difficulty, shared by both, cancels in the ratio.
+The interval is the 2.5th and 97.5th percentile of the resampled statistic (percentile method).
+Blocks, not tokens: the losses of neighbouring tokens are correlated (one window's context, one
+document's topic and style), and resampling single tokens would treat them as independent and
+give an interval too narrow. The dependence reaches across whole documents, so the blocks are
+as long as the bootstrap allows: as few as still make a usable percentile bootstrap (20);
+``docs/evaluation.md`` shows the measurements behind that choice.
+
+The two intervals answer different questions. Over seeds: how much would a retrained model
+differ on this text. Bootstrap: how much would this model's numbers differ on other text like
+it. Each report row says which it used (``ci_method``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+LEVEL = 0.95
+MIN_SEEDS = 3  # t over seeds from 3 seeds (2 degrees of freedom) on; fewer: the bootstrap
+BLOCKS = 20  # bootstrap resampling units: contiguous blocks of n / BLOCKS scored tokens (docs/evaluation.md)
+RESAMPLES = 2000  # percentile-interval resamples: Monte Carlo error of a 2.5% quantile ~ 0.4%-points
+
+
+# ---------------------------------------------------------------- Student's t
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz, Numerical Recipes 6.4)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom: 1 - I_{df/(df+t²)}(df/2, 1/2) / 2 for t >= 0."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+@lru_cache(maxsize=1024)
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t (bisection on :func:`t_cdf`; df may be fractional, as in Welch's)."""
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+class Interval(NamedTuple):
+    """An estimate on the log scale (mean NLL, or a difference of mean NLLs) and its 95% interval."""
+    estimate: float
+    low: float
+    high: float
+    method: str  # 't', 'paired t', 'welch', 'bootstrap', or 'none' (no interval: low = high = NaN)
+
+
+NONE = "none"
+
+
+def t_interval(x, level: float = LEVEL) -> Interval:
+    """mean(x) ± t_{(1+level)/2, k-1} s / sqrt(k)."""
+    x = np.asarray(x, dtype=float)
+    k, mean = x.size, float(np.mean(x))
+    half = t_quantile((1 + level) / 2, k - 1) * float(np.std(x, ddof=1)) / math.sqrt(k)
+    return Interval(mean, mean - half, mean + half, "t")
+
+
+def welch_interval(a, b, level: float = LEVEL) -> Interval:
+    """mean(a) - mean(b) ± t_{(1+level)/2, df} sqrt(s_a²/k_a + s_b²/k_b), with the
+    Welch-Satterthwaite df = (v_a + v_b)² / (v_a²/(k_a-1) + v_b²/(k_b-1)), v = s²/k."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    va, vb = np.var(a, ddof=1) / a.size, np.var(b, ddof=1) / b.size
+    diff = float(a.mean() - b.mean())
+    if va + vb == 0:
+        return Interval(diff, diff, diff, "welch")
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
+    half = t_quantile((1 + level) / 2, df) * math.sqrt(va + vb)
+    return Interval(diff, diff - half, diff + half, "welch")
+
+
+# ---------------------------------------------------------------- block bootstrap
+def block_sums(token_nll: np.ndarray, blocks: int = BLOCKS) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL sum, tokens) of each of ``blocks`` contiguous blocks of the scored tokens, block k
+    holding tokens round(k n / blocks) .. round((k + 1) n / blocks) - 1 (sizes differ by at most 1)."""
+    x = np.asarray(token_nll, dtype=np.float64)
+    starts = np.unique(np.round(np.linspace(0, x.size, min(blocks, x.size) + 1)).astype(np.int64))
+    return np.add.reduceat(x, starts[:-1]), np.diff(starts)
+
+
+def resample_indices(n_blocks: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """(resamples, n_blocks) block indices drawn with replacement; the same for the same arguments,
+    so every cell with the same blocks is resampled alike (paired)."""
+    return np.random.default_rng([seed, n_blocks]).integers(0, n_blocks, size=(resamples, n_blocks))
+
+
+def bootstrap_means(sums: np.ndarray, sizes: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Mean NLL of each resample: sums (..., n_blocks) -> (..., resamples)."""
+    return sums[..., index].sum(-1) / sizes[index].sum(-1)
+
+
+def percentile_interval(estimate: float, samples: np.ndarray, level: float = LEVEL) -> Interval:
+    low, high = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(estimate, float(low), float(high), "bootstrap")
+
+
+# ---------------------------------------------------------------- cells and their comparisons
+@dataclass
+class Cell:
+    """One table cell, a line at one eval length: each seed's mean NLL and, where every seed's run
+    kept them, its block sums (seeds, n_blocks) over the scored tokens ``tokens_id`` names
+    (data, split, n): cells bootstrap together only when they scored the same tokens."""
+    seeds: np.ndarray
+    nll: np.ndarray
+    blocks: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+    tokens_id: tuple = ()
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.nll)) if self.nll.size else math.nan
+
+
+class Estimator:
+    """Intervals of cells and of their differences, one bootstrap index matrix per block count."""
+
+    def __init__(self, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0):
+        self.level, self.resamples, self.seed = level, resamples, seed
+        self._index: dict[int, np.ndarray] = {}
+
+    def _boot(self, cell: Cell) -> np.ndarray:
+        """(resamples,) resampled mean NLL, averaged over the cell's seeds."""
+        nb = cell.sizes.size
+        if nb not in self._index:
+            self._index[nb] = resample_indices(nb, self.resamples, self.seed)
+        return bootstrap_means(cell.blocks, cell.sizes, self._index[nb]).mean(0)
+
+    def cell(self, c: Cell) -> Interval:
+        """Mean NLL over seeds: t over seeds with >= MIN_SEEDS seeds, else the block bootstrap."""
+        if c.nll.size >= MIN_SEEDS:
+            return t_interval(c.nll, self.level)
+        if c.nll.size and c.blocks is not None:
+            return percentile_interval(c.mean, self._boot(c), self.level)
+        return Interval(c.mean, math.nan, math.nan, NONE)
+
+    def difference(self, a: Cell, b: Cell, same_models: bool = False) -> Interval:
+        """mean NLL(a) - mean NLL(b), the log of ppl(a) / ppl(b). ``same_models``: a and b are the same
+        runs at two lengths (one line), paired by seed; else two lines, Welch over seeds. Where
+        either has fewer than MIN_SEEDS seeds: the paired bootstrap, when both scored the same tokens."""
+        if not (a.nll.size and b.nll.size):
+            return Interval(math.nan, math.nan, math.nan, NONE)
+        if same_models:
+            common, ia, ib = np.intersect1d(a.seeds, b.seeds, return_indices=True)
+            if common.size >= MIN_SEEDS:
+                d = t_interval(a.nll[ia] - b.nll[ib], self.level)
+                return Interval(a.mean - b.mean, d.low, d.high, "paired t")
+        elif a.nll.size >= MIN_SEEDS and b.nll.size >= MIN_SEEDS:
+            return welch_interval(a.nll, b.nll, self.level)
+        diff = a.mean - b.mean
+        if (a.blocks is None or b.blocks is None or a.tokens_id != b.tokens_id
+                or not np.array_equal(a.sizes, b.sizes)):
+            return Interval(diff, math.nan, math.nan, NONE)
+        return percentile_interval(diff, self._boot(a) - self._boot(b), self.level)

@@ -1,0 +1,176 @@
+"""The interval code: Student's t against printed tables and a coverage simulation, Welch's
+interval's coverage, the block bootstrap's coverage of a known mean on dependent data (and a
+token-level bootstrap's failure there), pairing, the verdicts of encoding_table.py, and a report
+with bootstrap intervals from two real smoke runs."""
+
+import importlib.util
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT, SMOKE, posbench
+from posbench.intervals import (BLOCKS, Cell, Estimator, block_sums, bootstrap_means, percentile_interval,
+                                resample_indices, t_interval, t_quantile, welch_interval)
+from posbench.report import read_results
+from posbench.token_nll import read_token_nll, row_key
+
+
+def test_t_quantiles_match_the_printed_tables():
+    # two-sided 95% (and 99% for df 2) critical values, e.g. any statistics textbook's t table
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 30: 2.042, 120: 1.980}
+    for df, t in table.items():
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=5e-4), df
+    assert t_quantile(0.995, 2) == pytest.approx(9.925, abs=5e-4)
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.95996, abs=1e-4)  # the normal limit
+    assert t_quantile(0.025, 3) == -t_quantile(0.975, 3)
+    # closed forms: df 1 is Cauchy, tan(pi (p - 1/2)); df 2 is (2p - 1) / sqrt(2 p (1 - p))
+    for p in (0.9, 0.975, 0.999):
+        assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+    # a fractional df, as Welch's needs: the density integrated from -q to q holds 95%
+    df, q = 2.5, t_quantile(0.975, 2.5)
+    x = np.linspace(-q, q, 200_001)
+    density = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) \
+        * (1 + x ** 2 / df) ** (-(df + 1) / 2)
+    integrate = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 names it trapz
+    assert integrate(density, x) == pytest.approx(0.95, abs=1e-6) and 3.182 < q < 4.303
+
+
+def test_t_interval_closed_form_and_its_coverage():
+    x = np.array([4.8, 5.0, 5.4])
+    low, high = 5.0667 - 4.303 * 0.30551 / math.sqrt(3), 5.0667 + 4.303 * 0.30551 / math.sqrt(3)
+    assert t_interval(x)[1:3] == pytest.approx((low, high), abs=1e-3) and t_interval(x).method == "t"
+    # 3 seeds from a normal distribution: the 95% interval covers the true mean 95% of the time
+    rng = np.random.default_rng(0)
+    samples = rng.normal(2.0, 0.3, size=(3000, 3))
+    covered = np.mean([low <= 2.0 <= high for _, low, high, _ in map(t_interval, samples)])
+    assert 0.935 <= covered <= 0.965  # binomial sd 0.004 around 0.95
+
+
+def test_welch_interval_coverage_with_unequal_variances_and_sizes():
+    rng = np.random.default_rng(1)
+    hits = []
+    for _ in range(1000):
+        iv = welch_interval(rng.normal(1.0, 0.1, 3), rng.normal(0.5, 0.4, 5))
+        hits.append(iv.low <= 0.5 <= iv.high)
+    assert 0.93 <= np.mean(hits) <= 0.985  # Welch is approximate, slightly conservative at small sizes
+
+
+def ar1(n: int, reps: int, phi: float, rng) -> np.ndarray:
+    """(reps, n) stationary AR(1) series with unit marginal variance: neighbouring tokens correlate."""
+    x = np.empty((reps, n))
+    x[:, 0] = rng.normal(size=reps)
+    noise = rng.normal(0, math.sqrt(1 - phi ** 2), size=(reps, n))
+    for t in range(1, n):
+        x[:, t] = phi * x[:, t - 1] + noise[:, t]
+    return x
+
+
+def test_block_bootstrap_covers_a_known_mean_where_a_token_bootstrap_does_not():
+    rng = np.random.default_rng(2)
+    mean, n = 3.0, 4096
+    data = mean + ar1(n, 200, phi=0.7, rng=rng)  # losses with dependence between neighbours
+
+    def coverage(blocks: int) -> float:
+        index = resample_indices(blocks, resamples=400)
+        hits = []
+        for x in data:
+            sums, sizes = block_sums(x, blocks)
+            iv = percentile_interval(x.mean(), bootstrap_means(sums, sizes, index))
+            hits.append(iv.low <= mean <= iv.high)
+        return float(np.mean(hits))
+
+    assert 0.88 <= coverage(32) <= 0.99  # 32 blocks of 128 tokens: near 95%
+    assert 0.86 <= coverage(BLOCKS) <= 0.99  # the report's 20 blocks
+    assert coverage(n) < 0.75  # single tokens: the interval ignores the dependence, far too narrow
+
+
+def test_blocks_and_resampled_means():
+    sums, sizes = block_sums(np.arange(10.0), 3)
+    assert sizes.tolist() == [3, 4, 3] and sums.tolist() == [3.0, 18.0, 24.0]  # contiguous, within 1 token
+    assert block_sums(np.arange(5.0), BLOCKS)[1].tolist() == [1] * 5  # never an empty block
+    sizes_full = block_sums(np.ones(126976))[1]  # the default budget on the packaged corpus
+    assert sizes_full.size == BLOCKS and sizes_full.sum() == 126976 and set(sizes_full) == {6348, 6349}
+    index = np.array([[0, 0, 2], [2, 2, 2]])
+    assert bootstrap_means(sums, sizes, index).tolist() == [(3 + 3 + 24) / 9, 72 / 9]  # a ratio of sums
+    assert (resample_indices(7, 50) == resample_indices(7, 50)).all()  # every cell alike: paired
+
+
+def correlated_cells(rng, n=8192, gap=0.02):
+    """Two cells scoring the same text: a shared difficulty (sd 1, with dependence) and a little noise
+    of their own; b's loss is ``gap`` nats higher."""
+    shared = 4.0 + ar1(n, 1, 0.5, rng)[0]
+    a = shared + rng.normal(0, 0.1, n)
+    b = shared + gap + rng.normal(0, 0.1, n)
+    cells = []
+    for x in (a, b):
+        sums, sizes = block_sums(x)
+        cells.append(Cell(np.array([0]), np.array([x.mean()]), sums[None], sizes, ("sotu", "validation", n)))
+    return cells
+
+
+def test_pairing_makes_the_ratio_interval_far_narrower():
+    a, b = correlated_cells(np.random.default_rng(3))
+    est = Estimator()
+    paired = est.difference(b, a)
+    assert paired.method == "bootstrap" and paired.low > 0  # the 2% gap is resolved
+    # unpaired: numerator and denominator resampled independently
+    ia, ib = resample_indices(a.sizes.size, seed=1), resample_indices(a.sizes.size, seed=2)
+    unpaired = bootstrap_means(b.blocks[0], b.sizes, ib) - bootstrap_means(a.blocks[0], a.sizes, ia)
+    low, high = np.quantile(unpaired, [0.025, 0.975])
+    assert low < 0 < high  # without pairing the same gap is not distinguishable
+    assert (paired.high - paired.low) < 0.2 * (high - low)
+    # the cells' own intervals overlap although the paired difference excludes 0
+    ca, cb = est.cell(a), est.cell(b)
+    assert ca.method == cb.method == "bootstrap" and cb.low < ca.high
+
+
+def test_estimator_method_by_seeds_and_tokens():
+    est = Estimator()
+    three = Cell(np.array([0, 1, 2]), np.array([4.0, 4.1, 4.2]))
+    assert est.cell(three).method == "t" and est.cell(Cell(np.array([0]), np.array([4.0]))).method == "none"
+    later = Cell(np.array([0, 1, 2]), np.array([4.1, 4.2, 4.4]))
+    paired = est.difference(later, three, same_models=True)
+    d = np.array([0.1, 0.1, 0.2])
+    assert paired.method == "paired t"
+    assert paired.high == pytest.approx(d.mean() + 4.3027 * d.std(ddof=1) / math.sqrt(3), abs=1e-4)
+    assert est.difference(later, three).method == "welch"  # two lines: no seed pairing
+    a, b = correlated_cells(np.random.default_rng(4))
+    b.tokens_id = ("sotu", "test", b.tokens_id[2])  # other tokens: nothing to pair
+    assert est.difference(b, a).method == "none" and math.isnan(est.difference(b, a).low)
+
+
+def test_encoding_table_verdict_needs_the_whole_interval():
+    spec = importlib.util.spec_from_file_location("encoding_table", ROOT / "scripts/encoding_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert table.verdict(1.02, 0.99, 1.04) == "yes"
+    assert table.verdict(1.04, 1.01, 1.08) == "not distinguishable (yes/partly)"
+    assert table.verdict(1.3, 1.2, 1.4) == "partly" and table.verdict(2.0, 1.7, 2.4) == "no"
+    assert table.verdict(1.45, 1.3, 1.6) == "not distinguishable (partly/no)"
+    assert table.verdict(1.02) == "no interval" and table.verdict(math.nan) == "no (cannot run that long)"
+
+
+@pytest.mark.slow
+def test_report_of_two_smoke_runs_has_paired_bootstrap_intervals(tmp_path):
+    for encoding in ("alibi", "rope"):
+        posbench("train", *SMOKE, f"encoding={encoding}", "train.steps=10", f"hydra.run.dir={tmp_path / encoding}")
+        run = tmp_path / encoding
+        results, stored = read_results(run / "results.csv"), read_token_nll(run / "token_nll.npz")
+        assert sorted(stored) == sorted(row_key(r) for r in results.to_dict("records"))
+        for r in results.to_dict("records"):  # each row's loss is the mean of its tokens'
+            assert stored[row_key(r)].dtype == np.float32 and stored[row_key(r)].size == r["tokens"]
+            assert stored[row_key(r)].astype(np.float64).mean() == pytest.approx(r["nll"], rel=1e-5)
+    proc = posbench("report", tmp_path / "alibi", tmp_path / "rope", "--out", tmp_path / "out", "--no-reference")
+    tidy = pd.read_csv(tmp_path / "out/report.csv")
+    assert (tidy.ci_method == "bootstrap").all() and (tidy.n_ok == 1).all()
+    assert (tidy.block_tokens == 103).all()  # the smoke budget of 2,048 tokens in 20 blocks of 102 or 103
+    assert ((tidy.ppl_ci_low < tidy.ppl_mean) & (tidy.ppl_mean < tidy.ppl_ci_high)).all()
+    at_train = tidy[tidy.eval_len == tidy.train_len]
+    assert (at_train.ratio_ci_low == 1).all() and (at_train.ratio_ci_high == 1).all()
+    longer = tidy[tidy.eval_len > tidy.train_len]
+    assert ((longer.ratio_ci_low < longer.ratio_mean) & (longer.ratio_mean < longer.ratio_ci_high)).all()
+    assert tidy.tied_best.notna().all()  # every comparison has an interval
+    assert "alibi: ppl(L=512) / ppl(L=32) = " in proc.stdout and "[" in proc.stdout.split("alibi: ppl(L=512)")[1]
