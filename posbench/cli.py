@@ -18,10 +18,11 @@ import os
 import shutil
 import sys
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .errors import SWEEP_FAILURES, PosbenchError
+from .runlock import RunDirBusy
 
 HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}
 COMMANDS = {
@@ -134,7 +135,7 @@ def user_errors(run_dir: Path | None):
         if not _in_multirun():
             if not isinstance(e, PosbenchError):
                 raise  # bugs keep their traceback
-            if run_dir is not None:
+            if run_dir is not None and not isinstance(e, RunDirBusy):  # a busy dir is another process's
                 _remove_fresh_run_dir(run_dir)
             if _verbose():
                 traceback.print_exc()
@@ -142,7 +143,10 @@ def user_errors(run_dir: Path | None):
         from hydra.core.hydra_config import HydraConfig
 
         job_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
-        if isinstance(e, PosbenchError):
+        if isinstance(e, RunDirBusy):  # no FAILED in a dir another process works in
+            _failures.append(f"{job_dir}: {e}")
+            print(f"posbench: error in job {job_dir}: {e}", file=sys.stderr)
+        elif isinstance(e, PosbenchError):
             _record_failure(job_dir, str(e))
         else:
             traceback.print_exc()
@@ -170,11 +174,12 @@ def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .report import markdown_results
+    from .runlock import hold
     from .train import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _share_cores()
-    with user_errors(run_dir):
+    with user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
         result = train(cfg, run_dir)
         if result["results"] is None:  # not rank 0: rank 0 evaluates and reports
             return
@@ -183,11 +188,21 @@ def _train_task(cfg) -> None:
         print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
 
 
+def _eval_lock(cfg):
+    """Evaluations of a run may overlap (their merges are serialised), a training of it may not."""
+    from .checkpoint import RunDir
+    from .runlock import hold
+
+    if not cfg.get("checkpoint"):
+        return nullcontext()  # evaluate() names what is missing
+    return hold(RunDir.existing(cfg.checkpoint).path, "eval", shared=True)
+
+
 def _eval_task(cfg) -> None:
     from .evaluate import evaluate
     from .report import markdown_results
 
-    with user_errors(None):
+    with user_errors(None), _eval_lock(cfg):
         if cfg.get("probe"):
             from .probe import markdown_passkey, passkey
 
