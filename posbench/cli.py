@@ -240,12 +240,47 @@ def hydra_error(e: Exception, args: list[str]) -> str:
     return " ".join(str(e).split())
 
 
+MODES = {"run": "--run", "multirun": "-m/--multirun", "cfg": "--cfg", "info": "--info",
+         "shell_completion": "--shell-completion"}
+
+
+def check_hydra_flags(command: str, args: list[str]) -> None:
+    """Flag misuse that Hydra answers with a usage text or a traceback (``-m --cfg hydra``,
+    ``--cfg bogus``, ``--resolve`` alone, ``--package`` without ``--cfg``, an unknown flag, a
+    missing rerun file) -> one line naming the flag and what is valid."""
+    from hydra._internal.utils import get_args_parser
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            fail(f"posbench {command}: {message}; valid flags: --cfg job|hydra|all [--package P] [--resolve], "
+                 "--info [all|config|defaults|defaults-tree|plugins|searchpath], -m, --help, --hydra-help "
+                 "(overrides are key=value, without dashes)")
+
+    parser = get_args_parser()
+    parser.__class__ = Parser
+    ns = parser.parse_args(args)
+    modes = [flag for dest, flag in MODES.items() if getattr(ns, dest)]
+    if len(modes) > 1:
+        fail(f"posbench {command}: {' and '.join(modes)} cannot be combined; valid: one of -m (a sweep), "
+             "--cfg job|hydra|all (print the config), --info (print Hydra's view), or none (one run)")
+    if ns.help or ns.hydra_help:
+        return
+    if ns.resolve and not ns.cfg:
+        fail(f"posbench {command}: --resolve only works with --cfg; valid: --cfg job --resolve")
+    if ns.package and not ns.cfg:
+        fail(f"posbench {command}: --package {ns.package} only works with --cfg; valid: --cfg job --package {ns.package}")
+    if ns.experimental_rerun and not Path(ns.experimental_rerun).is_file():
+        fail(f"posbench {command}: --experimental-rerun {ns.experimental_rerun!r} is not a file; "
+             "valid: a run's .hydra/config.pickle")
+
+
 def run_hydra(command: str, args: list[str]) -> None:
     import hydra
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
+    check_hydra_flags(command, args)
     if "--help" not in args and "-h" not in args:
         check_group_choices(args)
     task = {"train": _train_task, "eval": _eval_task}[command]

@@ -81,6 +81,9 @@ class EvalConfig:
     def __post_init__(self):
         for key in ("max_tokens", "batch_tokens"):
             _positive(f"eval.{key}", getattr(self, key))
+        not_empty("eval.lengths", self.lengths, "null (the default ladder: eval.multiples x train.train_len) "
+                  "or a list of positive lengths, e.g. [128,256,512]")
+        not_empty("eval.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
         for length in list(self.lengths or []) + list(self.multiples):
             _positive("eval.lengths" if self.lengths else "eval.multiples", length)
         _choice("eval.split", self.split, ("validation", "test"))
@@ -157,6 +160,12 @@ class DataConfig:
             _positive("data.max_docs", self.max_docs)
         if self.source == "hub" and not self.hub_path:
             raise PosbenchError("data.source=hub needs data.hub_path")
+
+
+def not_empty(key: str, value, valid: str) -> None:
+    """An empty list where one means "no lengths at all" would silently mean the defaults or nothing."""
+    if value is not None and len(value) == 0:
+        raise PosbenchError(f"{key}=[] is empty; valid: {valid}")
 
 
 def _positive(key: str, value) -> None:
