@@ -310,7 +310,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
                 raise SystemExit(128 + interrupted.signum)
     finally:
         batches.close()
-    bar.close()
+        bar.close()  # before any error line (a full disk while checkpointing)
     if not world.is_main:
         return {"run_dir": str(run.path), "results": None, "steps": step}
 
