@@ -29,7 +29,7 @@ WANDB_MODES = ("disabled", "offline", "online")
 # Keys that do not change the trained model: left out of the config hash.
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
-NOT_HASHED_TRAIN = ("micro_batch_size", "compile")
+NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
 
 
 @dataclass
@@ -49,6 +49,7 @@ class TrainConfig:
     ckpt_every: int = 100
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool = False  # torch.compile the model for training
+    preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -77,6 +78,7 @@ class EvalConfig:
     stride: int | None = None  # sliding: new tokens per window; None: eval_len // 2
     position_bins: list[int] | None = None  # first position of each loss bin; None: 0, 1, 2, 4, 8, ...
     recompute: bool = False  # posbench eval: recompute rows results.csv already holds
+    preflight: bool = True  # refuse an evaluation whose estimated memory exceeds this machine's
 
     def __post_init__(self):
         for key in ("max_tokens", "batch_tokens"):

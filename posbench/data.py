@@ -243,7 +243,8 @@ def read_cache(final: Path, log=print) -> Corpus | None:
         splits = {s: np.load(io.BytesIO(data[f"{s}.npy"])) for s in SPLITS}
     except Exception as e:  # noqa: BLE001 - any unreadable entry is rebuilt, never used
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        log(f"posbench: corpus cache {final} is damaged ({reason}); rebuilding it")
+        state = reason if reason.startswith("it has no checksums") else f"is damaged ({reason})"
+        log(f"posbench: corpus cache {final} {state.removeprefix('it ')}; rebuilding it")
         discard(final)
         return None
     return Corpus(tok, splits, meta)

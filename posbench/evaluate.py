@@ -48,6 +48,7 @@ from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from .errors import PosbenchError
 from .model import LanguageModel
+from .preflight import check_evaluation
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
@@ -332,6 +333,7 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     if not todo:
         return done
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+    check_evaluation(model, ecfg, todo, device, dtype)
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
     write_results(run, rows)
