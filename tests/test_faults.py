@@ -457,6 +457,15 @@ BAD_INPUT = {  # id: (overrides, part of the one-line error); each case is its o
     "binary file": (["data=text", "data.files=[{binary}]"], "is binary, not UTF-8 text"),
     "bad grammar": (["train.steps=[1,"], "cannot parse override 'train.steps=[1,'"),
     "unknown key": (["train.stepz=100"], "unknown key 'train.stepz'; valid keys in train: batch_size, beta1"),
+    "empty eval lengths": (["eval.lengths=[]"], "eval.lengths=[] is empty; valid: null (the default ladder: "
+                                                "eval.multiples x train.train_len) or a list of positive lengths"),
+    "empty eval multiples": (["eval.multiples=[]"], "eval.multiples=[] is empty; valid: a list of positive multiples"),
+    "-m with --cfg": (["-m", "--cfg", "hydra"], "posbench train: -m/--multirun and --cfg cannot be combined"),
+    "--run with -m": (["--run", "-m"], "posbench train: --run and -m/--multirun cannot be combined"),
+    "--info with a bad value": (["--info", "bogus"], "argument --info/-i: invalid choice: 'bogus'"),
+    "unknown flag": (["--foo"], "posbench train: unrecognized arguments: --foo; valid flags: --cfg job|hydra|all"),
+    "--package without --cfg": (["--package", "train"], "--package train only works with --cfg"),
+    "--resolve without --cfg": (["--resolve"], "--resolve only works with --cfg"),
 }
 VALID_HINTS = {"learned table too short": "valid: encoding.max_len >= 32",
                "train_len past the data": "valid: train.train_len <= "}
