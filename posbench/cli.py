@@ -244,10 +244,11 @@ MODES = {"run": "--run", "multirun": "-m/--multirun", "cfg": "--cfg", "info": "-
          "shell_completion": "--shell-completion"}
 
 
-def check_hydra_flags(command: str, args: list[str]) -> None:
+def check_hydra_flags(command: str, args: list[str]) -> list[str]:
     """Flag misuse that Hydra answers with a usage text or a traceback (``-m --cfg hydra``,
     ``--cfg bogus``, ``--resolve`` alone, ``--package`` without ``--cfg``, an unknown flag, a
-    missing rerun file) -> one line naming the flag and what is valid."""
+    missing rerun file) -> one line naming the flag and what is valid. -> ``args`` with the flags
+    first: Hydra's parser takes overrides only before or only after its flags."""
     from hydra._internal.utils import get_args_parser
 
     class Parser(argparse.ArgumentParser):
@@ -258,13 +259,18 @@ def check_hydra_flags(command: str, args: list[str]) -> None:
 
     parser = get_args_parser()
     parser.__class__ = Parser
-    ns = parser.parse_args(args)
+    ns, extra = parser.parse_known_intermixed_args(args)
+    unknown = [a for a in extra if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    ns.overrides += extra
     modes = [flag for dest, flag in MODES.items() if getattr(ns, dest)]
     if len(modes) > 1:
         fail(f"posbench {command}: {' and '.join(modes)} cannot be combined; valid: one of -m (a sweep), "
              "--cfg job|hydra|all (print the config), --info (print Hydra's view), or none (one run)")
+    ordered = [a for a in args if a not in ns.overrides] + ns.overrides
     if ns.help or ns.hydra_help:
-        return
+        return ordered
     if ns.resolve and not ns.cfg:
         fail(f"posbench {command}: --resolve only works with --cfg; valid: --cfg job --resolve")
     if ns.package and not ns.cfg:
@@ -272,6 +278,7 @@ def check_hydra_flags(command: str, args: list[str]) -> None:
     if ns.experimental_rerun and not Path(ns.experimental_rerun).is_file():
         fail(f"posbench {command}: --experimental-rerun {ns.experimental_rerun!r} is not a file; "
              "valid: a run's .hydra/config.pickle")
+    return ordered
 
 
 def run_hydra(command: str, args: list[str]) -> None:
@@ -280,7 +287,7 @@ def run_hydra(command: str, args: list[str]) -> None:
 
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
-    check_hydra_flags(command, args)
+    args = check_hydra_flags(command, args)
     if "--help" not in args and "-h" not in args:
         check_group_choices(args)
     task = {"train": _train_task, "eval": _eval_task}[command]
