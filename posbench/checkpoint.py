@@ -3,12 +3,14 @@
 Every file is written to a hidden temp file beside it (``.last.pt.XXXX``), fsynced, then
 renamed over the old one, so a process killed mid-write leaves the previous file intact
 plus at most a stray temp file; nothing reads temp files, and training removes stray
-checkpoint temps when it starts (:func:`remove_partial_writes`). Checkpoints load with
+checkpoint temps when it starts (:func:`remove_partial_writes`). A disk that fills up
+mid-write is the same case: the temp file goes, the old file stays, the error is one line. Checkpoints load with
 ``weights_only=True``: a foreign pickle is refused, never unpickled (which could run code).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import tempfile
@@ -47,8 +49,27 @@ class RunDir:
         return run
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException | None) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError behind ``error``, if any (torch.save wraps it in a RuntimeError)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def no_space(path: Path, error: OSError) -> PosbenchError:
+    return PosbenchError(f"{error.strerror or 'no space left on device'} while writing {str(path)!r}; "
+                         f"the previous {path.name} is unchanged; free space on that disk, then re-run the "
+                         "same command (a training run resumes from its last checkpoint)")
+
+
 def atomic_write(path: Path, write) -> None:
-    """Call ``write(file)`` on a temp file in the same folder, fsync, then rename over ``path``."""
+    """Call ``write(file)`` on a temp file in the same folder, fsync, then rename over ``path``.
+    A full disk (ENOSPC, or a quota: EDQUOT) leaves ``path`` as it was and raises one line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)
@@ -60,8 +81,11 @@ def atomic_write(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        full = disk_full(e)
+        if full is not None:
+            raise no_space(path, full) from e
         raise
 
 

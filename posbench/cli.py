@@ -18,10 +18,11 @@ import os
 import shutil
 import sys
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .errors import SWEEP_FAILURES, PosbenchError
+from .runlock import RunDirBusy
 
 HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}
 COMMANDS = {
@@ -134,7 +135,7 @@ def user_errors(run_dir: Path | None):
         if not _in_multirun():
             if not isinstance(e, PosbenchError):
                 raise  # bugs keep their traceback
-            if run_dir is not None:
+            if run_dir is not None and not isinstance(e, RunDirBusy):  # a busy dir is another process's
                 _remove_fresh_run_dir(run_dir)
             if _verbose():
                 traceback.print_exc()
@@ -142,7 +143,10 @@ def user_errors(run_dir: Path | None):
         from hydra.core.hydra_config import HydraConfig
 
         job_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
-        if isinstance(e, PosbenchError):
+        if isinstance(e, RunDirBusy):  # no FAILED in a dir another process works in
+            _failures.append(f"{job_dir}: {e}")
+            print(f"posbench: error in job {job_dir}: {e}", file=sys.stderr)
+        elif isinstance(e, PosbenchError):
             _record_failure(job_dir, str(e))
         else:
             traceback.print_exc()
@@ -170,11 +174,12 @@ def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .report import markdown_results
+    from .runlock import hold
     from .train import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _share_cores()
-    with user_errors(run_dir):
+    with user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
         result = train(cfg, run_dir)
         if result["results"] is None:  # not rank 0: rank 0 evaluates and reports
             return
@@ -183,11 +188,21 @@ def _train_task(cfg) -> None:
         print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
 
 
+def _eval_lock(cfg):
+    """Evaluations of a run may overlap (their merges are serialised), a training of it may not."""
+    from .checkpoint import RunDir
+    from .runlock import hold
+
+    if not cfg.get("checkpoint"):
+        return nullcontext()  # evaluate() names what is missing
+    return hold(RunDir.existing(cfg.checkpoint).path, "eval", shared=True)
+
+
 def _eval_task(cfg) -> None:
     from .evaluate import evaluate
     from .report import markdown_results
 
-    with user_errors(None):
+    with user_errors(None), _eval_lock(cfg):
         if cfg.get("probe"):
             from .probe import markdown_passkey, passkey
 
@@ -225,12 +240,54 @@ def hydra_error(e: Exception, args: list[str]) -> str:
     return " ".join(str(e).split())
 
 
+MODES = {"run": "--run", "multirun": "-m/--multirun", "cfg": "--cfg", "info": "--info",
+         "shell_completion": "--shell-completion"}
+
+
+def check_hydra_flags(command: str, args: list[str]) -> list[str]:
+    """Flag misuse that Hydra answers with a usage text or a traceback (``-m --cfg hydra``,
+    ``--cfg bogus``, ``--resolve`` alone, ``--package`` without ``--cfg``, an unknown flag, a
+    missing rerun file) -> one line naming the flag and what is valid. -> ``args`` with the flags
+    first: Hydra's parser takes overrides only before or only after its flags."""
+    from hydra._internal.utils import get_args_parser
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            fail(f"posbench {command}: {message}; valid flags: --cfg job|hydra|all [--package P] [--resolve], "
+                 "--info [all|config|defaults|defaults-tree|plugins|searchpath], -m, --help, --hydra-help "
+                 "(overrides are key=value, without dashes)")
+
+    parser = get_args_parser()
+    parser.__class__ = Parser
+    ns, extra = parser.parse_known_intermixed_args(args)
+    unknown = [a for a in extra if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    ns.overrides += extra
+    modes = [flag for dest, flag in MODES.items() if getattr(ns, dest)]
+    if len(modes) > 1:
+        fail(f"posbench {command}: {' and '.join(modes)} cannot be combined; valid: one of -m (a sweep), "
+             "--cfg job|hydra|all (print the config), --info (print Hydra's view), or none (one run)")
+    ordered = [a for a in args if a not in ns.overrides] + ns.overrides
+    if ns.help or ns.hydra_help:
+        return ordered
+    if ns.resolve and not ns.cfg:
+        fail(f"posbench {command}: --resolve only works with --cfg; valid: --cfg job --resolve")
+    if ns.package and not ns.cfg:
+        fail(f"posbench {command}: --package {ns.package} only works with --cfg; valid: --cfg job --package {ns.package}")
+    if ns.experimental_rerun and not Path(ns.experimental_rerun).is_file():
+        fail(f"posbench {command}: --experimental-rerun {ns.experimental_rerun!r} is not a file; "
+             "valid: a run's .hydra/config.pickle")
+    return ordered
+
+
 def run_hydra(command: str, args: list[str]) -> None:
     import hydra
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
+    args = check_hydra_flags(command, args)
     if "--help" not in args and "-h" not in args:
         check_group_choices(args)
     task = {"train": _train_task, "eval": _eval_task}[command]

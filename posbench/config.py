@@ -29,7 +29,7 @@ WANDB_MODES = ("disabled", "offline", "online")
 # Keys that do not change the trained model: left out of the config hash.
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
-NOT_HASHED_TRAIN = ("micro_batch_size", "compile")
+NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
 
 
 @dataclass
@@ -49,6 +49,7 @@ class TrainConfig:
     ckpt_every: int = 100
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool = False  # torch.compile the model for training
+    preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -77,10 +78,14 @@ class EvalConfig:
     stride: int | None = None  # sliding: new tokens per window; None: eval_len // 2
     position_bins: list[int] | None = None  # first position of each loss bin; None: 0, 1, 2, 4, 8, ...
     recompute: bool = False  # posbench eval: recompute rows results.csv already holds
+    preflight: bool = True  # refuse an evaluation whose estimated memory exceeds this machine's
 
     def __post_init__(self):
         for key in ("max_tokens", "batch_tokens"):
             _positive(f"eval.{key}", getattr(self, key))
+        not_empty("eval.lengths", self.lengths, "null (the default ladder: eval.multiples x train.train_len) "
+                  "or a list of positive lengths, e.g. [128,256,512]")
+        not_empty("eval.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
         for length in list(self.lengths or []) + list(self.multiples):
             _positive("eval.lengths" if self.lengths else "eval.multiples", length)
         _choice("eval.split", self.split, ("validation", "test"))
@@ -157,6 +162,12 @@ class DataConfig:
             _positive("data.max_docs", self.max_docs)
         if self.source == "hub" and not self.hub_path:
             raise PosbenchError("data.source=hub needs data.hub_path")
+
+
+def not_empty(key: str, value, valid: str) -> None:
+    """An empty list where one means "no lengths at all" would silently mean the defaults or nothing."""
+    if value is not None and len(value) == 0:
+        raise PosbenchError(f"{key}=[] is empty; valid: {valid}")
 
 
 def _positive(key: str, value) -> None:

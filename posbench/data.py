@@ -11,17 +11,23 @@ Local sources are split at document level by a seeded shuffle fixed in the confi
 A byte-level BPE is trained on the train split; tokenizer and token arrays are cached
 under ``data.cache_dir`` keyed by a hash of the corpus fingerprint and every setting
 that changes them, and written by atomic rename so concurrent runs cannot corrupt them.
+Each entry carries SHA-256 checksums of its files: a damaged entry (a truncated array, a
+tokenizer file that does not parse) is rebuilt with one line saying so, never used; the temp
+folders of builds that were killed are removed by the next build.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,36 +195,136 @@ def tokenize(tok, texts: list[str], separator: str) -> np.ndarray:
 
 def load_corpus(cfg, cache_dir: str | os.PathLike | None = None, log=print) -> Corpus:
     """Build (or reuse from the cache) the tokenizer and the three token arrays."""
-    from tokenizers import Tokenizer
-
     if cfg.source not in SOURCES:
         raise PosbenchError(f"unknown data.source {cfg.source!r}; valid choices: {', '.join(SOURCES)}")
     root = Path(cache_dir or cfg.get("cache_dir") or default_cache_dir()).expanduser()
     key = cache_key(cfg)
     final = root / f"{cfg.name}-{key}"
-    if not (final / "meta.json").exists():
+    corpus = read_cache(final, log) if (final / "meta.json").exists() else None
+    if corpus is None:
         log(f"posbench: preparing corpus {cfg.name!r} (tokenizer + token cache at {final})")
-        ds = load_documents(cfg)
-        tok = train_tokenizer(ds["train"]["text"], int(cfg.vocab_size), int(cfg.min_frequency))
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-        try:
-            tok.save(str(tmp / "tokenizer.json"))
-            meta = {"name": cfg.name, "key": key, "vocab_size": tok.get_vocab_size(), "splits": {}}
-            for split in SPLITS:
-                ids = tokenize(tok, ds[split]["text"], cfg.doc_separator)
-                np.save(tmp / f"{split}.npy", ids)
-                meta["splits"][split] = {"documents": len(ds[split]), "tokens": int(ids.size),
-                                         "bytes": sum(len(t.encode()) for t in ds[split]["text"])}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-            try:
-                os.rename(tmp, final)  # atomic; fails if a concurrent run got there first
-            except OSError:
-                if not (final / "meta.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    meta = json.loads((final / "meta.json").read_text())
-    tok = Tokenizer.from_file(str(final / "tokenizer.json"))
-    splits = {s: np.load(final / f"{s}.npy") for s in SPLITS}
+        build_cache(cfg, final, key, log)
+        corpus = read_cache(final, log)
+        if corpus is None:
+            raise PosbenchError(f"the corpus cache {final} was damaged right after it was written; "
+                                "check the disk, or choose another data.cache_dir")
+    return corpus
+
+
+# ---------------------------------------------------------------- the cache on disk
+# A cache entry is a folder <name>-<key>/ holding tokenizer.json, <split>.npy and meta.json,
+# whose "checksums" give the SHA-256 of every other file. It is built in a temp folder
+# .<name>-<key>-XXXX/ beside it, renamed into place when complete; the builder holds a flock on
+# the temp folder's BUILDER_LOCK while it works, so a later build can tell a temp folder whose
+# builder was killed (lock free: removed) from one still being written (lock held: left alone).
+BUILDER_LOCK = ".builder.lock"
+CACHE_FILES = ("tokenizer.json", *(f"{s}.npy" for s in SPLITS))
+TEMP_DIR = re.compile(r"^\..+-[0-9a-f]{16}-(damaged-)?[^/]+$")  # .<name>-<key>-XXXX, .<name>-<key>-damaged-XXXX
+UNLOCKED_TEMP_AGE_S = 3600  # a temp folder without a lock file (a builder before it locked, or an
+                            # older posbench) is removed once nothing has written to it for this long
+
+
+def read_cache(final: Path, log=print) -> Corpus | None:
+    """The cache entry at ``final``, or None after moving it away when a file is missing, does
+    not match its checksum or does not parse (a truncated array, a torn tokenizer file)."""
+    from tokenizers import Tokenizer
+
+    try:
+        meta = json.loads((final / "meta.json").read_text())
+        sums = meta.get("checksums")
+        if not isinstance(sums, dict):
+            raise ValueError("it has no checksums (written by an older posbench)")
+        data = {}
+        for name in CACHE_FILES:
+            data[name] = (final / name).read_bytes()
+            if hashlib.sha256(data[name]).hexdigest() != sums.get(name):
+                raise ValueError(f"{name} does not match its checksum")
+        tok = Tokenizer.from_str(data["tokenizer.json"].decode())
+        splits = {s: np.load(io.BytesIO(data[f"{s}.npy"])) for s in SPLITS}
+    except Exception as e:  # noqa: BLE001 - any unreadable entry is rebuilt, never used
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        state = reason if reason.startswith("it has no checksums") else f"is damaged ({reason})"
+        log(f"posbench: corpus cache {final} {state.removeprefix('it ')}; rebuilding it")
+        discard(final)
+        return None
     return Corpus(tok, splits, meta)
+
+
+def discard(final: Path) -> None:
+    """Move a damaged entry out of the way (atomic, so a reader never sees half of it), delete it."""
+    gone = final.parent / f".{final.name}-damaged-{os.getpid()}"
+    try:
+        os.rename(final, gone)
+    except OSError:  # another process moved it first
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def _lock(path: Path, blocking: bool) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created), or None if another process holds it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_builds(root: Path, log=print) -> list[Path]:
+    """Delete the temp folders of corpus builds that died (killed mid-build), never one whose
+    builder still holds its lock, and nothing that is not a corpus build's temp folder."""
+    removed = []
+    for tmp in sorted(root.iterdir()) if root.is_dir() else []:
+        if not (tmp.is_dir() and TEMP_DIR.match(tmp.name)):
+            continue
+        lock = tmp / BUILDER_LOCK
+        if lock.exists():
+            fd = _lock(lock, blocking=False)
+            if fd is None:
+                continue  # its builder is alive
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.close(fd)
+        elif "-damaged-" in tmp.name or time.time() - tmp.stat().st_mtime > UNLOCKED_TEMP_AGE_S:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            continue
+        removed.append(tmp)
+    if removed:
+        log(f"posbench: removed {len(removed)} unfinished corpus build(s) in {root}: "
+            + ", ".join(p.name for p in removed))
+    return removed
+
+
+def build_cache(cfg, final: Path, key: str, log=print) -> None:
+    """Tokenizer and token arrays of ``cfg``, with their checksums, renamed into place at ``final``."""
+    ds = load_documents(cfg)
+    tok = train_tokenizer(ds["train"]["text"], int(cfg.vocab_size), int(cfg.min_frequency))
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(root, log)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    lock = _lock(tmp / f"{BUILDER_LOCK}.new", blocking=True)
+    os.rename(tmp / f"{BUILDER_LOCK}.new", tmp / BUILDER_LOCK)  # visible only once locked
+    try:
+        tok.save(str(tmp / "tokenizer.json"))
+        meta = {"name": cfg.name, "key": key, "vocab_size": tok.get_vocab_size(), "splits": {}}
+        for split in SPLITS:
+            ids = tokenize(tok, ds[split]["text"], cfg.doc_separator)
+            np.save(tmp / f"{split}.npy", ids)
+            meta["splits"][split] = {"documents": len(ds[split]), "tokens": int(ids.size),
+                                     "bytes": sum(len(t.encode()) for t in ds[split]["text"])}
+        meta["checksums"] = {name: hashlib.sha256((tmp / name).read_bytes()).hexdigest() for name in CACHE_FILES}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        (tmp / BUILDER_LOCK).unlink()
+        try:
+            os.rename(tmp, final)  # atomic; fails if a concurrent run got there first
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise
+    finally:
+        if lock is not None:
+            os.close(lock)
+        shutil.rmtree(tmp, ignore_errors=True)

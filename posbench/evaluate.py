@@ -50,6 +50,7 @@ from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from .errors import PosbenchError
 from .model import LanguageModel
+from .preflight import check_evaluation
 from .token_nll import FILE as TOKEN_NLL, merge_token_nll, read_token_nll, row_key
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
@@ -358,6 +359,7 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     if not todo:
         return done
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+    check_evaluation(model, ecfg, todo, device, dtype)
     write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
     rows = result_rows(train_cfg, ladder, int(state["step"]))

@@ -20,7 +20,7 @@ import math
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint import RunDir, atomic_write_text
+from .checkpoint import RunDir, atomic_write_text, disk_full, no_space
 from .config import WANDB_MODES, _choice, config_hash
 
 
@@ -51,8 +51,13 @@ class MetricsLogger:
                                     config=OmegaConf.to_container(cfg, resolve=True), resume="allow", reinit=True)
 
     def log(self, record: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a torn last line is dropped when the run resumes
+            if disk_full(e) is None:
+                raise
+            raise no_space(self.path, e) from e
         if self.wandb is not None:
             self.wandb.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=record["step"])
 

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from .build import autocast
 from .checkpoint import RunDir
-from .config import _choice, _positive, code_version, config_hash, typed
+from .config import _choice, _positive, code_version, config_hash, not_empty, typed
 from .data import load_corpus
 from .encodings import PositionRangeError
 from .encodings.rotary import rope_scaling, scaling_factor
@@ -70,6 +70,9 @@ class PasskeyConfig:
     def __post_init__(self):
         _choice("probe.name", self.name, ("passkey",))
         _positive("probe.trials", self.trials)
+        not_empty("probe.lengths", self.lengths, "null (probe.multiples x train.train_len) "
+                  "or a list of positive prompt lengths, e.g. [128,512]")
+        not_empty("probe.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
         for length in list(self.lengths or []) + list(self.multiples):
             _positive("probe.lengths" if self.lengths else "probe.multiples", length)
         if not self.depths:

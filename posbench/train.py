@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from . import distributed
+from . import distributed, preflight
 from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
@@ -197,13 +197,15 @@ def train(cfg: DictConfig, run_dir) -> dict:
     seed_everything(int(cfg.seed))
     corpus = load_corpus(cfg.data, log=print if world.is_main else (lambda *a, **k: None))
     lengths = ecfg.resolve_lengths(tcfg.train_len)
-    scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
     model = build_model(cfg, corpus.vocab_size).to(device)
     dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
     # Every rank draws the same global batch (same seed) and keeps its own shard of it.
     sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, int(cfg.seed))
+    preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
+    scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
+    preflight.check_evaluation(model, ecfg, lengths, device, dtype)
     check_train_positions(model, cfg, tcfg.train_len, device)
     if world.active:
         torch.manual_seed(int(cfg.seed) + world.rank)  # dropout streams differ by rank
@@ -314,7 +316,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
                 raise SystemExit(128 + interrupted.signum)
     finally:
         batches.close()
-    bar.close()
+        bar.close()  # before any error line (a full disk while checkpointing)
     if not world.is_main:
         return {"run_dir": str(run.path), "results": None, "steps": step}
 

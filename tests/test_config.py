@@ -93,3 +93,13 @@ def test_readme_set_up_commands_match_ci():
     assert len(readme) == 2 and all("torch==2.13.0" in line for line in readme)
     assert readme[0].endswith("posbench train encoding=alibi")
     assert readme[1] in (root / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("schema, key", [("eval", "lengths"), ("eval", "multiples"), ("probe", "lengths"),
+                                         ("probe", "multiples"), ("probe", "depths")])
+def test_an_empty_list_of_lengths_is_an_error_naming_the_valid_forms(schema, key):
+    from posbench.errors import PosbenchError
+    from posbench.probe import PasskeyConfig
+
+    with pytest.raises(PosbenchError, match=rf"^probe.depths is empty|^{schema}.{key}=\[\] is empty; valid: "):
+        (EvalConfig if schema == "eval" else PasskeyConfig)(**{key: []})

@@ -93,3 +93,88 @@ def test_hub_source_offline_is_a_clear_error(monkeypatch):
     with pytest.raises(PosbenchError, match="could not load Salesforce/wikitext"):
         load_documents(data_cfg(name="wikitext103", source="hub", hub_path="Salesforce/wikitext",
                                 hub_name="wikitext-103-raw-v1"))
+
+
+# A build that stops inside tokenize (after its temp folder exists) until it is killed.
+STUCK_BUILD = r'''
+import sys, time
+from pathlib import Path
+from omegaconf import OmegaConf
+import posbench.data as data
+
+def tokenize(*args, **kwargs):
+    Path(sys.argv[2]).touch()
+    time.sleep(600)
+
+data.tokenize = tokenize
+data.load_corpus(OmegaConf.create(sys.argv[3]), cache_dir=sys.argv[1])
+'''
+
+
+def test_killed_corpus_build_leaves_a_temp_dir_that_the_next_build_removes(tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    cache, started = tmp_path / "cache", tmp_path / "started"
+    cfg = data_cfg()
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_BUILD, str(cache), str(started),
+                             json.dumps(OmegaConf.to_container(cfg))], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not started.exists():
+            assert proc.poll() is None and time.time() < deadline, "the build never started"
+            time.sleep(0.05)
+        (building,) = cache.glob(".sotu-*")
+        unrelated = [cache / ".not-a-build", cache / ".sotu-notes.txt"]  # not a build's temp folder
+        unrelated[0].mkdir()
+        unrelated[1].write_text("mine")
+        # another build while the first is alive leaves its temp folder alone
+        messages = []
+        load_corpus(data_cfg(vocab_size=700), cache_dir=cache, log=messages.append)
+        assert building.is_dir() and not any("removed" in m for m in messages)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert building.is_dir()  # the killed build's temp folder, with its lock file
+    messages = []
+    corpus = load_corpus(cfg, cache_dir=cache, log=messages.append)
+    assert f"posbench: removed 1 unfinished corpus build(s) in {cache}: {building.name}" in messages
+    assert not building.exists() and all(p.exists() for p in unrelated)
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [".not-a-build", ".sotu-notes.txt"]
+    assert corpus.splits["train"].size > 0
+
+
+@pytest.mark.parametrize("damage", ["truncated array", "one token changed", "tokenizer not json", "meta.json torn"])
+def test_a_damaged_cache_is_detected_by_its_checksums_and_rebuilt(tmp_path, damage):
+    cfg = data_cfg()
+    first = load_corpus(cfg, cache_dir=tmp_path)
+    (entry,) = tmp_path.iterdir()
+    if damage == "truncated array":
+        data = (entry / "validation.npy").read_bytes()
+        (entry / "validation.npy").write_bytes(data[: len(data) // 2])
+        reason = "validation.npy does not match its checksum"
+    elif damage == "one token changed":  # still a valid array: only the checksum can tell
+        data = bytearray((entry / "train.npy").read_bytes())
+        data[-1] ^= 1
+        (entry / "train.npy").write_bytes(bytes(data))
+        reason = "train.npy does not match its checksum"
+    elif damage == "tokenizer not json":
+        (entry / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+        reason = "tokenizer.json does not match its checksum"
+    else:
+        (entry / "meta.json").write_text('{"name": "sotu", "ke')
+        reason = "Unterminated string"
+    messages = []
+    again = load_corpus(cfg, cache_dir=tmp_path, log=messages.append)
+    assert messages[0].startswith(f"posbench: corpus cache {entry} is damaged (") and reason in messages[0]
+    assert messages[0].endswith("); rebuilding it") and len(messages) == 2  # then "preparing corpus"
+    for split in first.splits:
+        assert np.array_equal(first.splits[split], again.splits[split])
+    assert again.tokenizer.to_str() == first.tokenizer.to_str()
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # rebuilt in place, nothing else left
+    messages.clear()
+    load_corpus(cfg, cache_dir=tmp_path, log=messages.append)
+    assert messages == []  # the rebuilt entry is sound

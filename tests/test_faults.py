@@ -53,6 +53,48 @@ if "TEAR" in os.environ:  # die, as by SIGKILL, halfway through writing the temp
 
     checkpoint.atomic_write = atomic_write
 
+if "DISK_FULL_AT" in os.environ:  # the disk fills up just before the Nth write of a file
+    import errno
+    real_write, name, n = checkpoint.atomic_write, *os.environ["DISK_FULL_AT"].split(":")
+    left = [int(n)]
+
+    def fill_disk():
+        disk = Path(os.environ["DISK"])
+        if os.path.ismount(disk):  # a real small file system: fill it up
+            with open(disk / "filler", "wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(bytes(1 << 20))
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC
+        else:  # no mount allowed here: the OS call that makes data durable fails as a full disk does
+            def fsync(fd):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.fsync = fsync
+
+    def atomic_write(path, write):
+        if Path(path).name == name:
+            left[0] -= 1
+            if left[0] < 0:
+                fill_disk()
+        return real_write(path, write)
+
+    checkpoint.atomic_write = atomic_write
+
+if "HANG_AFTER" in os.environ:  # after the Nth write of a file, say so and wait to be killed
+    real_write_, hang_name, hang_n = checkpoint.atomic_write, *os.environ["HANG_AFTER"].split(":")
+    hang_left = [int(hang_n)]
+
+    def atomic_write(path, write):
+        real_write_(path, write)
+        if Path(path).name == hang_name:
+            hang_left[0] -= 1
+            if hang_left[0] == 0:
+                Path(os.environ["HANG_MARKER"]).touch()
+                time.sleep(600)
+
+    checkpoint.atomic_write = atomic_write
+
 if "BUG_AT_LR" in os.environ:  # a plain bug (not a PosbenchError) in the job with this train.lr
     real_make_optimizer = train.make_optimizer
 
@@ -213,6 +255,71 @@ def test_killed_while_writing_a_checkpoint_or_results_keeps_the_previous_file(tm
     assert pd.read_csv(run / "results.csv").eval_len.tolist() == [16, 32, 64, 128, 256, 512]
 
 
+# ---------------------------------------------------------------- 2b. disk full
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 128 MiB tmpfs that a test can really fill (as root where mounting is allowed); else a
+    plain folder, where the driver makes fsync fail with ENOSPC instead."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = shutil.which("mount") and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(disk)], capture_output=True).returncode == 0
+    yield disk
+    if mounted:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_disk_full_while_writing_a_checkpoint_or_results_keeps_the_previous_file(small_disk, reference, driver):
+    run, ckpt = small_disk / "run", small_disk / "run" / "checkpoints"
+    args = ["train", *LONG, f"hydra.run.dir={run}"]
+    env = {"DISK": str(small_disk), "DISK_FULL_AT": "last.pt:2"}  # steps 5 and 10 saved; full at 15
+    proc = driver(*args, env=env)
+    line = assert_one_line_error(proc, f"No space left on device while writing '{ckpt / 'last.pt'}'; "
+                                       "the previous last.pt is unchanged; free space on that disk, then re-run")
+    assert checkpoint_step(run) == 10 and [p.name for p in ckpt.iterdir()] == ["last.pt"], line
+    assert not (run / "results.csv").exists()
+    (small_disk / "filler").unlink(missing_ok=True)  # space is back
+    proc = posbench(*args)
+    assert f"resuming {run} from step 10" in proc.stderr
+    assert_same_as(run, reference)
+
+    before = (run / "results.csv").read_bytes()
+    eval_args = ["eval", f"checkpoint={run}", "eval.lengths=[16,32]", "eval.max_tokens=2048"]
+    proc = driver(*eval_args, env={**env, "DISK_FULL_AT": "results.csv:0"})
+    assert_one_line_error(proc, f"while writing '{run / 'results.csv'}'; the previous results.csv is unchanged")
+    assert (run / "results.csv").read_bytes() == before and not list(run.glob(".results.csv.*"))
+    (small_disk / "filler").unlink(missing_ok=True)
+    posbench(*eval_args)
+    assert pd.read_csv(run / "results.csv").eval_len.tolist() == [16, 32, 64, 128, 256, 512]
+
+
+# ---------------------------------------------------------------- 2c. one train per run dir
+def test_a_second_train_in_a_busy_run_dir_is_refused_and_a_killed_holder_does_not_block_resume(
+        tmp_path, reference, driver):
+    import socket
+
+    run, marker = tmp_path / "run", tmp_path / "paused"
+    args = ["train", *LONG, f"hydra.run.dir={run}"]
+    first = driver(*args, env={"HANG_AFTER": "last.pt:2", "HANG_MARKER": str(marker)}, popen=True)
+    wait_until(first, marker.exists, "the first run's step-10 checkpoint")  # it now waits, holding the run dir
+    before = snapshot(run)
+    holder = f"is in use by posbench train (pid {first.pid} on host {socket.gethostname()}, started "
+    second = posbench(*args, check=False)
+    assert_one_line_error(second, f"run dir '{run}' {holder}")
+    assert second.stderr.strip().endswith("; wait for it to finish, or use another hydra.run.dir")
+    assert_one_line_error(posbench("eval", f"checkpoint={run}", check=False), holder)
+    assert snapshot(run) == before  # the refused processes wrote nothing
+
+    first.kill()  # SIGKILL: its lock file stays behind, the kernel released the lock
+    first.communicate(timeout=60)
+    assert (run / ".posbench.lock").exists()
+    proc = posbench(*args)
+    assert f".posbench.lock was left by posbench train (pid {first.pid} on host" in proc.stderr
+    assert f"resuming {run} from step 10" in proc.stderr
+    assert_same_as(run, reference)
+    assert not (run / ".posbench.lock").exists()  # a finished run leaves no lock file
+
+
 # ---------------------------------------------------------------- 3. one sweep job fails
 def test_failing_sweep_jobs_are_recorded_and_reported_and_the_others_finish(tmp_path, driver):
     sweep = tmp_path / "sweep"
@@ -350,6 +457,15 @@ BAD_INPUT = {  # id: (overrides, part of the one-line error); each case is its o
     "binary file": (["data=text", "data.files=[{binary}]"], "is binary, not UTF-8 text"),
     "bad grammar": (["train.steps=[1,"], "cannot parse override 'train.steps=[1,'"),
     "unknown key": (["train.stepz=100"], "unknown key 'train.stepz'; valid keys in train: batch_size, beta1"),
+    "empty eval lengths": (["eval.lengths=[]"], "eval.lengths=[] is empty; valid: null (the default ladder: "
+                                                "eval.multiples x train.train_len) or a list of positive lengths"),
+    "empty eval multiples": (["eval.multiples=[]"], "eval.multiples=[] is empty; valid: a list of positive multiples"),
+    "-m with --cfg": (["-m", "--cfg", "hydra"], "posbench train: -m/--multirun and --cfg cannot be combined"),
+    "--run with -m": (["--run", "-m"], "posbench train: --run and -m/--multirun cannot be combined"),
+    "--info with a bad value": (["--info", "bogus"], "argument --info/-i: invalid choice: 'bogus'"),
+    "unknown flag": (["--foo"], "posbench train: unrecognized arguments: --foo; valid flags: --cfg job|hydra|all"),
+    "--package without --cfg": (["--package", "train"], "--package train only works with --cfg"),
+    "--resolve without --cfg": (["--resolve"], "--resolve only works with --cfg"),
 }
 VALID_HINTS = {"learned table too short": "valid: encoding.max_len >= 32",
                "train_len past the data": "valid: train.train_len <= "}

@@ -131,12 +131,13 @@ def test_table_has_a_parameter_column_when_rows_carry_counts(tmp_path):
         [8_398_336, 3_145_728]
     table = markdown_table(summary).splitlines()
     assert table[0] == "| encoding | train_len | seeds | params (position) | L=32 | L=64 |"
-    assert table[2:] == ["| alibi | 32 | 1 | 5.25M (0) | **10.00** | 12.00 |",
-                         "| complex | 32 | 1 | 8.40M (3.15M) | 11.00 | **11.50** |",
-                         "| kerple_log | 32 | 1 | 5.25M (16) | 10.50 | 12.50 |"]
+    assert [line.split(" | ")[:4] for line in table[2:]] == [["| alibi", "32", "1", "5.25M (0)"],
+                                                             ["| complex", "32", "1", "8.40M (3.15M)"],
+                                                             ["| kerple_log", "32", "1", "5.25M (16)"]]
+    assert table[3].split(" | ")[4].startswith("11.00 [")  # the ppl cells follow, with their intervals
     tex = latex_table(summary).splitlines()
     assert tex[4] == r"encoding & $L_\mathrm{train}$ & seeds & params (position) & $L=32$ & $L=64$ \\"
-    assert tex[7] == r"complex & 32 & 1 & 8.40M (3.15M) & 11.00 & \textbf{11.50} \\"
+    assert tex[7].startswith(r"complex & 32 & 1 & 8.40M (3.15M) & 11.00")
 
 
 def test_latex_table_is_booktabs_with_escaped_names_and_bold_best(tmp_path):

@@ -1,0 +1,103 @@
+"""The preflight's memory estimate against peaks measured in fresh processes, and the refusal of a
+job that cannot fit (posbench.preflight)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SMOKE, posbench
+
+# `python -c MEASURE train|eval T n overrides...`: in a fresh process, build the model of the
+# composed config (vocabulary 8192), run two training steps of n windows of T tokens (or two
+# evaluation passes over n tokens per forward pass at length T) as posbench does, and print the
+# peak resident memory above the process's memory before the model, beside the estimate.
+MEASURE = r'''
+import json, math, os, resource, sys
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from posbench import preflight
+from posbench.build import autocast, autocast_dtype, build_model, keep_freed_memory
+from posbench.cli import conf_dir
+from posbench.config import TrainConfig, typed
+from posbench.train import make_optimizer
+
+kind, T, n, *overrides = sys.argv[1:]
+T, n, V = int(T), int(n), 8192
+keep_freed_memory()
+OmegaConf.register_new_resolver("run_name", lambda o: o or "default")
+with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+    cfg = compose(config_name="app_train", overrides=[f"train.train_len={min(T, 1024)}", *overrides])
+device = torch.device("cpu")
+dtype = autocast_dtype(device, "auto")
+before = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+model = build_model(cfg, V)
+if kind == "train":
+    x = torch.randint(0, V, (n, T))
+    estimate = preflight.train_memory(model, n, T, device, dtype)
+    optimizer = make_optimizer(model, typed(TrainConfig, cfg.train, "train"))
+    for _ in range(2):
+        with autocast(device, dtype):
+            loss = model(x, targets=x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+else:
+    x = torch.randint(0, V, (max(1, n // T), T))
+    estimate = preflight.eval_memory(model, [T], n, n, device, dtype)
+    model.eval()
+    with torch.no_grad(), autocast(device, dtype):
+        for _ in range(2):
+            model.head_nll(model.hidden(x), x)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"measured": peak - before, "estimate": estimate.total}))
+'''
+
+# (train or eval, length, windows or tokens per pass, encoding): each kernel family once
+SHAPES = [("train", 128, 16, "alibi"),  # explicit attention (short CPU training windows), a bias
+          ("train", 512, 8, "rope"),  # fused attention
+          ("train", 512, 4, "t5"),  # a bias with parameters: SDPA's math path
+          ("train", 256, 4, "shaw"),  # content-dependent scores, explicit chunks
+          ("eval", 2048, 16384, "alibi"),  # Toeplitz slices
+          ("eval", 2048, 16384, "shaw")]  # chunked scores
+
+
+@pytest.mark.parametrize("kind, length, n, encoding", SHAPES)
+def test_estimate_is_within_a_factor_of_two_of_the_measured_peak(kind, length, n, encoding):
+    proc = subprocess.run([sys.executable, "-c", MEASURE, kind, str(length), str(n), f"encoding={encoding}"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    ratio = result["estimate"] / result["measured"]
+    assert 0.5 <= ratio <= 2, result
+
+
+def test_a_job_that_cannot_fit_is_refused_with_its_estimate_and_the_flag_overrides(tmp_path):
+    run = tmp_path / "run"
+    # a job far past any machine, as `posbench train encoding=learned train.train_len=100000` (the smoke
+    # slice has 95k train tokens): 32 windows of 90,000 tokens
+    proc = posbench("train", *SMOKE, "encoding=learned", "train.train_len=90000", "train.batch_size=32",
+                    "train.steps=2", "eval.lengths=[32]", f"hydra.run.dir={run}", cwd=tmp_path, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[-1].startswith("posbench: error: a training step of 32 windows x train.train_len=90000 "
+                                "needs about "), lines[-1]
+    assert "GB of available RAM" in lines[-1] or "GB of memory left under" in lines[-1], lines[-1]
+    assert lines[-1].endswith("or train.preflight=false to run it anyway")
+    assert not run.exists()
+
+    # a small job under a limit it exceeds is refused; train.preflight=false runs it anyway
+    small = ["train", *SMOKE, "train.steps=2", "eval.lengths=[32]", f"hydra.run.dir={run}"]
+    limited = {**os.environ, "POSBENCH_MEMORY_LIMIT": "0.001"}
+    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *small], env=limited, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2 and "than the 0.00 GB of memory set by POSBENCH_MEMORY_LIMIT" in proc.stderr
+    assert not run.exists()
+    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *small, "train.preflight=false",
+                           "eval.preflight=false"], env=limited, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "results.csv").exists()
