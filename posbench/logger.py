@@ -21,7 +21,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import RunDir, atomic_write_text, disk_full, no_space
-from .config import WANDB_MODES, _choice, config_hash
+from .config import WANDB_MODES, choice, config_hash
 
 
 def _step(line: str) -> float:
@@ -42,7 +42,7 @@ class MetricsLogger:
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         self.wandb = None
         mode = str(cfg.wandb.mode)
-        _choice("wandb.mode", mode, WANDB_MODES)
+        choice("wandb.mode", mode, WANDB_MODES)
         if mode != "disabled":
             import wandb
 

@@ -7,43 +7,16 @@ Positions enter only through the encoding (see ``posbench.encodings.base``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention import causal_attention
+from .config import ModelConfig
 from .encodings import ModelDims, PositionEncoding
-from .errors import PosbenchError
 from .loss import linear_cross_entropy
 
-# Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
-# paper's setup (Press et al. 2022): its fairseq-train command for transformer_lm_wiki103 leaves
-# --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
-# the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
-EMBED_SCALES = ("sqrt_d", "none")
-
-
-@dataclass
-class ModelConfig:
-    name: str = "tiny"
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
-    d_ff: int = 1024
-    dropout: float = 0.0
-    attn_chunk: int = 1024  # query chunk for biased / content-dependent attention
-    embed_scale: str = "sqrt_d"  # sqrt_d: token embeddings x sqrt(d_model) for every encoding; none: x 1
-
-    def __post_init__(self):
-        if self.embed_scale not in EMBED_SCALES:
-            raise PosbenchError(f"model.embed_scale={self.embed_scale!r} is not valid; "
-                                f"valid choices: {', '.join(EMBED_SCALES)}")
-
-    def embed_factor(self) -> float:
-        """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
-        return math.sqrt(self.d_model) if self.embed_scale == "sqrt_d" else 1.0
 
 
 class Attention(nn.Module):

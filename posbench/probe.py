@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from .build import autocast
 from .checkpoint import RunDir
-from .config import _choice, _positive, code_version, config_hash, not_empty, typed
+from .config import choice, positive, code_version, config_hash, ladder_lengths, not_empty, typed
 from .data import load_corpus
 from .encodings import PositionRangeError
 from .encodings.rotary import rope_scaling, scaling_factor
@@ -68,13 +68,13 @@ class PasskeyConfig:
     seed: int = 0  # picks the keys: the same keys at every length and depth
 
     def __post_init__(self):
-        _choice("probe.name", self.name, ("passkey",))
-        _positive("probe.trials", self.trials)
+        choice("probe.name", self.name, ("passkey",))
+        positive("probe.trials", self.trials)
         not_empty("probe.lengths", self.lengths, "null (probe.multiples x train.train_len) "
                   "or a list of positive prompt lengths, e.g. [128,512]")
         not_empty("probe.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
         for length in list(self.lengths or []) + list(self.multiples):
-            _positive("probe.lengths" if self.lengths else "probe.multiples", length)
+            positive("probe.lengths" if self.lengths else "probe.multiples", length)
         if not self.depths:
             raise PosbenchError("probe.depths is empty; valid: depths in [0, 1], e.g. [0,0.5,1]")
         for i, depth in enumerate(self.depths):
@@ -83,7 +83,7 @@ class PasskeyConfig:
                                     "(0: key before the filler, 1: after it); valid: e.g. [0,0.25,0.5,0.75,1]")
 
     def resolve_lengths(self, train_len: int) -> list[int]:
-        return sorted(set(self.lengths or [m * train_len for m in self.multiples]))
+        return ladder_lengths(self.lengths, self.multiples, train_len)
 
     def keys(self) -> list[int]:
         return np.random.default_rng(self.seed).integers(10_000, 100_000, self.trials).tolist()

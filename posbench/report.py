@@ -162,16 +162,12 @@ def _hashed_config(run: str) -> dict | None:
     """The keys of a run's config.yaml that its config_hash covers, flattened ('train.lr')."""
     from omegaconf import OmegaConf
 
-    from .config import NOT_HASHED
+    from .config import hashed_part
 
     path = Path(run) / "config.yaml"
     if not path.is_file():
         return None
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    for key in NOT_HASHED:
-        data.pop(key, None)
-    data.get("data", {}).pop("cache_dir", None)
-    return dict(_flat(data))
+    return dict(_flat(hashed_part(OmegaConf.to_container(OmegaConf.load(path), resolve=False))))
 
 
 def config_diff(runs: list[str], hashes: list[str]) -> str:

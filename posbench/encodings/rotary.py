@@ -42,11 +42,10 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from ..config import PAIRINGS, SCALINGS
 from ..errors import PosbenchError
 from .base import REGISTRY, ModelDims, PositionEncoding, register
 
-SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
-PAIRINGS = ("half", "interleaved")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # rotations over train_len bounding the ramp (Peng et al. 2023)
 
 
