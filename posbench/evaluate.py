@@ -30,10 +30,7 @@ the row key, so one run's results.csv holds a row per scaling and length.
 from __future__ import annotations
 
 import math
-import os
 import sys
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,8 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
-from .learned_bias import write_run_figure
-from .checkpoint import RunDir, atomic_write_text, load_checkpoint
+from .checkpoint import RunDir, load_checkpoint
 from .config import EvalConfig, code_version, config_hash, typed
 from .data import load_corpus
 from .encodings import PositionRangeError
@@ -51,12 +47,10 @@ from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from .errors import PosbenchError
 from .model import LanguageModel
 from .preflight import check_evaluation
-from .token_nll import FILE as TOKEN_NLL, merge_token_nll, read_token_nll, row_key
+from .learned_bias import write_run_figure
+from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
+from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
 
-KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
-COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
-                 "model", "data", "steps", "params", "pos_params", "config_hash", "code_version"]
-POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
 
 
 def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split: str,
@@ -190,103 +184,17 @@ def text_metrics(nll: float, tokens: int, nbytes: int | None, words: int | None)
 def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame:
     """results.csv rows of a ladder (columns ``COLUMNS``); the binned positions ride along in
     ``rows.attrs["positions"]`` and the per-token NLL in ``rows.attrs["token_nll"]`` (by
-    :func:`posbench.token_nll.row_key`) for :func:`write_results`. A ladder computed without the
-    tokenizer (the training run's) gets bytes and words here, from the cached corpus."""
-    if any(row.get("bytes") is None for row in ladder):
-        nbytes, words = _cached_text_size(cfg, ladder[0]["tokens"])
-        ladder = [{**row, "bytes": nbytes, "words": words, **text_metrics(row["nll"], row["tokens"], nbytes, words)}
-                  for row in ladder]
+    :func:`posbench.token_nll.row_key`) for :func:`posbench.results.write_results`."""
     meta = {"split": cfg.eval.split, "encoding": cfg.encoding.name, "model": cfg.model.name, "data": cfg.data.name,
             "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
             "config_hash": config_hash(cfg), "code_version": code_version(),
             "rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping"}  # a ladder row's own values win
-    rows = _backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]
+    rows = backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]
     rows.attrs["positions"] = [{**meta, **{k: row[k] for k in KEY if k in row}, **pos}
                                for row in ladder for pos in row.get("positions", [])]
     rows.attrs["token_nll"] = {row_key({**meta, **row}): row["token_nll"] for row in ladder
                                if row.get("token_nll") is not None}
     return rows
-
-
-def _cached_text_size(cfg: DictConfig, n: int) -> tuple[int, int]:
-    corpus = load_corpus(cfg.data)
-    return text_size(corpus.tokenizer, corpus.splits[cfg.eval.split][1:n + 1])
-
-
-def _backfill(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
-    bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1;
-    before parameter counts with params and pos_params unknown."""
-    df = df.copy()
-    defaults = {"rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping", "stride": df.get("eval_len"),
-                "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan,
-                "params": math.nan, "pos_params": math.nan}
-    for col, value in defaults.items():
-        df[col] = value if col not in df else df[col].fillna(value)
-    for col in ("stride", "bytes", "words", "params", "pos_params"):
-        df[col] = df[col].astype("Int64")
-    for col in ("bpb", "word_ppl"):
-        df[col] = df[col].astype(float)
-    return df[[c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]]
-
-
-@contextmanager
-def _locked(directory: Path):
-    """Exclusive flock on the run directory itself for a read-merge-write, so jobs writing one
-    results.csv at the same time do not drop each other's rows (and leave no lock file)."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): jobs must not overlap
-        yield
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def merge_csv(path: Path, new: pd.DataFrame, key: list[str], replace: pd.DataFrame | None = None,
-              old: pd.DataFrame | None = None, order: list[str] | None = None) -> pd.DataFrame:
-    """``new`` merged into the table at ``path`` (or ``old``): old rows whose ``key`` is among
-    ``replace``'s (default ``new``'s) are dropped; sorted by ``order`` (default ``key``) and
-    written atomically. Call under :func:`_locked`."""
-    from .report import sort_rows
-
-    if old is None and path.exists():
-        old = pd.read_csv(path)
-    if old is not None and len(old):
-        gone = (new if replace is None else replace).set_index(key).index
-        new = pd.concat([old[~old.set_index(key).index.isin(gone)], new], ignore_index=True)
-    new = sort_rows(new, order or key)
-    atomic_write_text(path, new.to_csv(index=False))
-    return new
-
-
-def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None = None,
-                  token_nll: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
-    """Merge rows into the run's results.csv (new rows replace old ones of the same key), their
-    binned positions (``positions``, default ``new.attrs["positions"]``) into positions.csv, replacing
-    every bin of those keys, and their per-token NLL (``token_nll``, default ``new.attrs["token_nll"]``)
-    into token_nll.npz; redraw the plot. Files are replaced atomically, under one lock."""
-    from .report import plot_ppl_vs_length, read_results
-
-    positions = new.attrs.pop("positions", None) if positions is None else positions
-    token_nll = new.attrs.pop("token_nll", None) if token_nll is None else token_nll
-    new = _backfill(new)
-    with _locked(run.path):
-        if token_nll:
-            merge_token_nll(run.path / TOKEN_NLL, token_nll)
-        if positions is not None:
-            table = pd.DataFrame(positions, columns=POSITION_COLUMNS)
-            merge_csv(run.path / "positions.csv", table.astype({"stride": int}), KEY, replace=new,
-                      order=KEY + ["bin_start"])
-        old = _backfill(read_results(run.results)) if run.results.exists() else None
-        new = merge_csv(run.results, new, KEY, old=old)
-        plot_ppl_vs_length(new.assign(run=str(run.path)), run.plot)  # the run: its token_nll.npz
-    return new
 
 
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
@@ -323,11 +231,9 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
     """Rows of results.csv that this evaluation would compute again: same key, config hash, rope
     factor and scored token count, status ok, bits per byte present, and the per-token NLL in
     token_nll.npz (rows written before it existed are computed again)."""
-    from .report import read_results
-
     if not run.results.exists():
         return pd.DataFrame(columns=COLUMNS)
-    df = _backfill(read_results(run.results))
+    df = backfill(read_results(run.results))
     train_len, strides = int(train_cfg.train.train_len), ecfg.strides(lengths)
     factor = [scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, int(n_), train_len) for n_ in df.eval_len]
     same = ((df.encoding == train_cfg.encoding.name) & (df.rope_scaling == ecfg.rope_scaling)
@@ -343,7 +249,7 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
 def evaluate(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
     whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
-    from .report import sort_rows
+    from .report import draw_run
 
     run, state, train_cfg, ecfg = open_run(cfg)
     corpus = load_corpus(train_cfg.data)
@@ -363,5 +269,5 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
-    write_results(run, rows)
+    write_results(run, rows, draw=lambda merged: draw_run(run, merged))
     return sort_rows(pd.concat([done, rows], ignore_index=True), KEY) if len(done) else rows

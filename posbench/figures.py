@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .checkpoint import atomic_write
-from .report import line_names
+from .results import line_names
 
 DPI = 120
 

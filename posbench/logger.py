@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import RunDir, atomic_write_text, disk_full, no_space
 from .config import WANDB_MODES, choice, config_hash
+from .results import with_labels
 
 
 def _step(line: str) -> float:
@@ -67,9 +68,7 @@ class MetricsLogger:
             return
         import wandb
 
-        from .report import _with_labels
-
-        rows = _with_labels(results)
+        rows = with_labels(results)
         ok = rows[rows.status == "ok"]
         logged = {"eval/results": wandb.Table(dataframe=results),
                   "eval/ppl_vs_length": wandb.plot.line(

@@ -49,7 +49,8 @@ from .data import load_corpus
 from .encodings import PositionRangeError
 from .encodings.rotary import rope_scaling, scaling_factor
 from .errors import PosbenchError
-from .evaluate import _locked, load_model, merge_csv, open_run
+from .evaluate import load_model, open_run
+from .results import locked, merge_csv
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -192,7 +193,7 @@ def passkey_rows(cfg: DictConfig, probe: list[dict]) -> pd.DataFrame:
 
 def write_passkey(run: RunDir, rows: pd.DataFrame) -> pd.DataFrame:
     """Merge rows into the run's passkey.csv (new rows replace old ones of the same key), atomically."""
-    with _locked(run.path):
+    with locked(run.path):
         return merge_csv(run.path / "passkey.csv", rows, KEY)
 
 

@@ -14,9 +14,8 @@ Seeds are averaged, nothing else: when one line would mix runs whose configs dif
 than the seed (their rows carry different ``config_hash`` values), the report stops and names
 the differing config keys, read from each run's ``config.yaml``.
 
-results.csv files written before a column existed read with its neutral value: rope_scaling
-``none``, rope_factor 1, mode ``nonoverlapping``, stride = eval_len, NaN for bpb, word_ppl,
-bytes, words, params and pos_params. The figures are drawn by :mod:`posbench.figures`.
+results.csv files written before a column existed read with its neutral value
+(:func:`posbench.results.backfill`). The figures are drawn by :mod:`posbench.figures`.
 
 Every cell, every ratio ppl(L) / ppl(train_len) and every comparison between lines gets a 95%
 interval (:mod:`posbench.intervals`: t over seeds where there are at least 3, else a paired
@@ -37,14 +36,13 @@ import pandas as pd
 
 from .checkpoint import atomic_write_text
 from .errors import PosbenchError
+from .figures import passkey_figure, positions_figure, ppl_figure, run_figure, save
 from .intervals import Cell, Estimator, block_sums
+from .learned_bias import write_report_figure
+from .results import LINE, backfill, line_names, sort_rows, with_labels
 from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
 
 GROUP = ["encoding", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
-LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
-RESULT_COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride",
-                  "rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model",
-                  "data", "steps", "params", "pos_params", "config_hash", "code_version"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
@@ -54,70 +52,6 @@ REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ali
 
 
 # ---------------------------------------------------------------- reading
-def backfill(df: pd.DataFrame) -> pd.DataFrame:
-    """Columns an older results table lacks, with their neutral values, in the current order."""
-    df = df.copy()
-    for col, value in (("rope_scaling", "none"), ("rope_factor", 1.0), ("mode", "nonoverlapping")):
-        df[col] = df[col].fillna(value) if col in df else value
-    if "eval_len" in df:
-        df["stride"] = df["stride"].fillna(df.eval_len) if "stride" in df else df.eval_len
-        df["stride"] = df.stride.astype("int64")
-    for col in ("bpb", "word_ppl", "bytes", "words", "params", "pos_params"):
-        if col not in df:
-            df[col] = math.nan
-    known = [c for c in RESULT_COLUMNS if c in df]
-    return df[known + [c for c in df if c not in known]]
-
-
-def read_results(path: str | Path) -> pd.DataFrame:
-    """One results.csv, backfilled (see :func:`backfill`)."""
-    return backfill(pd.read_csv(path))
-
-
-def _scaling_order(col: pd.Series) -> pd.Series:
-    return ("1" + col).where(col != "none", "0") if col.name == "rope_scaling" else col  # none first
-
-
-def sort_rows(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Sorted by ``by``, unscaled rows before the scalings of the same encoding."""
-    return df.sort_values([c for c in by if c in df], key=_scaling_order).reset_index(drop=True)
-
-
-def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverlapping", stride="") -> str:
-    """'rope', 'rope+yarn' under a scaling, 'alibi sliding/64' for sliding windows of stride 64
-    ('alibi sliding/L/2' for a stride of half the window at every length)."""
-    label = encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
-    if mode != "sliding":
-        return label
-    return f"{label} sliding/{stride if isinstance(stride, str) else int(stride)}"
-
-
-def _stride_tags(df: pd.DataFrame) -> pd.Series:
-    """How each sliding row names its stride: the number when the line (encoding, scaling, model,
-    data, train_len, split) slides by one stride at every length, 'L/k' when its stride is
-    eval_len // k at every length (``eval.stride=null`` is L/2), else the row's own stride."""
-    tags = df.stride.astype(object)
-    line = [c for c in ("encoding", "rope_scaling", "model", "data", "train_len", "split") if c in df]
-    sliding = df[df["mode"] == "sliding"]
-    for _, g in sliding.groupby(line, dropna=False) if len(sliding) else []:
-        if g.stride.nunique() > 1:
-            for k in sorted(set(g.eval_len // g.stride)):
-                if k >= 1 and (g.stride == (g.eval_len // k).clip(lower=1)).all():
-                    tags[g.index] = f"L/{k}"
-                    break
-    return tags
-
-
-def _with_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with each row's line ``label`` (scaling and mode columns backfilled where absent)."""
-    df = df.assign(rope_scaling=df.rope_scaling.fillna("none") if "rope_scaling" in df else "none",
-                   mode=df["mode"].fillna("nonoverlapping") if "mode" in df else "nonoverlapping")
-    if "stride" not in df:
-        df = df.assign(stride=df.eval_len if "eval_len" in df else 0)
-    labels = [line_label(*row) for row in zip(df.encoding, df.rope_scaling, df["mode"], _stride_tags(df))]
-    return df.assign(label=pd.Series(labels, index=df.index, dtype=object))
-
-
 def _files(paths: list[str | Path], name: str) -> list[Path]:
     """Every ``name`` under ``paths`` (dirs searched recursively; a file stands for its dir),
     each file once."""
@@ -191,7 +125,7 @@ def check_one_config(df: pd.DataFrame) -> None:
     """Refuse to average a line over runs whose configs differ in more than the seed."""
     if "config_hash" not in df or df.empty:
         return
-    df = _with_labels(df) if "label" not in df else df
+    df = with_labels(df) if "label" not in df else df
     keys = [c for c in LINE + ["eval_len", "length", "mode", "stride"] if c in df]
     for _, g in df.groupby(keys, dropna=False, sort=False):
         if g.config_hash.nunique() > 1:
@@ -208,14 +142,14 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFr
     parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them) and the
     interval columns of :func:`add_intervals` (bootstrap intervals where rows carry their ``run``
     dir and it holds token_nll.npz)."""
-    df = _with_labels(backfill(df))
+    df = with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
     stats = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"])
     stats.columns = ["ppl_mean", "ppl_std", "ppl_min", "ppl_max", "n_ok"]
     means = ok.groupby(GROUP, dropna=False)[["nll", "bpb", "word_ppl"]].mean().add_suffix("_mean")
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
-    out = _with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
+    out = with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
     out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator()).drop(columns="cell")
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
@@ -300,16 +234,6 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
     return out.assign(**ratio, tied_best=pd.array(tied, dtype="boolean"))
 
 
-def line_names(frame: pd.DataFrame) -> pd.Series:
-    """Each row's figure line: its label, plus ``(model=..., train_len=...)`` for the LINE
-    columns that vary across ``frame``."""
-    varied = [c for c in LINE[1:] if c in frame and frame[c].nunique() > 1]
-    if not varied:
-        return frame.label
-    suffix = frame[varied].astype(str).apply(lambda r: ", ".join(f"{c}={v}" for c, v in r.items()), axis=1)
-    return frame.label + " (" + suffix + ")"
-
-
 def _fmt(mean: float, std: float, pm: str = " ± ", low: float = math.nan, high: float = math.nan) -> str:
     """'11.00 ± 1.41 [10.12, 11.95]': mean, std over seeds (none for one seed), 95% interval (where known)."""
     if mean is None or math.isnan(mean):
@@ -348,7 +272,7 @@ def params_text(params, pos_params) -> str:
 def _table_cells(summary: pd.DataFrame):
     """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, bold?)}).
     Lines get a ``params`` extra column ('5.52M (0.26M)') when any row has parameter counts."""
-    summary = _with_labels(summary)
+    summary = with_labels(summary)
     lengths = sorted(summary.eval_len.unique())
     extra = [c for c in ("model", "data", "split") if c in summary and summary[c].nunique() > 1]
     if "params" in summary and summary.params.notna().any():
@@ -412,7 +336,7 @@ def latex_table(summary: pd.DataFrame) -> str:
 def markdown_results(rows: pd.DataFrame) -> str:
     """One run's rows as a Markdown table."""
     lines = ["| encoding | train_len | eval_len | ppl | nll | tokens | status |", "|---|---|---|---|---|---|---|"]
-    for r in _with_labels(rows).itertuples():
+    for r in with_labels(rows).itertuples():
         status = r.status if len(r.status) < 60 else r.status[:57] + "..."
         lines.append(f"| {r.label} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} | {status} |")
     return "\n".join(lines)
@@ -425,7 +349,7 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
     evaluated length is within 10% of its ppl at train_len: a length counts only when the whole
     interval of its ratio is at most 1.10, and one whose interval straddles 1.10 ends the range
     as "not distinguishable"."""
-    summary = _with_labels(summary).assign(name=lambda s: line_names(s))
+    summary = with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
     for tlen, g in summary.groupby("train_len"):
         at_train = g[g.eval_len == tlen].dropna(subset=["ppl_mean"])
@@ -477,7 +401,7 @@ def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         t = collect(paths, name)
         if not t.empty:
             t = t.join(runs, on="run") if "model" not in t else t
-            t = _with_labels(t)
+            t = with_labels(t)
             check_one_config(t)
         out.append(t)
     return out[0], out[1]
@@ -521,9 +445,13 @@ class Report(NamedTuple):
 
 def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
     """One run's figure (:func:`posbench.figures.run_figure`), written to ``path``."""
-    from .figures import run_figure, save
-
     save(run_figure(summarize(df) if "ppl_mean" not in df else df, title), Path(path))
+
+
+def draw_run(run, rows: pd.DataFrame) -> None:
+    """A run dir's ppl_vs_length.png from its merged results rows (intervals from its token_nll.npz);
+    the ``draw`` that train and eval hand to :func:`posbench.results.write_results`."""
+    plot_ppl_vs_length(rows.assign(run=str(run.path)), run.plot)
 
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
@@ -533,9 +461,6 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     (``fmt='latex'``), report.png/.svg (perplexity vs length, beside the paper's numbers from
     ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
     and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv."""
-    from .figures import passkey_figure, positions_figure, ppl_figure, save
-    from .learned_bias import write_report_figure
-
     if fmt not in ("md", "latex"):
         raise PosbenchError(f"report: --format {fmt!r} is not valid; valid choices: md, latex")
     failed = failed_runs(paths)

@@ -38,9 +38,10 @@ from .data import load_corpus
 from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable
 from .errors import PosbenchError
-from .evaluate import perplexity_ladder, result_rows, scored_tokens, write_results
+from .evaluate import perplexity_ladder, result_rows, scored_tokens
 from .learned_bias import write_run_figure
 from .logger import MetricsLogger
+from .results import write_results
 
 
 def seed_everything(seed: int) -> None:
@@ -320,8 +321,11 @@ def train(cfg: DictConfig, run_dir) -> dict:
     if not world.is_main:
         return {"run_dir": str(run.path), "results": None, "steps": step}
 
-    ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype)
-    rows = write_results(run, result_rows(cfg, ladder, step))
+    from .report import draw_run
+
+    ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype,
+                               tokenizer=corpus.tokenizer)
+    rows = write_results(run, result_rows(cfg, ladder, step), draw=lambda merged: draw_run(run, merged))
     write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
     logger.finish(rows)
     return {"run_dir": str(run.path), "results": rows, "steps": step}

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from posbench.intervals import Cell, Estimator, block_sums
-from posbench.report import read_results
+from posbench.results import read_results
 from posbench.token_nll import read_token_nll, row_key
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from posbench.cli import conf_dir
-from posbench.report import read_results
+from posbench.config import conf_dir
+from posbench.results import read_results
 
 
 def variant(encoding: dict) -> str:

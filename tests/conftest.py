@@ -45,7 +45,7 @@ def compose(*overrides):
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from posbench.cli import conf_dir
+    from posbench.config import conf_dir
 
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", lambda o: o or "default")

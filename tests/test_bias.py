@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from posbench.cli import conf_dir
+from posbench.config import conf_dir
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
 from posbench.model import LanguageModel, ModelConfig
 

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import compose, posbench
 from posbench.build import build_model
-from posbench.cli import conf_dir
+from posbench.config import conf_dir
 from posbench.config import DataConfig, EvalConfig, TrainConfig, config_hash, model_config, typed
 from posbench.errors import PosbenchError
 

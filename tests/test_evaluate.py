@@ -16,8 +16,8 @@ from posbench.config import EvalConfig
 from posbench.data import EOS, tokenize, train_tokenizer
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import (COLUMNS, KEY, POSITION_COLUMNS, perplexity_ladder, position_bins, scored_tokens,
-                               text_size, write_results)
+from posbench.evaluate import perplexity_ladder, position_bins, scored_tokens, text_size
+from posbench.results import COLUMNS, KEY, POSITION_COLUMNS, write_results
 from posbench.model import LanguageModel, ModelConfig
 
 CPU = torch.device("cpu")
@@ -211,10 +211,7 @@ def results_row(eval_len, mode="nonoverlapping", stride=None, ppl=10.0):
             "status": "ok", "model": "tiny", "data": "sotu", "steps": 30, "config_hash": "h", "code_version": "0"}
 
 
-def test_old_results_merge_and_positions_are_replaced_by_key(tmp_path, monkeypatch):
-    import posbench.report
-
-    monkeypatch.setattr(posbench.report, "plot_ppl_vs_length", lambda df, path: None)
+def test_old_results_merge_and_positions_are_replaced_by_key(tmp_path):
     run = RunDir(tmp_path)
     old = pd.DataFrame([results_row(n) for n in (32, 64)]).drop(columns=["mode", "stride", "bpb", "word_ppl",
                                                                           "bytes", "words"])

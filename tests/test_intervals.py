@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, SMOKE, posbench
 from posbench.intervals import (BLOCKS, Cell, Estimator, block_sums, bootstrap_means, percentile_interval,
                                 resample_indices, t_interval, t_quantile, welch_interval)
-from posbench.report import read_results
+from posbench.results import read_results
 from posbench.token_nll import read_token_nll, row_key
 
 

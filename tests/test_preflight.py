@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from posbench import preflight
 from posbench.build import autocast, autocast_dtype, build_model, keep_freed_memory
-from posbench.cli import conf_dir
+from posbench.config import conf_dir
 from posbench.config import TrainConfig, typed
 from posbench.train import make_optimizer
 

@@ -145,7 +145,7 @@ def test_bad_probe_values_are_refused(tok):
 def test_probe_group_composes_with_eval_app():
     from hydra import compose, initialize_config_dir
 
-    from posbench.cli import conf_dir
+    from posbench.config import conf_dir
     from posbench.config import typed
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):

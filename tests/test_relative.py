@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 
 from posbench.attention import causal_attention
-from posbench.cli import conf_dir
+from posbench.config import conf_dir
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
 from posbench.model import LanguageModel, ModelConfig
 

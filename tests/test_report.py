@@ -20,7 +20,8 @@ from conftest import ROOT, SMOKE, posbench
 from posbench.errors import PosbenchError
 from posbench.figures import DPI, INTERVAL_LABEL, passkey_figure, positions_figure, ppl_figure
 from posbench.report import (REFERENCE, collect, extrapolation_summary, latex_table, markdown_table, read_reference,
-                             read_results, report, summarize)
+                             report, summarize)
+from posbench.results import read_results
 from posbench.token_nll import merge_token_nll, row_key
 
 COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
@@ -274,9 +275,9 @@ def test_positions_figure_weights_seeds_by_tokens_at_the_longest_window():
                     positions_rows("alibi", 1, 64, [7.0, 6.0, 5.0, 3.0], tokens=300),
                     positions_rows("alibi", 0, 32, [9.0, 9.0, 9.0]),  # a shorter window: not drawn
                     positions_rows("nope", 0, 32, [6.0, 5.0, 5.5])], ignore_index=True)
-    from posbench.report import _with_labels
+    from posbench.results import with_labels
 
-    fig = positions_figure(_with_labels(df))
+    fig = positions_figure(with_labels(df))
     (ax,) = fig.axes
     lines = {line.get_gid(): line for line in ax.lines}
     assert lines["positions:alibi"].get_xdata().tolist() == [1, 9, 24.5, 48.5]  # bin midpoints, 1-based
@@ -295,13 +296,13 @@ def passkey_rows(encoding, seed, correct, scaling="none", status=None):
 
 
 def test_passkey_figure_one_heat_map_per_line():
-    from posbench.report import _with_labels
+    from posbench.results import with_labels
 
     learned = passkey_rows("learned", 0, [4, 0, 0, 4, 0, 0])
     learned.loc[learned.length > 32, "status"] = "n/a: past the table"
     df = pd.concat([passkey_rows("rope", 0, [4, 2, 0, 4, 3, 1]), passkey_rows("rope", 1, [4, 4, 1, 2, 3, 0]),
                     passkey_rows("rope", 0, [4, 4, 4, 4, 4, 3], scaling="yarn"), learned], ignore_index=True)
-    fig = passkey_figure(_with_labels(df))
+    fig = passkey_figure(with_labels(df))
     panels = [ax for ax in fig.axes if ax.images]
     assert [ax.get_title() for ax in panels] == ["rope", "rope+yarn", "learned"]
     assert len(fig.axes) == 4  # 3 heat maps and the colour bar

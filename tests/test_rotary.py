@@ -15,7 +15,8 @@ from posbench.config import EvalConfig
 from posbench.encodings import ModelDims, build_encoding
 from posbench.encodings.rotary import check_scalable, ntk_base, xpos_scale, yarn_attention_factor, yarn_inv_freq
 from posbench.errors import PosbenchError
-from posbench.evaluate import KEY, perplexity_ladder, write_results
+from posbench.evaluate import perplexity_ladder
+from posbench.results import KEY, read_results, write_results
 from posbench.model import LanguageModel, ModelConfig
 
 HS, TRAIN_LEN, BASE = 16, 64, 10000.0
@@ -288,10 +289,7 @@ def fake_rows(scaling, lengths=(32, 64)):
                           "steps": 1, "config_hash": "x", "code_version": "0"} for n in lengths])
 
 
-def test_concurrent_writers_lose_no_rows_and_old_tables_load(tmp_path, monkeypatch):
-    import posbench.report
-
-    monkeypatch.setattr(posbench.report, "plot_ppl_vs_length", lambda df, path: None)
+def test_concurrent_writers_lose_no_rows_and_old_tables_load(tmp_path):
     run = RunDir(tmp_path)
     # a results.csv from before the scaling columns: its rows read as rope_scaling 'none'
     old = fake_rows("none").drop(columns=["rope_scaling", "rope_factor"])
@@ -302,7 +300,7 @@ def test_concurrent_writers_lose_no_rows_and_old_tables_load(tmp_path, monkeypat
         t.start()
     for t in threads:
         t.join()
-    df = posbench.report.read_results(run.results)
+    df = read_results(run.results)
     assert len(df) == 2 + 4 * 3 and not df.duplicated(KEY).any()
     assert df.rope_scaling.tolist()[:2] == ["none", "none"]  # unscaled rows first
     assert set(df.rope_scaling) == {"none", "pi", "ntk", "dynamic_ntk", "yarn"}

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from conftest import SMOKE, compose
 from posbench.attention import causal_attention
 from posbench.build import build_model
-from posbench.cli import conf_dir, main
+from posbench.cli import main
+from posbench.config import conf_dir
 from posbench.encodings import REGISTRY, ModelDims, PositionRangeError, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig

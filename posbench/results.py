@@ -1,0 +1,168 @@
+"""The results schema and its files: one place for columns, keys, labels and merges.
+
+results.csv holds one row per ``KEY`` (encoding, scaling, train_len, eval_len, seed, split and
+protocol) with the ``COLUMNS`` below; positions.csv the binned loss by position of the same keys
+(``POSITION_COLUMNS``). Files written before a column existed read with its neutral value
+(:func:`backfill`). Every writer merges under :func:`locked`, so jobs writing one run dir at the
+same time keep each other's rows. Each row belongs to one figure/table line, named by
+:func:`line_label`.
+
+The evaluator computes rows and hands them here; drawing is the caller's (``draw`` in
+:func:`write_results`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .checkpoint import RunDir, atomic_write_text
+from .token_nll import FILE as TOKEN_NLL, merge_token_nll
+
+KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
+COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
+                 "model", "data", "steps", "params", "pos_params", "config_hash", "code_version"]
+POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
+LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
+
+
+# ---------------------------------------------------------------- reading
+def backfill(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
+    bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1;
+    before parameter counts with params and pos_params unknown."""
+    df = df.copy()
+    defaults = {"rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping", "stride": df.get("eval_len"),
+                "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan,
+                "params": math.nan, "pos_params": math.nan}
+    for col, value in defaults.items():
+        df[col] = value if col not in df else df[col].fillna(value)
+    for col in ("stride", "bytes", "words", "params", "pos_params"):
+        df[col] = df[col].astype("Int64")
+    for col in ("bpb", "word_ppl"):
+        df[col] = df[col].astype(float)
+    return df[[c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]]
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """One results.csv, backfilled (see :func:`backfill`)."""
+    return backfill(pd.read_csv(path))
+
+
+def _scaling_order(col: pd.Series) -> pd.Series:
+    return ("1" + col).where(col != "none", "0") if col.name == "rope_scaling" else col  # none first
+
+
+def sort_rows(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Sorted by ``by``, unscaled rows before the scalings of the same encoding."""
+    return df.sort_values([c for c in by if c in df], key=_scaling_order).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------- labels
+def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverlapping", stride="") -> str:
+    """'rope', 'rope+yarn' under a scaling, 'alibi sliding/64' for sliding windows of stride 64
+    ('alibi sliding/L/2' for a stride of half the window at every length)."""
+    label = encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
+    if mode != "sliding":
+        return label
+    return f"{label} sliding/{stride if isinstance(stride, str) else int(stride)}"
+
+
+def stride_tags(df: pd.DataFrame) -> pd.Series:
+    """How each sliding row names its stride: the number when the line (encoding, scaling, model,
+    data, train_len, split) slides by one stride at every length, 'L/k' when its stride is
+    eval_len // k at every length (``eval.stride=null`` is L/2), else the row's own stride."""
+    tags = df.stride.astype(object)
+    line = [c for c in ("encoding", "rope_scaling", "model", "data", "train_len", "split") if c in df]
+    sliding = df[df["mode"] == "sliding"]
+    for _, g in sliding.groupby(line, dropna=False) if len(sliding) else []:
+        if g.stride.nunique() > 1:
+            for k in sorted(set(g.eval_len // g.stride)):
+                if k >= 1 and (g.stride == (g.eval_len // k).clip(lower=1)).all():
+                    tags[g.index] = f"L/{k}"
+                    break
+    return tags
+
+
+def with_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each row's line ``label`` (scaling and mode columns backfilled where absent)."""
+    df = df.assign(rope_scaling=df.rope_scaling.fillna("none") if "rope_scaling" in df else "none",
+                   mode=df["mode"].fillna("nonoverlapping") if "mode" in df else "nonoverlapping")
+    if "stride" not in df:
+        df = df.assign(stride=df.eval_len if "eval_len" in df else 0)
+    labels = [line_label(*row) for row in zip(df.encoding, df.rope_scaling, df["mode"], stride_tags(df))]
+    return df.assign(label=pd.Series(labels, index=df.index, dtype=object))
+
+
+def line_names(frame: pd.DataFrame) -> pd.Series:
+    """Each row's figure line: its label, plus ``(model=..., train_len=...)`` for the LINE
+    columns that vary across ``frame``."""
+    varied = [c for c in LINE[1:] if c in frame and frame[c].nunique() > 1]
+    if not varied:
+        return frame.label
+    suffix = frame[varied].astype(str).apply(lambda r: ", ".join(f"{c}={v}" for c, v in r.items()), axis=1)
+    return frame.label + " (" + suffix + ")"
+
+
+
+# ---------------------------------------------------------------- writing
+@contextmanager
+def locked(directory: Path):
+    """Exclusive flock on the run directory itself for a read-merge-write, so jobs writing one
+    results.csv at the same time do not drop each other's rows (and leave no lock file)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): jobs must not overlap
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def merge_csv(path: Path, new: pd.DataFrame, key: list[str], replace: pd.DataFrame | None = None,
+              old: pd.DataFrame | None = None, order: list[str] | None = None) -> pd.DataFrame:
+    """``new`` merged into the table at ``path`` (or ``old``): old rows whose ``key`` is among
+    ``replace``'s (default ``new``'s) are dropped; sorted by ``order`` (default ``key``) and
+    written atomically. Call under :func:`locked`."""
+    if old is None and path.exists():
+        old = pd.read_csv(path)
+    if old is not None and len(old):
+        gone = (new if replace is None else replace).set_index(key).index
+        new = pd.concat([old[~old.set_index(key).index.isin(gone)], new], ignore_index=True)
+    new = sort_rows(new, order or key)
+    atomic_write_text(path, new.to_csv(index=False))
+    return new
+
+
+def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None = None,
+                  token_nll: dict[str, np.ndarray] | None = None, draw=None) -> pd.DataFrame:
+    """Merge rows into the run's results.csv (new rows replace old ones of the same key), their
+    binned positions (``positions``, default ``new.attrs["positions"]``) into positions.csv, replacing
+    every bin of those keys, and their per-token NLL (``token_nll``, default ``new.attrs["token_nll"]``)
+    into token_nll.npz. Files are replaced atomically, under one lock; ``draw(merged rows)``, the
+    caller's figure of the run, runs under the same lock, so it shows the table as written."""
+    positions = new.attrs.pop("positions", None) if positions is None else positions
+    token_nll = new.attrs.pop("token_nll", None) if token_nll is None else token_nll
+    new = backfill(new)
+    with locked(run.path):
+        if token_nll:
+            merge_token_nll(run.path / TOKEN_NLL, token_nll)
+        if positions is not None:
+            table = pd.DataFrame(positions, columns=POSITION_COLUMNS)
+            merge_csv(run.path / "positions.csv", table.astype({"stride": int}), KEY, replace=new,
+                      order=KEY + ["bin_start"])
+        old = backfill(read_results(run.results)) if run.results.exists() else None
+        new = merge_csv(run.results, new, KEY, old=old)
+        if draw is not None:
+            draw(new)
+    return new
