@@ -271,6 +271,30 @@ def model_config(node) -> ModelConfig:
     return cfg
 
 
+@dataclass
+class RunConfig:
+    """A training run's config, typed and validated once where the run starts (:func:`run_config`),
+    so the trainer reads checked values instead of the raw Hydra tree."""
+    seed: int
+    train: TrainConfig
+    eval: EvalConfig
+    data: DataConfig
+    model: ModelConfig
+    encoding: str  # the encoding's name; its options stay in the Hydra tree (posbench.build)
+    device: str
+    config_hash: str
+
+
+def run_config(cfg: DictConfig) -> RunConfig:
+    """Every section a training run reads, checked in the order a user meets them."""
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
+    tcfg, ecfg, dcfg = typed(TrainConfig, cfg.train, "train"), typed(EvalConfig, cfg.eval, "eval"), \
+        typed(DataConfig, cfg.data, "data")
+    return RunConfig(cfg.seed, tcfg, ecfg, dcfg, model_config(cfg.model), str(cfg.encoding.name), str(cfg.device),
+                     config_hash(cfg))
+
+
 def config_hash(cfg: DictConfig) -> str:
     """Hash of everything that shapes the trained model (not seed, eval, logging, device)."""
     data = hashed_part(OmegaConf.to_container(cfg, resolve=True))

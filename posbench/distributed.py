@@ -25,6 +25,7 @@ optimizer step, whatever the number of processes):
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -82,8 +83,16 @@ def init(device: torch.device) -> tuple[World, torch.device]:
 
 
 def shutdown() -> None:
+    """Leave the process group :func:`init` joined (a no-op when there is none)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def print0(*args, **kwargs) -> None:
+    """``print`` on rank 0 only (to stderr unless ``file=`` says otherwise), so the trainer needs
+    no rank checks around its messages (nanochat's print0)."""
+    if world().is_main:
+        print(*args, **{"file": sys.stderr, **kwargs})
 
 
 def micro_batches(batch_size: int, micro_batch_size: int | None, w: World) -> tuple[int, int]:
@@ -124,6 +133,3 @@ def gather_objects(obj, w: World) -> list:
     return out
 
 
-def barrier(w: World) -> None:
-    if w.active:
-        dist.barrier()

@@ -33,6 +33,25 @@ def _step(line: str) -> float:
         return float("inf")
 
 
+class NullLogger:
+    """The logger of a process that logs nothing (every rank but 0): the trainer calls it the same
+    way, so it needs no "is logging on?" checks (nanochat's DummyWandb)."""
+
+    def log(self, record: dict) -> None:
+        pass
+
+    def finish(self, results: pd.DataFrame) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_logger(run: RunDir, cfg: DictConfig, resume_step: int, is_main: bool):
+    """Rank 0's :class:`MetricsLogger`, a :class:`NullLogger` elsewhere."""
+    return MetricsLogger(run, cfg, resume_step) if is_main else NullLogger()
+
+
 class MetricsLogger:
     def __init__(self, run: RunDir, cfg: DictConfig, resume_step: int = 0):
         self.run = run
@@ -62,6 +81,13 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=record["step"])
 
+    def close(self) -> None:
+        """Close the wandb run, if any, flushing what it logged; called in ``finally``, so a run
+        that fails still leaves its curves. Closing twice is harmless."""
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
     def finish(self, results: pd.DataFrame) -> None:
         """Log the evaluation (results rows, and the run's positions/passkey tables) and close."""
         if self.wandb is None:
@@ -86,4 +112,4 @@ class MetricsLogger:
                 value = getattr(r, metric, math.nan)
                 if not pd.isna(value):
                     self.wandb.summary[f"eval/{r.label}/{metric}@{r.eval_len}"] = float(value)
-        self.wandb.finish()
+        self.close()

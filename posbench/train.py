@@ -2,7 +2,8 @@
 
 Re-running the same command in the same run directory resumes from
 ``checkpoints/last.pt``; model, optimizer, scheduler, step and every RNG state are
-restored, so a resumed run ends with the same numbers as an uninterrupted one.
+restored (:class:`TrainingState`, whose ``state_dict`` and ``load_state_dict`` mirror each
+other), so a resumed run ends with the same numbers as an uninterrupted one.
 
 The same function runs under torchrun or a multi-task Slurm job as data-parallel
 training (see :mod:`posbench.distributed`): one global batch of ``train.batch_size``
@@ -11,12 +12,15 @@ micro-batches with gradient accumulation; files are written by rank 0.
 
 The next batch is drawn in a background thread while the current step runs, and
 ``train.compile=true`` runs the model under ``torch.compile``.
+
+Reading order: :func:`train` calls :func:`setup` (config, corpus, model, checks, resume),
+:func:`run_loop` (one :func:`train_step` per step, logging and checkpoints) and
+:func:`finish` (evaluation and results, rank 0).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import signal
 import sys
@@ -24,6 +28,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -33,14 +38,16 @@ from tqdm.auto import tqdm
 from . import distributed, preflight
 from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
-from .config import DataConfig, EvalConfig, TrainConfig, config_hash, typed
+from .config import RunConfig, run_config
 from .data import load_corpus
+from .distributed import print0
 from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable
 from .errors import PosbenchError
 from .evaluate import perplexity_ladder, result_rows, scored_tokens
 from .learned_bias import write_run_figure
-from .logger import MetricsLogger
+from .logger import open_logger
+from .optim import lr_lambda, make_optimizer
 from .results import write_results
 
 
@@ -48,28 +55,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def lr_lambda(tcfg: TrainConfig):
-    """Linear warmup, then cosine decay to ``min_lr_ratio`` of the peak."""
-    def factor(step: int) -> float:
-        if step < tcfg.warmup_steps:
-            return (step + 1) / tcfg.warmup_steps
-        progress = (step - tcfg.warmup_steps) / max(1, tcfg.steps - tcfg.warmup_steps)
-        return tcfg.min_lr_ratio + (1 - tcfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return factor
-
-
-def make_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on the network's matrices (the tied token embedding included), none on
-    norms, biases and every position-encoding parameter (``encoding.*``: tables, slopes, MLPs, GRU
-    and convolution weights, complex's per-word tables), so an encoding's extra parameters are
-    never pulled towards zero (minGPT likewise leaves its position embedding undecayed)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith("encoding.") else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2))
 
 
 class WindowSampler:
@@ -160,9 +145,205 @@ def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.
         model.train()
 
 
-def lm_loss(net, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of ``net`` (the model, or its DDP / compiled wrapper)."""
-    return net(x, targets=y)
+class TrainingState:
+    """Everything a checkpoint holds, and nothing else: ``state_dict`` is what is saved and
+    ``load_state_dict`` restores exactly that (torchtitan's TrainState). The sampler's RNG state
+    saved is the one after the last batch handed out (:attr:`Prefetcher.consumed_state`), not
+    after the batch drawn ahead; each rank's torch RNG (dropout) is gathered, so every rank
+    resumes its own stream."""
+
+    def __init__(self, model, optimizer, scheduler, sampler: WindowSampler, world, meta: dict):
+        self.model, self.optimizer, self.scheduler, self.sampler = model, optimizer, scheduler, sampler
+        self.world, self.meta = world, meta  # meta: config_hash, vocab_size, corpus_key
+        self.step = 0
+        self.batches: Prefetcher | None = None  # set once training starts drawing batches
+
+    def state_dict(self) -> dict:
+        """Collective under several processes (every rank calls it; rank 0 saves the result)."""
+        sampler = self.batches.consumed_state if self.batches else self.sampler.generator.get_state()
+        rng = {"torch": torch.get_rng_state(), "sampler": sampler}
+        if self.world.active:
+            rng["torch_ranks"] = distributed.gather_objects(torch.get_rng_state(), self.world)
+        return {"step": self.step, "config_hash": self.meta["config_hash"], "vocab_size": self.meta["vocab_size"],
+                "corpus_key": self.meta["corpus_key"], "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
+        torch.set_rng_state(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
+        self.sampler.generator.set_state(state["rng"]["sampler"])
+        self.step = int(state["step"])
+
+
+def read_resume_state(run: RunDir, chash: str, world) -> dict | None:
+    """The checkpoint to resume from (None: train from scratch); refuses one of another config."""
+    if world.is_main:
+        remove_partial_writes(run.checkpoint)  # temp files of a process killed while checkpointing
+    if not run.checkpoint.exists():
+        return None
+    try:
+        state = load_checkpoint(run.checkpoint)
+    except PosbenchError as e:
+        raise PosbenchError(f"cannot resume: {e}; it is left as it is: move it away to train from scratch, "
+                            "or use another hydra.run.dir") from e
+    if state["config_hash"] != chash:
+        raise PosbenchError(f"run dir {str(run.path)!r} holds a run with another config "
+                            f"(hash {state['config_hash']} != {chash}); use another hydra.run.dir")
+    return state
+
+
+def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
+    """Everything the loop needs, every check that can fail done before the first step: the run
+    config, the process group, the resume state, corpus, model, optimizer, batches, memory."""
+    tcfg, ecfg = rc.train, rc.eval
+    check_scalable(rc.encoding, ecfg.rope_scaling)  # before hours of training, not after
+    keep_freed_memory()
+    micro, accum = distributed.micro_batches(tcfg.batch_size, tcfg.micro_batch_size, distributed.world())
+    world, device = distributed.init(resolve_device(rc.device))
+    run = RunDir(run_dir)
+    resume = read_resume_state(run, rc.config_hash, world)
+
+    seed_everything(rc.seed)
+    corpus = load_corpus(rc.data, log=print if world.is_main else (lambda *a, **k: None))
+    lengths = ecfg.resolve_lengths(tcfg.train_len)
+    model = build_model(cfg, corpus.vocab_size).to(device)
+    dtype = autocast_dtype(device, tcfg.precision)
+    optimizer = make_optimizer(model, tcfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
+    # Every rank draws the same global batch (same seed) and keeps its own shard of it.
+    sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed)
+    preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
+    scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
+    preflight.check_evaluation(model, ecfg, lengths, device, dtype)
+    check_train_positions(model, cfg, tcfg.train_len, device)
+    if world.active:
+        torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
+
+    state = TrainingState(model, optimizer, scheduler, sampler, world,
+                          {"config_hash": rc.config_hash, "vocab_size": corpus.vocab_size,
+                           "corpus_key": corpus.meta["key"]})
+    if resume is not None:
+        state.load_state_dict(resume)
+        print0(f"posbench: resuming {run.path} from step {state.step}")
+    net = ddp = model
+    if world.active:
+        net = ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if tcfg.compile:
+        net = torch.compile(net)
+    return SimpleNamespace(cfg=cfg, rc=rc, world=world, device=device, dtype=dtype, run=run, corpus=corpus,
+                           lengths=lengths, micro=micro, accum=accum, model=model, net=net, ddp=ddp, state=state,
+                           saved_step=state.step if resume is not None else None)
+
+
+class Diverged(Exception):
+    """A non-finite loss or gradient norm: the step stops before the weights are touched."""
+
+    def __init__(self, what: str, value: float):
+        super().__init__(what)
+        self.what, self.value = what, value
+
+
+def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One optimizer step on this rank's shard of a global batch (B, T): micro-batches with
+    gradient accumulation, the loss averaged over ranks, clipping, AdamW, the schedule."""
+    x, y = distributed.shard(x, s.world), distributed.shard(y, s.world)  # (B / ranks, T)
+    loss = torch.zeros((), device=s.device)
+    for i in range(s.accum):
+        xs = x[i * s.micro:(i + 1) * s.micro].to(s.device, non_blocking=True)
+        ys = y[i * s.micro:(i + 1) * s.micro].to(s.device, non_blocking=True)
+        # DDP averages gradients only on the last micro-batch of the step
+        sync = s.ddp.no_sync() if s.world.active and i < s.accum - 1 else contextlib.nullcontext()
+        with sync:
+            with autocast(s.device, s.dtype):
+                micro_loss = s.net(xs, targets=ys) / s.accum  # mean next-token cross-entropy
+            micro_loss.backward()
+        loss += micro_loss.detach()
+    loss = distributed.mean(loss, s.world)
+    if not torch.isfinite(loss):
+        raise Diverged("loss", loss.item())
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), s.rc.train.grad_clip)
+    if not torch.isfinite(grad_norm):  # would turn the weights to NaN in the next checkpoint
+        raise Diverged("gradient norm", grad_norm.item())
+    optimizer = s.state.optimizer
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    s.state.scheduler.step()
+    return loss.item()
+
+
+def save(s: SimpleNamespace) -> None:
+    """Checkpoint the training state (every rank takes part; rank 0 writes)."""
+    state = s.state.state_dict()
+    if s.world.is_main:
+        save_checkpoint(s.run.checkpoint, state)
+    s.saved_step = s.state.step
+
+
+def diverged_error(s: SimpleNamespace, d: Diverged) -> PosbenchError:
+    kept = (f"the last good checkpoint (step {s.saved_step}) is kept at {s.run.checkpoint}"
+            if s.saved_step is not None else "no checkpoint was written yet")
+    return PosbenchError(f"{d.what} became {d.value} at step {s.state.step + 1}; {kept}; no results were written; "
+                         "valid: a lower train.lr (or check the data)")
+
+
+def run_loop(s: SimpleNamespace, logger, bar, interrupted) -> None:
+    """Steps until ``train.steps`` or a stop signal: log every ``log_every`` steps, checkpoint every
+    ``ckpt_every`` steps and at the end."""
+    tcfg, state = s.rc.train, s.state
+    tokens_per_step = tcfg.batch_size * tcfg.train_len
+    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+
+    def stop_requested() -> bool:  # every rank stops at the same step
+        flag = torch.tensor(float(interrupted.is_set()))
+        return bool(distributed.mean(flag, s.world) > 0) if s.world.active else interrupted.is_set()
+
+    while state.step < tcfg.steps and not stop_requested():
+        x, y = state.batches()
+        try:
+            loss = train_step(s, x, y)
+        except Diverged as d:
+            bar.close()  # the error is the last line printed
+            raise diverged_error(s, d) from None
+        state.step += 1
+        window_loss, window_steps = window_loss + loss, window_steps + 1
+        if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
+            elapsed = time.perf_counter() - window_start
+            record = {"step": state.step, "loss": window_loss / window_steps,
+                      "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_steps * tokens_per_step / elapsed}
+            logger.log(record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+            window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+        bar.update(1)
+        if state.step % tcfg.ckpt_every == 0 or state.step == tcfg.steps:
+            save(s)
+
+
+def announce(s: SimpleNamespace) -> None:
+    """The run's one-line description: encoding, size, steps, process layout, device, precision."""
+    tcfg, world = s.rc.train, s.world
+    layout = (f" | {world.size} processes x {s.accum} micro-batches of {s.micro}"
+              if world.active or s.accum > 1 else "")
+    print0(f"posbench: {s.rc.encoding} | {s.model.num_params() / 1e6:.2f}M params | "
+           f"{tcfg.steps} steps x {tcfg.batch_size * tcfg.train_len} tokens{layout} | {s.device} "
+           f"{s.dtype or torch.float32}{' | compiled' if tcfg.compile else ''}")
+
+
+def finish(s: SimpleNamespace, logger):
+    """Rank 0: evaluate at every length, merge the rows into results.csv (and positions.csv,
+    token_nll.npz), draw the run's figures, log the evaluation."""
+    from .report import draw_run
+
+    ecfg = s.rc.eval
+    ladder = perplexity_ladder(s.model, s.corpus.splits[ecfg.split], s.lengths, ecfg, s.device, s.dtype,
+                               tokenizer=s.corpus.tokenizer)
+    rows = write_results(s.run, result_rows(s.cfg, ladder, s.state.step), draw=lambda merged: draw_run(s.run, merged))
+    write_run_figure(s.model.encoding, s.run.path)  # learned_bias.png/.svg where the bias is learned
+    logger.finish(rows)
+    return rows
 
 
 def train(cfg: DictConfig, run_dir) -> dict:
@@ -170,162 +351,40 @@ def train(cfg: DictConfig, run_dir) -> dict:
 
     Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
     writes files and evaluates, the others return ``results=None`` after the last step."""
-    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
-        raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
-    tcfg = typed(TrainConfig, cfg.train, "train")
-    ecfg = typed(EvalConfig, cfg.eval, "eval")
-    typed(DataConfig, cfg.data, "data")
-    check_scalable(str(cfg.encoding.name), ecfg.rope_scaling)  # before hours of training, not after
-    keep_freed_memory()
-    world = distributed.world()
-    micro, accum = distributed.micro_batches(tcfg.batch_size, tcfg.micro_batch_size, world)
-    world, device = distributed.init(resolve_device(str(cfg.device)))
-    run = RunDir(run_dir)
-    chash = config_hash(cfg)
-    state = None
-    if world.is_main:
-        remove_partial_writes(run.checkpoint)  # temp files of a process killed while checkpointing
-    if run.checkpoint.exists():
+    rc = run_config(cfg)
+    try:
+        s = setup(cfg, rc, run_dir)
+        if s.world.is_main:
+            atomic_write_text(s.run.config, OmegaConf.to_yaml(cfg, resolve=True))
+        logger = open_logger(s.run, cfg, s.state.step, s.world.is_main)
         try:
-            state = load_checkpoint(run.checkpoint)
-        except PosbenchError as e:
-            raise PosbenchError(f"cannot resume: {e}; it is left as it is: move it away to train from scratch, "
-                                "or use another hydra.run.dir") from e
-        if state["config_hash"] != chash:
-            raise PosbenchError(f"run dir {str(run.path)!r} holds a run with another config "
-                                f"(hash {state['config_hash']} != {chash}); use another hydra.run.dir")
+            rows = train_and_finish(s, logger)
+        finally:
+            logger.close()  # a failed run still flushes what it logged
+    finally:
+        distributed.shutdown()
+    return {"run_dir": str(s.run.path), "results": rows, "steps": s.state.step}
 
-    seed_everything(int(cfg.seed))
-    corpus = load_corpus(cfg.data, log=print if world.is_main else (lambda *a, **k: None))
-    lengths = ecfg.resolve_lengths(tcfg.train_len)
-    model = build_model(cfg, corpus.vocab_size).to(device)
-    dtype = autocast_dtype(device, tcfg.precision)
-    optimizer = make_optimizer(model, tcfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
-    # Every rank draws the same global batch (same seed) and keeps its own shard of it.
-    sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, int(cfg.seed))
-    preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
-    scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
-    preflight.check_evaluation(model, ecfg, lengths, device, dtype)
-    check_train_positions(model, cfg, tcfg.train_len, device)
-    if world.active:
-        torch.manual_seed(int(cfg.seed) + world.rank)  # dropout streams differ by rank
 
-    step = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
-        torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else ranks[0])
-        sampler.generator.set_state(state["rng"]["sampler"])
-        step = int(state["step"])
-        if world.is_main:
-            print(f"posbench: resuming {run.path} from step {step}", file=sys.stderr)
-    net = model
-    if world.active:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    ddp = net
-    if tcfg.compile:
-        net = torch.compile(net)
-    logger = None
-    if world.is_main:
-        atomic_write_text(run.config, OmegaConf.to_yaml(cfg, resolve=True))
-        logger = MetricsLogger(run, cfg, resume_step=step)
-    batches = Prefetcher(sampler, pin_memory=device.type == "cuda")
-
-    def checkpoint():
-        rng = {"torch": torch.get_rng_state(), "sampler": batches.consumed_state}
-        if world.active:
-            rng["torch_ranks"] = distributed.gather_objects(torch.get_rng_state(), world)
-        if world.is_main:
-            save_checkpoint(run.checkpoint, {
-                "step": step, "config_hash": chash, "vocab_size": corpus.vocab_size,
-                "corpus_key": corpus.meta["key"], "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng})
-
-    tokens_per_step = tcfg.batch_size * tcfg.train_len
-    if world.is_main:
-        layout = (f" | {world.size} processes x {accum} micro-batches of {micro}" if world.active or accum > 1 else "")
-        print(f"posbench: {cfg.encoding.name} | {model.num_params() / 1e6:.2f}M params | "
-              f"{tcfg.steps} steps x {tokens_per_step} tokens{layout} | {device} {dtype or torch.float32}"
-              f"{' | compiled' if tcfg.compile else ''}", file=sys.stderr)
-    model.train()
+def train_and_finish(s: SimpleNamespace, logger):
+    """The loop under the signal handlers, the stop-and-checkpoint on a signal, then rank 0's
+    evaluation (None on the other ranks)."""
+    s.state.batches = Prefetcher(s.state.sampler, pin_memory=s.device.type == "cuda")
+    announce(s)
+    s.model.train()
     # In a terminal the bar redraws every second; in a log file (sweeps, clusters) every 30 s.
-    bar = tqdm(total=tcfg.steps, initial=step, desc=f"train {cfg.encoding.name}", file=sys.stderr,
-               mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=not world.is_main)
-    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
-    saved_step = step if state is not None else None  # the last checkpoint on disk
-
-    def diverged(what: str, value: float) -> PosbenchError:
-        bar.close()  # the error is the last line printed
-        kept = (f"the last good checkpoint (step {saved_step}) is kept at {run.checkpoint}" if saved_step is not None
-                else "no checkpoint was written yet")
-        return PosbenchError(f"{what} became {value} at step {step + 1}; {kept}; no results were written; "
-                             "valid: a lower train.lr (or check the data)")
-
-    def stop_requested() -> bool:  # every rank stops at the same step
-        flag = torch.tensor(float(interrupted.is_set()))
-        return bool(distributed.mean(flag, world) > 0) if world.active else interrupted.is_set()
-
+    bar = tqdm(total=s.rc.train.steps, initial=s.state.step, desc=f"train {s.rc.encoding}", file=sys.stderr,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=not s.world.is_main)
     try:
         with stop_on_signal() as interrupted:
-            while step < tcfg.steps and not stop_requested():
-                x, y = batches()
-                x, y = distributed.shard(x, world), distributed.shard(y, world)  # (B / ranks, T)
-                loss = torch.zeros((), device=device)
-                for i in range(accum):
-                    xs = x[i * micro:(i + 1) * micro].to(device, non_blocking=True)
-                    ys = y[i * micro:(i + 1) * micro].to(device, non_blocking=True)
-                    # DDP averages gradients only on the last micro-batch of the step
-                    sync = ddp.no_sync() if world.active and i < accum - 1 else contextlib.nullcontext()
-                    with sync:
-                        with autocast(device, dtype):
-                            micro_loss = lm_loss(net, xs, ys) / accum
-                        micro_loss.backward()
-                    loss += micro_loss.detach()
-                loss = distributed.mean(loss, world)
-                if not torch.isfinite(loss):
-                    raise diverged("loss", loss.item())
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-                if not torch.isfinite(grad_norm):  # would turn the weights to NaN in the next checkpoint
-                    raise diverged("gradient norm", grad_norm.item())
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                step += 1
-                window_loss, window_steps = window_loss + loss.item(), window_steps + 1
-                if step % tcfg.log_every == 0 or step == tcfg.steps:
-                    elapsed = time.perf_counter() - window_start
-                    record = {"step": step, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
-                              "tokens_per_s": window_steps * tokens_per_step / elapsed}
-                    if logger is not None:
-                        logger.log(record)
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-                    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
-                bar.update(1)
-                if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
-                    checkpoint()
-                    saved_step = step
-            if step < tcfg.steps:  # stopped by Ctrl-C or SIGTERM
-                checkpoint()
+            run_loop(s, logger, bar, interrupted)
+            if s.state.step < s.rc.train.steps:  # stopped by Ctrl-C or SIGTERM
+                save(s)
                 bar.close()
-                if world.is_main:
-                    print(f"posbench: interrupted at step {step}; checkpoint saved in {run.path}; "
-                          "re-run the same command to resume", file=sys.stderr)
+                print0(f"posbench: interrupted at step {s.state.step}; checkpoint saved in {s.run.path}; "
+                       "re-run the same command to resume")
                 raise SystemExit(128 + interrupted.signum)
     finally:
-        batches.close()
+        s.state.batches.close()
         bar.close()  # before any error line (a full disk while checkpointing)
-    if not world.is_main:
-        return {"run_dir": str(run.path), "results": None, "steps": step}
-
-    from .report import draw_run
-
-    ladder = perplexity_ladder(model, corpus.splits[ecfg.split], lengths, ecfg, device, dtype,
-                               tokenizer=corpus.tokenizer)
-    rows = write_results(run, result_rows(cfg, ladder, step), draw=lambda merged: draw_run(run, merged))
-    write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
-    logger.finish(rows)
-    return {"run_dir": str(run.path), "results": rows, "steps": step}
+    return finish(s, logger) if s.world.is_main else None

@@ -23,7 +23,7 @@ from posbench import preflight
 from posbench.build import autocast, autocast_dtype, build_model, keep_freed_memory
 from posbench.config import conf_dir
 from posbench.config import TrainConfig, typed
-from posbench.train import make_optimizer
+from posbench.optim import make_optimizer
 
 kind, T, n, *overrides = sys.argv[1:]
 T, n, V = int(T), int(n), 8192
