@@ -12,3 +12,82 @@ def test_config_imports_no_torch():
     """The config module is importable where torch is not wanted (CLI checks, reports, tools)."""
     code = "import posbench.config, sys; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """posbench modules that ``path`` imports, at top level or inside a function alike."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != name}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): _imports(p, modules) for p in paths}
+
+
+def test_import_graph_sees_known_edges():
+    graph = import_graph()
+    assert "posbench.config" in graph["posbench.train"] and "posbench.results" in graph["posbench.report"]
+    assert "posbench.encodings.base" in graph["posbench.encodings.rotary"]  # relative imports resolved
+
+
+def test_no_import_cycles():
+    """Data flows one way (config -> data -> model -> train -> evaluate -> results -> report); an
+    import inside a function counts like one at the top of the module. A package's modules may
+    import the package's ``__init__`` (the encodings registry imports its modules to register them)."""
+    graph = import_graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if module.startswith(dep + ".") or dep.startswith(module + "."):
+                continue  # a package and its own modules
+            if state.get(dep) == 1:
+                cycles.append(path[path.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_every_module_imports():
+    for module in sorted(import_graph()):
+        __import__(module)
+
+
+def test_no_function_longer_than_80_lines():
+    """Functions short enough to read at once (the trainer is split into setup, step, loop, finish)."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
