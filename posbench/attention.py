@@ -14,22 +14,22 @@ no ``bias``/``score``    fused ``scaled_dot_product_attention`` (``is_causal``; 
 ``score`` / ``value``    explicit softmax attention in query chunks (memory linear in T)
 =======================  ====================================================================
 
-Why these choices (``posbench bench --kernels`` prints the figures behind them):
+Why these choices (the measurements behind them are in results/bench/, made by
+``posbench bench --kernels``; figures in a docstring go stale, so none are quoted here):
 
-* On CPU the fused SDPA forward is 3-8x faster than an explicit matmul-softmax, but its
-  backward is slow at short lengths: at B=32, H=8, T=128 forward+backward took 70 ms
-  against 42 ms explicitly. Training at train_len 128 therefore runs explicit attention;
-  evaluation and longer training use SDPA.
+* On CPU the fused SDPA forward is faster than an explicit matmul-softmax, but its backward
+  is slower at short lengths, so training at train_len <= ``EXPLICIT_MAX_LEN`` runs explicit
+  attention; evaluation and longer training use SDPA.
 * A bias that depends on i - j only (ALiBi, T5, KERPLE, Sandwich, dynamic; the encoding
   says so with ``relative_bias``) is a Toeplitz matrix, so the bias of query chunk
   [s, e) against keys [0, e) is a slice of one (H, chunk, T) matrix M built for query
   positions T - chunk .. T - 1: rows r0.., columns T - chunk + r0 - s .. (see
-  :func:`_toeplitz_slice`). Building the bias once instead of per chunk and layer took
-  one ALiBi layer at 8,192 tokens from 0.96 s to 0.58 s (SDPA with no bias: 0.35 s). M is built in row blocks, so no fp32
-  (H, chunk, T) intermediate exists; its bf16 size at 16,384 tokens is 256 MiB.
+  :func:`_toeplitz_slice`). Building the bias once instead of per chunk and layer is
+  faster at long lengths. M is built in row blocks, so no fp32 (H, chunk, T) intermediate
+  exists; its bf16 size at 16,384 tokens is 256 MiB.
 * Flex attention (``score_mod``, compiled by inductor) computes such a bias inside the
-  kernel with no matrix at all, but on this CPU it took 1.02 s per layer at 8,192 tokens,
-  1.8x the Toeplitz slices, after an 8 s compile (results/bench/bench.md), so it is not used.
+  kernel with no matrix at all, but on CPU it was slower than the Toeplitz slices, after a
+  long compile (results/bench/bench.md), so it is not used.
 
 Memory: the fp32 tensors of the chunked kernels hold at most ``ATTN_BUDGET`` elements
 (128 MiB) per value an encoding keeps per (query, key) pair (``pair_cost``: one per head,

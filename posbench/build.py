@@ -23,11 +23,9 @@ def keep_freed_memory() -> bool:
     By default glibc serves large blocks with mmap and unmaps them on free, so each training
     step maps its activations afresh and the kernel zero-fills every new page on first
     touch. With no mmap (M_MMAP_MAX 0) and a 1 GiB trim threshold, every step reuses the
-    previous step's pages. Measured on a 2-core CPU, the default training step (alibi,
-    32 x 128 tokens, bf16): 986 ms -> 599 ms. Evaluation gains too (CoPE at 16,384 tokens:
-    38.6 s instead of 163 s); its long-context chunks come longest first
-    (:func:`posbench.attention._chunks`) so the heap is reused rather than fragmented
-    (1.3 GB peak there, 2.2 GB with glibc's defaults).
+    previous step's pages; training and evaluation both get faster (``posbench bench`` measures
+    each allocator, results/bench/). Evaluation's long-context chunks come longest first
+    (:func:`posbench.attention._chunks`) so the heap is reused rather than fragmented.
 
     Returns whether it applied (glibc on Linux); ``POSBENCH_SYSTEM_MALLOC=1`` leaves malloc alone."""
     if os.environ.get("POSBENCH_SYSTEM_MALLOC") == "1" or not sys.platform.startswith("linux"):

@@ -179,7 +179,7 @@ def test_trains_under_bf16_autocast(name):
     model = LanguageModel(cfg, VOCAB, build_encoding({"name": name}, LanguageModel.dims(cfg, 16, VOCAB)))
     x = torch.randint(0, VOCAB, (2, 17))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model.loss(x[:, :-1], x[:, 1:])
+        loss = model(x[:, :-1], targets=x[:, 1:])
     loss.backward()
     grads = [p.grad for p in model.encoding.parameters()]
     assert torch.isfinite(loss) and all(g is not None and torch.isfinite(g).all() for g in grads)

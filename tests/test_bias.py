@@ -94,7 +94,7 @@ def test_kerple_trains_through_the_projection(name):
     set_(model.encoding.r1, [-1.0, 0.3, 0.3, 0.3])
     set_(model.encoding.r2, [3.0, -1.0, 0.5, 0.5])
     x = torch.randint(0, 64, (2, 16))
-    model.loss(x[:, :-1], x[:, 1:]).backward()
+    model(x[:, :-1], targets=x[:, 1:]).backward()
     for p in (model.encoding.r1, model.encoding.r2):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     assert (model.encoding.r1 >= 0.01).all() and (model.encoding.r2 >= 0.01).all()

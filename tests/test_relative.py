@@ -258,7 +258,7 @@ def test_every_parameter_trains_under_bf16_autocast(name):
     model = LanguageModel(mcfg, 64, build_encoding({"name": name}, LanguageModel.dims(mcfg, 16, 64)))
     x = torch.randint(0, 64, (2, 20))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model.loss(x[:, :-1], x[:, 1:])
+        loss = model(x[:, :-1], targets=x[:, 1:])
     loss.backward()
     assert torch.isfinite(loss)
     for pname, param in model.encoding.named_parameters():

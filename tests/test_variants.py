@@ -179,7 +179,7 @@ def test_multiplicative_learned_starts_as_nope_then_scales_per_position():
     nope, mult = model("nope"), model("multiplicative", table="learned")
     mult.load_state_dict({**nope.state_dict(), "encoding.table.weight": torch.ones(16, 32)})
     assert torch.equal(logits(mult, tokens(16)), logits(nope, tokens(16)))
-    mult.loss(tokens(16)[:, :-1], tokens(16)[:, 1:]).backward()
+    mult(tokens(16)[:, :-1], targets=tokens(16)[:, 1:]).backward()
     assert mult.encoding.table.weight.grad.abs().sum() > 0
 
 
@@ -376,7 +376,7 @@ def test_alibi_learned_slopes_start_at_the_paper_slopes_and_train():
     m = model("alibi", learned_slopes=True)
     before = logits(model("alibi"), tokens())
     assert torch.allclose(logits(m, tokens()), before, atol=1e-5)  # same function at init
-    m.loss(tokens()[:, :-1], tokens()[:, 1:]).backward()
+    m(tokens()[:, :-1], targets=tokens()[:, 1:]).backward()
     grad = m.encoding.log_slopes.grad
     assert grad is not None and torch.isfinite(grad).all() and (grad != 0).all()
     with torch.no_grad():
