@@ -4,6 +4,7 @@ import importlib.util
 import os
 
 import pandas as pd
+import torch
 import pytest
 
 from conftest import posbench
@@ -101,8 +102,21 @@ def test_the_peer_has_posbenchs_shape_and_parameter_count(encoding):
 
 
 def test_flops_per_token_counts_matmuls_and_causal_attention():
-    d, L, ff, V, T = 256, 4, 1024, 8192, 128
-    assert flops_per_token(T) == 6 * (L * (4 * d * d + 2 * d * ff) + V * d) + 6 * L * d * T
+    """Against torch's own count of one training step of the benchmark model (forward and
+    backward, the fused output layer included), which computes attention over every (query,
+    key) pair: the causal half of that attention term is what flops_per_token charges."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from posbench.bench import _posbench_model
+
+    T = 128
+    model = _posbench_model("nope", T, T)
+    x = torch.randint(0, model.vocab_size, (2, T))
+    with FlopCounterMode(display=False) as counter:
+        model(x, targets=x).backward()
+    per_token = counter.get_total_flops() / x.numel()
+    full_attention = 12 * model.cfg.n_layers * model.cfg.d_model * T  # QK^T and AV, forward and backward
+    assert per_token - full_attention / 2 == flops_per_token(T)
 
 
 def test_malloc_tuning_applies_on_glibc_and_can_be_turned_off(monkeypatch):

@@ -149,6 +149,5 @@ def test_train_with_logger_wandb_records_config_curves_and_results(tmp_path, wan
     assert table.ppl.tolist() == pytest.approx(results.ppl.tolist())
     assert summary["eval/alibi/ppl@512"] == pytest.approx(results.ppl.iloc[-1])
     assert record.run_group == results.config_hash.iloc[0]
-    if (run / "positions.csv").exists():  # written by the evaluation at the end of training
-        logged = logged_table(history, files, "eval/positions")
-        assert logged.nll.tolist() == pytest.approx(pd.read_csv(run / "positions.csv").nll.tolist())
+    logged = logged_table(history, files, "eval/positions")  # positions.csv: written by the evaluation
+    assert logged.nll.tolist() == pytest.approx(pd.read_csv(run / "positions.csv").nll.tolist())
