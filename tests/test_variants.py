@@ -1,7 +1,6 @@
 """Variants of one named scheme as they exist across codebases: each option against formulas
 written here, and, where the math says two variants are the same function, a test of that."""
 
-import inspect
 import math
 
 import pytest
@@ -12,7 +11,6 @@ from conftest import SMOKE, compose
 from posbench.attention import causal_attention
 from posbench.build import build_model
 from posbench.cli import main
-from posbench.config import conf_dir
 from posbench.encodings import REGISTRY, ModelDims, PositionRangeError, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig
@@ -41,24 +39,6 @@ def tokens(T=24, B=2, seed=1):
 def logits(m, x):
     with torch.no_grad():
         return m(x)
-
-
-# ---- every option is in the YAML, with the constructor's default ----------------------------
-
-VARIANT_OPTIONS = {"sinusoidal": ["layout"], "multiplicative": ["table", "layout"], "rope": ["pairing"],
-                   "xpos": ["pairing"], "alibi": ["form", "learned_slopes"], "t5": ["per_layer"],
-                   "shaw": ["max_distance"]}
-
-
-@pytest.mark.parametrize("name", sorted(VARIANT_OPTIONS))
-def test_yaml_lists_every_option_with_the_constructor_default(name):
-    cfg = OmegaConf.load(conf_dir() / "encoding" / f"{name}.yaml")
-    assert cfg.name == name
-    defaults = {p.name: p.default for p in inspect.signature(REGISTRY[name].__init__).parameters.values()
-                if p.name not in ("self", "dims")}
-    assert sorted(key for key in cfg if key != "name") == sorted(defaults)
-    for key in VARIANT_OPTIONS[name]:
-        assert cfg[key] == defaults[key], key  # the default keeps the pre-variant behaviour
 
 
 @pytest.mark.parametrize("overrides", [
