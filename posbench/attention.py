@@ -66,18 +66,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if T <= chunk_size:
         if enc.layer_invariant_bias:
-            mask = _shared(cache, "bias", lambda: _masked_bias(enc, positions, positions, layer, q.dtype))
+            mask = _shared(cache, "bias", lambda: masked_bias(enc, positions, positions, layer, q.dtype))
         else:
-            mask = _masked_bias(enc, positions, positions, layer, q.dtype)
+            mask = masked_bias(enc, positions, positions, layer, q.dtype)
         if explicit:
             return _explicit(q, k, v, mask, scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if enc.relative_bias and enc.layer_invariant_bias:
         table = _shared(cache, "toeplitz", lambda: _toeplitz(enc, positions, layer, chunk_size, q.dtype))
-        return _sdpa_chunks(q, k, v, chunk_size, scale, lambda s, e: _toeplitz_slice(table, T, s, e))
+        return sdpa_chunks(q, k, v, chunk_size, scale, lambda s, e: _toeplitz_slice(table, T, s, e))
     rows = _rows(chunk_size, enc.pair_cost() * T)
-    return _sdpa_chunks(q, k, v, rows, scale,
-                        lambda s, e: _masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype))
+    return sdpa_chunks(q, k, v, rows, scale,
+                        lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype))
 
 
 def _rows(chunk_size: int, per_row: int) -> int:
@@ -101,7 +101,7 @@ def _causal_mask(positions: torch.Tensor, dtype) -> torch.Tensor:
     return zeros.masked_fill(_future(positions, positions), float("-inf")).to(dtype)
 
 
-def _masked_bias(enc, q_pos, k_pos, layer, dtype) -> torch.Tensor:
+def masked_bias(enc, q_pos, k_pos, layer, dtype) -> torch.Tensor:
     bias = enc.bias(q_pos, k_pos, layer).float()  # (H, Tq, Tk)
     return bias.masked_fill(_future(q_pos, k_pos), float("-inf")).to(dtype)[None]
 
@@ -120,7 +120,7 @@ def _toeplitz(enc, positions, layer, chunk, dtype) -> torch.Tensor:
     table = torch.empty(1, enc.dims.n_heads, chunk, T, dtype=dtype, device=positions.device)
     step = _rows(chunk, enc.pair_cost() * T)
     for r in range(0, chunk, step):
-        table[:, :, r:r + step] = _masked_bias(enc, q_pos[r:r + step], positions, layer, dtype)
+        table[:, :, r:r + step] = masked_bias(enc, q_pos[r:r + step], positions, layer, dtype)
     return table
 
 
@@ -140,7 +140,7 @@ def _chunks(T: int, rows: int) -> list[tuple[int, int]]:
     return [(s, min(T, s + rows)) for s in reversed(range(0, T, rows))]
 
 
-def _sdpa_chunks(q, k, v, rows, scale, mask_of):
+def sdpa_chunks(q, k, v, rows, scale, mask_of):
     outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask_of(s, e), scale=scale)
             for s, e in _chunks(q.shape[2], rows)]
     return torch.cat(outs[::-1], dim=2)

@@ -167,7 +167,7 @@ def _kernel_child(spec: dict) -> dict:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     elif kernel == "bias per query chunk":
         def run():
-            return attention._sdpa_chunks(q, k, v, 1024, enc.logit_scale(), lambda s, e: attention._masked_bias(
+            return attention.sdpa_chunks(q, k, v, 1024, enc.logit_scale(), lambda s, e: attention.masked_bias(
                 enc, pos[s:e], pos[:e], 0, q.dtype))
     elif kernel == "Toeplitz slices (posbench)":
         def run():

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench.attention as attention
-from posbench.attention import _masked_bias, _toeplitz, _toeplitz_slice, causal_attention, reference_attention
+from posbench.attention import _toeplitz, _toeplitz_slice, causal_attention, masked_bias, reference_attention
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
 from posbench.model import LanguageModel, ModelConfig
 
@@ -88,7 +88,7 @@ def test_toeplitz_slices_equal_the_bias_of_each_chunk(T, chunk, monkeypatch):
     assert table.shape == (1, DIMS.n_heads, chunk, T)
     for s in range(0, T, chunk):
         e = min(T, s + chunk)
-        torch.testing.assert_close(_toeplitz_slice(table, T, s, e), _masked_bias(enc, pos[s:e], pos[:e], 0, torch.float32))
+        torch.testing.assert_close(_toeplitz_slice(table, T, s, e), masked_bias(enc, pos[s:e], pos[:e], 0, torch.float32))
 
 
 def test_chunks_shrink_to_the_memory_budget(monkeypatch):
