@@ -77,7 +77,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
         return sdpa_chunks(q, k, v, chunk_size, scale, lambda s, e: _toeplitz_slice(table, T, s, e))
     rows = _rows(chunk_size, enc.pair_cost() * T)
     return sdpa_chunks(q, k, v, rows, scale,
-                        lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype))
+                       lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype))
 
 
 def _rows(chunk_size: int, per_row: int) -> int:
