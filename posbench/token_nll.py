@@ -46,7 +46,7 @@ def read_token_nll(path: str | Path) -> dict[str, np.ndarray]:
 
 def merge_token_nll(path: str | Path, new: dict[str, np.ndarray]) -> None:
     """Write ``new`` into the file at ``path``, replacing arrays of the same key, atomically.
-    Call under the run directory's lock (:func:`posbench.evaluate.write_results` does)."""
+    Call under the run directory's lock (:func:`posbench.results.write_results` does)."""
     arrays = {**read_token_nll(path), **{k: np.asarray(v, dtype=np.float32) for k, v in new.items()}}
     buffer = io.BytesIO()
     np.savez(buffer, **dict(sorted(arrays.items())))
