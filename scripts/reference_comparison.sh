@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Regenerates results/cpu_quick/: the default comparison of the ALiBi paper's encodings
-# (plus learned and nope) on the default corpus, train_len 128, evaluated at 1x..16x.
-# About 6 minutes per encoding on 2 CPU cores.
+# Regenerates results/cpu_quick/: the default comparison of the ALiBi paper's encodings (plus
+# learned and nope) on the default corpus, train_len 128, evaluated at 1x..16x on the whole
+# validation split, three seeds. Seeds come first in the sweep, so an interrupted sweep has
+# whole seeds done; re-running the same command resumes it (finished jobs only re-evaluate
+# what results.csv lacks). LAUNCHER=local_parallel runs the jobs side by side (see
+# results/bench/sweep_throughput.md for which is faster on a given machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-sinusoidal,learned,rope,t5,alibi,nope}
-seeds=${SEEDS:-0}
-sweep=outputs/reference_cpu_quick
-posbench -m train encoding="$encodings" seed="$seeds" hydra.sweep.dir="$sweep"
+seeds=${SEEDS:-0,1,2}
+sweep=${SWEEP:-outputs/reference_cpu_quick}
+launcher=()
+[ -n "${LAUNCHER:-}" ] && launcher=(hydra/launcher="$LAUNCHER")
+posbench -m train seed="$seeds" encoding="$encodings" "${launcher[@]}" hydra.sweep.dir="$sweep"
 posbench report "$sweep" --out results/cpu_quick
