@@ -164,6 +164,28 @@ def hold(run_dir: str | os.PathLike, command: str, shared: bool = False, log=Non
         _release(fd, path, shared and locked)
 
 
+def probe(run_dir: str | os.PathLike, command: str) -> None:
+    """Raise :class:`RunDirBusy` if another process holds ``run_dir``'s lock; create, write and
+    keep nothing (the caller takes the lock with :func:`hold` when it starts its work). Lets a
+    refused command stop before anything, Hydra's own files included, touches the run dir."""
+    from .distributed import world
+
+    path = Path(run_dir) / LOCK_NAME
+    if world().rank > 0 or not path.is_file() or not sys.platform.startswith(("linux", "darwin", "freebsd")):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # its holder just finished
+        return
+    try:
+        locked = _flock(fd, shared=False)
+        info = read_info(path)
+        if locked is False or (locked is None and info.get("pid") != os.getpid() and is_alive(info)):
+            raise RunDirBusy(_busy(path, info, command))
+    finally:
+        os.close(fd)  # drops the probe's own lock, if it took one
+
+
 def _release(fd: int, path: Path, shared: bool) -> None:
     """Unlock; remove the lock file when no other process holds it, so a finished run leaves
     none. A shared holder removes it only if it can take the lock exclusively at once."""

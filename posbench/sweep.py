@@ -1,6 +1,10 @@
-"""Hydra callback for sweeps whose jobs run in other processes (joblib, submitit).
+"""Hydra callbacks: busy run dirs, and failures of sweep jobs run in other processes.
 
-A failing sweep job writes ``FAILED`` (its error) in its job dir and the sweep goes on
+:class:`BusyRunDir`: a single ``posbench train`` whose run dir another process holds is refused
+before Hydra writes its ``.hydra/`` files and job log there (the task then takes the run dir's
+lock itself, :func:`posbench.runlock.hold`).
+
+:class:`SweepFailures`: a failing sweep job writes ``FAILED`` (its error) in its job dir and the sweep goes on
 (see ``posbench.cli.user_errors``). With the basic launcher the jobs run in this process,
 which counts them; with ``hydra/launcher=local_parallel`` or ``slurm`` they do not, so at
 the end of the sweep this callback collects the ``FAILED`` files written during it and
@@ -16,6 +20,20 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .errors import SWEEP_FAILURES
+
+
+class BusyRunDir(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        from .cli import fail
+        from .runlock import RunDirBusy, probe
+
+        HydraConfig.instance().set_config(config)  # what run_job does first: resolves ${hydra:...}
+        try:
+            probe(Path(str(config.hydra.run.dir)), "train")
+        except RunDirBusy as e:  # Hydra turns a callback's exception into a warning and goes on
+            fail(str(e))
 
 
 class SweepFailures(Callback):

@@ -303,12 +303,14 @@ def test_a_second_train_in_a_busy_run_dir_is_refused_and_a_killed_holder_does_no
     first = driver(*args, env={"HANG_AFTER": "last.pt:2", "HANG_MARKER": str(marker)}, popen=True)
     wait_until(first, marker.exists, "the first run's step-10 checkpoint")  # it now waits, holding the run dir
     before = snapshot(run)
+    hydra_files = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and (".hydra" in p.parts or p.suffix == ".log")}
     holder = f"is in use by posbench train (pid {first.pid} on host {socket.gethostname()}, started "
     second = posbench(*args, check=False)
     assert_one_line_error(second, f"run dir '{run}' {holder}")
     assert second.stderr.strip().endswith("; wait for it to finish, or use another hydra.run.dir")
     assert_one_line_error(posbench("eval", f"checkpoint={run}", check=False), holder)
     assert snapshot(run) == before  # the refused processes wrote nothing
+    assert {p: p.stat().st_mtime_ns for p in hydra_files} == hydra_files  # not even Hydra's own files
 
     first.kill()  # SIGKILL: its lock file stays behind, the kernel released the lock
     first.communicate(timeout=60)
