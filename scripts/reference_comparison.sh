@@ -3,8 +3,8 @@
 # learned and nope) on the default corpus, train_len 128, evaluated at 1x..16x on the whole
 # validation split, three seeds. Seeds come first in the sweep, so an interrupted sweep has
 # whole seeds done; re-running the same command resumes it (finished jobs only re-evaluate
-# what results.csv lacks). LAUNCHER=local_parallel runs the jobs side by side (see
-# results/bench/sweep_throughput.md for which is faster on a given machine).
+# what results.csv lacks). LAUNCHER=local_parallel runs the jobs side by side, one torch
+# thread each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-sinusoidal,learned,rope,t5,alibi,nope}
