@@ -2,8 +2,8 @@
 # Regenerates results/cpu_quick/: the default comparison of the ALiBi paper's encodings (plus
 # learned and nope) on the default corpus, train_len 128, evaluated at 1x..16x on the whole
 # validation split, three seeds. Seeds come first in the sweep, so an interrupted sweep has
-# whole seeds done; re-running the same command resumes it (finished jobs only re-evaluate
-# what results.csv lacks). LAUNCHER=local_parallel runs the jobs side by side, one torch
+# whole seeds done; re-running the same command resumes it (finished jobs load their last
+# checkpoint and evaluate again). LAUNCHER=local_parallel runs the jobs side by side, one torch
 # thread each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
