@@ -1,7 +1,7 @@
 """`posbench bench`: training and evaluation speed and memory of every encoding, beside a peer.
 
 Every figure comes from one run on one machine, each measurement in its own child process
-so that its peak resident memory (``ru_maxrss``: Python, torch, model and activations) is
+so that its peak resident memory (:func:`peak_rss_mb`: Python, torch, model and activations) is
 its own. The model is the benchmark shape of the performance issue: 4 layers, d_model 256,
 8 heads, FFN 1024, vocabulary 8192 (``model=tiny``), bf16 autocast where the CPU has it.
 
@@ -53,6 +53,19 @@ MEMORY_CAP = 16 << 30  # bytes of address space per child
 
 
 # ---- inside a child process --------------------------------------------------------------
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: VmHWM, the high-water mark of its own address
+    space. Not ``ru_maxrss``: on Linux a process started by fork and exec inherits there the
+    resident size its parent had when it forked, so a child of a large parent would report the
+    parent's size."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: kB on most systems
 
 def _posbench_model(encoding: str, train_len: int, max_len: int):
     """The benchmark model; a position table (``encoding.max_len``) gets ``max_len`` entries so it
@@ -141,7 +154,7 @@ def _child(spec: dict) -> dict:
         tokens = forward(length)
         seconds = time.perf_counter() - start
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "params": sum(p.numel() for p in model.parameters()),
-            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_mb": peak_rss_mb()}
 
 
 def _kernel_child(spec: dict) -> dict:
@@ -194,7 +207,7 @@ def _kernel_child(spec: dict) -> dict:
         for _ in range(2):
             run()
     return {"seconds": (time.perf_counter() - start) / 2, "compile_s": compile_s,
-            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_mb": peak_rss_mb()}
 
 
 def _matmul_child(spec: dict) -> dict:

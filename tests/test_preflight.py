@@ -15,11 +15,11 @@ from conftest import SMOKE, posbench
 # evaluation passes over n tokens per forward pass at length T) as posbench does, and print the
 # peak resident memory above the process's memory before the model, beside the estimate.
 MEASURE = r'''
-import json, math, os, resource, sys
+import json, math, os, sys
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from posbench import preflight
+from posbench import bench, preflight
 from posbench.build import autocast, autocast_dtype, build_model, keep_freed_memory
 from posbench.config import conf_dir
 from posbench.config import TrainConfig, typed
@@ -52,7 +52,7 @@ else:
     with torch.no_grad(), autocast(device, dtype):
         for _ in range(2):
             model.head_nll(model.hidden(x), x)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = bench.peak_rss_mb() * 2**20  # not ru_maxrss: it holds the parent's size at fork
 print(json.dumps({"measured": peak - before, "estimate": estimate.total}))
 '''
 
