@@ -1,0 +1,81 @@
+"""How fast a CPU sweep runs its jobs: one after the other with every core each, or side by side.
+
+Runs the same short sweep (ENCODINGS x 1 seed, --steps training steps, a small evaluation) once
+per setting, in fresh sweep dirs under outputs/sweep_throughput/, after one short run has built
+the corpus cache they share, and prints per setting: the sweep's wall time, the summed training
+tokens/s of its jobs (median over each job's logged intervals, summed over the jobs that ran
+at the same time) and the ratio to the first setting. Same machine, same run, one after the
+other, so the ratios compare like with like; absolute figures differ between machines.
+
+    python scripts/sweep_throughput.py [--steps 30] [--out results/bench/sweep_throughput.md]
+
+Settings: `basic` (Hydra's sequential launcher, each job with all cores' torch threads) and
+`local_parallel` with n_jobs = 2 (each job with cores / 2 threads, see posbench.cli._share_cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENCODINGS = "alibi,rope"
+SETTINGS = {
+    "basic": [],
+    "local_parallel": ["hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2"],
+}
+
+
+def sweep(name: str, steps: int, out: Path) -> dict:
+    sweep_dir = out / name
+    shutil.rmtree(sweep_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "posbench.cli", "-m", "train", f"encoding={ENCODINGS}", "seed=0",
+           f"train.steps={steps}", "train.warmup_steps=5", "train.log_every=5", f"train.ckpt_every={steps}",
+           "eval.multiples=[1]", "eval.max_tokens=4096", f"hydra.sweep.dir={sweep_dir}", *SETTINGS[name]]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    rates = []
+    for metrics in sorted(sweep_dir.glob("*/*/metrics.jsonl")):
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        rates.append(statistics.median(r["tokens_per_s"] for r in rows[1:] if "tokens_per_s" in r))
+    side_by_side = name != "basic"
+    return {"setting": name, "jobs": len(rates), "wall_s": wall,
+            "train_tok_s": sum(rates) if side_by_side else statistics.mean(rates)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="training steps per job")
+    parser.add_argument("--out", help="also write the table here (Markdown)")
+    args = parser.parse_args()
+    out = ROOT / "outputs" / "sweep_throughput"
+    # warm the corpus cache so no setting pays for building it
+    subprocess.run([sys.executable, "-m", "posbench.cli", "train", "train.steps=1", "eval.multiples=[1]",
+                    "eval.max_tokens=1024", f"hydra.run.dir={out / 'warm'}"], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [sweep(name, args.steps, out) for name in SETTINGS]
+    cores = os.cpu_count()
+    lines = [f"Sweep throughput: encoding={ENCODINGS} seed=0, {args.steps} steps each, {cores} cores, "
+             f"`python scripts/sweep_throughput.py --steps {args.steps}`", "",
+             "| setting | jobs | sweep wall s | training tok/s (summed over concurrent jobs) | vs basic |",
+             "|---|---|---|---|---|"]
+    base = rows[0]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['jobs']} | {r['wall_s']:.0f} | {r['train_tok_s']:.0f} | "
+                     f"{r['train_tok_s'] / base['train_tok_s']:.2f}x tok/s, {base['wall_s'] / r['wall_s']:.2f}x wall |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
