@@ -175,6 +175,12 @@ def _train_task(cfg) -> None:
         if result["results"] is None:  # not rank 0: rank 0 evaluates and reports
             return
         (run_dir / "FAILED").unlink(missing_ok=True)  # an earlier attempt's failure is over
+        if "exact_match" in result["results"]:  # a task run
+            from .tasks import markdown_tasks
+
+            print(markdown_tasks(result["results"]))
+            print(f"\nrun dir: {run_dir}  (tasks.csv, metrics.jsonl, config.yaml)")
+            return
         print(markdown_results(result["results"]))
         print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
 

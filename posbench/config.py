@@ -32,6 +32,11 @@ WANDB_MODES = ("disabled", "offline", "online")
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
 NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
+# task.* keys that say how a task run is evaluated, not what it trains on.
+NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed")
+# Keys added after runs were made, left out of the hash at their default so those runs keep
+# their hash (and resume): (section, key, default).
+LATER_KEYS = (("train", "random_positions", None),)
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
@@ -94,6 +99,7 @@ class TrainConfig:
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool = False  # torch.compile the model for training
     preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
+    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (Ruoss et al. 2023)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -271,6 +277,33 @@ def model_config(node) -> ModelConfig:
     return cfg
 
 
+TASK_NAMES = ("lm", "copy", "reverse", "duplicate", "sort", "addition", "parity", "recall")  # posbench.tasks
+
+
+@dataclass
+class TaskConfig:
+    """The ``task`` config group (conf/task/*.yaml); ``lm`` is the language model on the corpus,
+    the others are the algorithmic tasks of :mod:`posbench.tasks`."""
+
+    name: str = "lm"
+    train_size: int = 16  # training instances have sizes 1 .. train_size
+    symbols: int = 10  # alphabet size (the base for addition; parity uses bits)
+    eval_multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # eval sizes: m x train_size
+    eval_instances: int = 256  # fresh instances per evaluated size
+    eval_batch: int = 64  # instances per forward pass in evaluation
+    eval_seed: int = 1234  # evaluation instances depend on this and the size only
+
+    def __post_init__(self):
+        choice("task", self.name, TASK_NAMES)
+        for key in ("train_size", "symbols", "eval_instances", "eval_batch"):
+            positive(f"task.{key}", getattr(self, key))
+        if not self.eval_multiples or any(m < 1 for m in self.eval_multiples):
+            raise PosbenchError(f"task.eval_multiples={self.eval_multiples} must be a non-empty list of multiples "
+                                ">= 1 of task.train_size, e.g. [1,2,4,8]")
+        if self.name == "addition" and self.symbols < 2:
+            raise PosbenchError(f"task.symbols={self.symbols} is the base of addition; valid: >= 2")
+
+
 @dataclass
 class RunConfig:
     """A training run's config, typed and validated once where the run starts (:func:`run_config`),
@@ -283,6 +316,7 @@ class RunConfig:
     encoding: str  # the encoding's name; its options stay in the Hydra tree (posbench.build)
     device: str
     config_hash: str
+    task: TaskConfig = field(default_factory=TaskConfig)
 
 
 def run_config(cfg: DictConfig) -> RunConfig:
@@ -291,8 +325,9 @@ def run_config(cfg: DictConfig) -> RunConfig:
         raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
     tcfg, ecfg, dcfg = typed(TrainConfig, cfg.train, "train"), typed(EvalConfig, cfg.eval, "eval"), \
         typed(DataConfig, cfg.data, "data")
+    task = typed(TaskConfig, cfg.get("task") or {"name": "lm"}, "task")
     return RunConfig(cfg.seed, tcfg, ecfg, dcfg, model_config(cfg.model), str(cfg.encoding.name), str(cfg.device),
-                     config_hash(cfg))
+                     config_hash(cfg), task)
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -310,6 +345,13 @@ def hashed_part(data: dict) -> dict:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
     if "train" in kept:
         kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN}
+    if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
+        task = kept.pop("task") or {}
+        if task.get("name", "lm") != "lm":
+            kept["task"] = {k: v for k, v in task.items() if k not in NOT_HASHED_TASK}
+    for section, key, default in LATER_KEYS:
+        if isinstance(kept.get(section), dict) and kept[section].get(key, default) == default:
+            kept[section] = {k: v for k, v in kept[section].items() if k != key}
     return kept
 
 

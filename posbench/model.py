@@ -91,9 +91,14 @@ class LanguageModel(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab); with ``targets`` (B, T) the mean
-        next-token cross-entropy instead, without making the logits (:mod:`posbench.loss`)."""
+        next-token cross-entropy instead, without making the logits (:mod:`posbench.loss`), over the
+        targets >= 0 (a negative target, ``posbench.tasks.IGNORE``, is skipped)."""
         if targets is not None:
-            return linear_cross_entropy(self.hidden(idx), self.tok_emb.weight, targets)
+            hidden = self.hidden(idx)
+            if bool((targets < 0).any()):  # IGNORE targets (a task's prompt and padding): the loss skips them
+                keep = targets >= 0
+                hidden, targets = hidden[keep], targets[keep]
+            return linear_cross_entropy(hidden, self.tok_emb.weight, targets)
         return self.hidden(idx) @ self.tok_emb.weight.t()  # tied output embedding
 
     def token_nll(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from . import distributed, preflight
@@ -58,22 +58,26 @@ def seed_everything(seed: int) -> None:
 
 
 class WindowSampler:
-    """Random (B, T+1) windows from one token array, driven by its own generator."""
+    """Random (B, T+1) windows from one token array, driven by its own generator; with
+    ``random_positions`` = L also the batch's positions, a sorted random subset of [0, L)
+    (Ruoss et al. 2023), else None (positions 0 .. T-1)."""
 
-    def __init__(self, tokens: np.ndarray, train_len: int, batch_size: int, seed: int):
+    def __init__(self, tokens: np.ndarray, train_len: int, batch_size: int, seed: int,
+                 random_positions: int | None = None):
         if tokens.size <= train_len + 1:
             raise PosbenchError(f"train.train_len={train_len} needs more than {train_len + 1} train tokens; "
                                 f"the corpus has {tokens.size}; valid: train.train_len <= {tokens.size - 2}")
         self.tokens = torch.from_numpy(tokens.astype(np.int64))
         self.offsets = torch.arange(train_len + 1)
-        self.batch_size = batch_size
+        self.batch_size, self.random_positions = batch_size, random_positions
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         high = self.tokens.numel() - self.offsets.numel() + 1
         starts = torch.randint(0, high, (self.batch_size,), generator=self.generator)
         windows = self.tokens[starts[:, None] + self.offsets[None, :]]  # (B, T+1)
-        return windows[:, :-1], windows[:, 1:]
+        positions = draw_positions(windows.shape[1] - 1, self.random_positions, self.generator)
+        return windows[:, :-1], windows[:, 1:], positions
 
 
 class Prefetcher:
@@ -82,22 +86,22 @@ class Prefetcher:
     ``consumed_state`` is the sampler generator's state after the last batch handed out,
     which is what a checkpoint must store (not the state after the batch drawn ahead)."""
 
-    def __init__(self, sampler: WindowSampler, pin_memory: bool = False):
+    def __init__(self, sampler, pin_memory: bool = False):
         self.sampler, self.pin_memory = sampler, pin_memory
         self.consumed_state = sampler.generator.get_state()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="posbench-batches")
         self.next = self.pool.submit(self._draw)
 
     def _draw(self):
-        x, y = self.sampler()
+        x, y, positions = self.sampler()
         if self.pin_memory:
             x, y = x.pin_memory(), y.pin_memory()
-        return x, y, self.sampler.generator.get_state()
+        return x, y, positions, self.sampler.generator.get_state()
 
-    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y, self.consumed_state = self.next.result()
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        x, y, positions, self.consumed_state = self.next.result()
         self.next = self.pool.submit(self._draw)
-        return x, y
+        return x, y, positions
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -152,7 +156,7 @@ class TrainingState:
     after the batch drawn ahead; each rank's torch RNG (dropout) is gathered, so every rank
     resumes its own stream."""
 
-    def __init__(self, model, optimizer, scheduler, sampler: WindowSampler, world, meta: dict):
+    def __init__(self, model, optimizer, scheduler, sampler, world, meta: dict):
         self.model, self.optimizer, self.scheduler, self.sampler = model, optimizer, scheduler, sampler
         self.world, self.meta = world, meta  # meta: config_hash, vocab_size, corpus_key
         self.step = 0
@@ -207,24 +211,21 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
     resume = read_resume_state(run, rc.config_hash, world)
 
     seed_everything(rc.seed)
-    corpus = load_corpus(rc.data, log=print if world.is_main else (lambda *a, **k: None))
-    lengths = ecfg.resolve_lengths(tcfg.train_len)
-    model = build_model(cfg, corpus.vocab_size).to(device)
+    data = training_data(rc, world)
+    model = build_model(cfg, data.vocab_size).to(device)
     dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
-    # Every rank draws the same global batch (same seed) and keeps its own shard of it.
-    sampler = WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed)
     preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
-    scored_tokens(corpus.splits[ecfg.split], lengths, ecfg.max_tokens, ecfg.split)  # fail before training
-    preflight.check_evaluation(model, ecfg, lengths, device, dtype)
+    if data.corpus is not None:
+        scored_tokens(data.corpus.splits[ecfg.split], data.lengths, ecfg.max_tokens, ecfg.split)  # fail before training
+        preflight.check_evaluation(model, ecfg, data.lengths, device, dtype)
     check_train_positions(model, cfg, tcfg.train_len, device)
     if world.active:
         torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
 
-    state = TrainingState(model, optimizer, scheduler, sampler, world,
-                          {"config_hash": rc.config_hash, "vocab_size": corpus.vocab_size,
-                           "corpus_key": corpus.meta["key"]})
+    state = TrainingState(model, optimizer, scheduler, data.sampler, world,
+                          {"config_hash": rc.config_hash, "vocab_size": data.vocab_size, "corpus_key": data.key})
     if resume is not None:
         state.load_state_dict(resume)
         print0(f"posbench: resuming {run.path} from step {state.step}")
@@ -234,9 +235,43 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if tcfg.compile:
         net = torch.compile(net)
-    return SimpleNamespace(cfg=cfg, rc=rc, world=world, device=device, dtype=dtype, run=run, corpus=corpus,
-                           lengths=lengths, micro=micro, accum=accum, model=model, net=net, ddp=ddp, state=state,
+    return SimpleNamespace(cfg=cfg, rc=rc, world=world, device=device, dtype=dtype, run=run, corpus=data.corpus,
+                           lengths=data.lengths, micro=micro, accum=accum, model=model, net=net, ddp=ddp, state=state,
                            saved_step=state.step if resume is not None else None)
+
+
+def training_data(rc: RunConfig, world) -> SimpleNamespace:
+    """What the model trains on: the corpus's windows (``task=lm``) or a task's instances ->
+    corpus (None for tasks), vocab_size, key (checkpoints name it), sampler, and the
+    evaluation lengths. Every rank draws the same global batch (same seed) and keeps its shard."""
+    tcfg = rc.train
+    if rc.task.name != "lm":
+        from .tasks import TaskSampler, make_task
+
+        task = make_task(rc.task)
+        return SimpleNamespace(corpus=None, vocab_size=task.vocab_size, key=f"task:{rc.task.name}",
+                               sampler=TaskSampler(task, rc.task.train_size, tcfg.batch_size, rc.seed,
+                                                   tcfg.random_positions),
+                               lengths=[task.length(m * rc.task.train_size) for m in rc.task.eval_multiples])
+    corpus = load_corpus(rc.data, log=print if world.is_main else (lambda *a, **k: None))
+    return SimpleNamespace(corpus=corpus, vocab_size=corpus.vocab_size, key=corpus.meta["key"],
+                           sampler=WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed,
+                                                 tcfg.random_positions),
+                           lengths=rc.eval.resolve_lengths(tcfg.train_len))
+
+
+def fit_task_length(cfg: DictConfig) -> None:
+    """A task run's ``train.train_len`` is its longest training sequence, set from the task (the
+    encodings size their tables by it), so config.yaml and the config hash record it."""
+    task = cfg.get("task")
+    if task is None or task.get("name", "lm") == "lm":
+        return
+    from .config import TaskConfig, typed
+    from .tasks import make_task
+
+    tc = typed(TaskConfig, task, "task")
+    with open_dict(cfg):
+        cfg.train.train_len = make_task(tc).length(tc.train_size)
 
 
 class Diverged(Exception):
@@ -247,10 +282,12 @@ class Diverged(Exception):
         self.what, self.value = what, value
 
 
-def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor) -> float:
+def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None = None) -> float:
     """One optimizer step on this rank's shard of a global batch (B, T): micro-batches with
-    gradient accumulation, the loss averaged over ranks, clipping, AdamW, the schedule."""
+    gradient accumulation, the loss averaged over ranks, clipping, AdamW, the schedule.
+    ``positions``: the batch's (T,) positions, None for 0 .. T-1."""
     x, y = distributed.shard(x, s.world), distributed.shard(y, s.world)  # (B / ranks, T)
+    kwargs = {} if positions is None else {"positions": positions.to(s.device)}
     loss = torch.zeros((), device=s.device)
     for i in range(s.accum):
         xs = x[i * s.micro:(i + 1) * s.micro].to(s.device, non_blocking=True)
@@ -259,7 +296,7 @@ def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor) -> float:
         sync = s.ddp.no_sync() if s.world.active and i < s.accum - 1 else contextlib.nullcontext()
         with sync:
             with autocast(s.device, s.dtype):
-                micro_loss = s.net(xs, targets=ys) / s.accum  # mean next-token cross-entropy
+                micro_loss = s.net(xs, targets=ys, **kwargs) / s.accum  # mean next-token cross-entropy
             micro_loss.backward()
         loss += micro_loss.detach()
     loss = distributed.mean(loss, s.world)
@@ -294,29 +331,28 @@ def run_loop(s: SimpleNamespace, logger, bar, interrupted) -> None:
     """Steps until ``train.steps`` or a stop signal: log every ``log_every`` steps, checkpoint every
     ``ckpt_every`` steps and at the end."""
     tcfg, state = s.rc.train, s.state
-    tokens_per_step = tcfg.batch_size * tcfg.train_len
-    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+    window_loss, window_start, window_steps, window_tokens = 0.0, time.perf_counter(), 0, 0
 
     def stop_requested() -> bool:  # every rank stops at the same step
         flag = torch.tensor(float(interrupted.is_set()))
         return bool(distributed.mean(flag, s.world) > 0) if s.world.active else interrupted.is_set()
 
     while state.step < tcfg.steps and not stop_requested():
-        x, y = state.batches()
+        x, y, positions = state.batches()
         try:
-            loss = train_step(s, x, y)
+            loss = train_step(s, x, y, positions)
         except Diverged as d:
             bar.close()  # the error is the last line printed
             raise diverged_error(s, d) from None
         state.step += 1
-        window_loss, window_steps = window_loss + loss, window_steps + 1
+        window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + x.numel()
         if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
             elapsed = time.perf_counter() - window_start
             record = {"step": state.step, "loss": window_loss / window_steps,
-                      "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_steps * tokens_per_step / elapsed}
+                      "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_tokens / elapsed}
             logger.log(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-            window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+            window_loss, window_start, window_steps, window_tokens = 0.0, time.perf_counter(), 0, 0
         bar.update(1)
         if state.step % tcfg.ckpt_every == 0 or state.step == tcfg.steps:
             save(s)
@@ -327,8 +363,11 @@ def announce(s: SimpleNamespace) -> None:
     tcfg, world = s.rc.train, s.world
     layout = (f" | {world.size} processes x {s.accum} micro-batches of {s.micro}"
               if world.active or s.accum > 1 else "")
+    task = s.rc.task
+    batch = (f"{tcfg.batch_size * tcfg.train_len} tokens" if task.name == "lm" else
+             f"{tcfg.batch_size} {task.name} instances of sizes 1..{task.train_size}")
     print0(f"posbench: {s.rc.encoding} | {s.model.num_params() / 1e6:.2f}M params | "
-           f"{tcfg.steps} steps x {tcfg.batch_size * tcfg.train_len} tokens{layout} | {s.device} "
+           f"{tcfg.steps} steps x {batch}{layout} | {s.device} "
            f"{s.dtype or torch.float32}{' | compiled' if tcfg.compile else ''}")
 
 
@@ -337,6 +376,8 @@ def finish(s: SimpleNamespace, logger):
     token_nll.npz), draw the run's figures, log the evaluation."""
     from .report import draw_run
 
+    if s.rc.task.name != "lm":
+        return finish_task(s)
     ecfg = s.rc.eval
     ladder = perplexity_ladder(s.model, s.corpus.splits[ecfg.split], s.lengths, ecfg, s.device, s.dtype,
                                tokenizer=s.corpus.tokenizer)
@@ -346,11 +387,23 @@ def finish(s: SimpleNamespace, logger):
     return rows
 
 
+def finish_task(s: SimpleNamespace):
+    """Rank 0 of a task run: exact match and per-token accuracy at every evaluated size ->
+    tasks.csv (:func:`posbench.tasks.evaluate_task`)."""
+    from .tasks import evaluate_task
+
+    meta = {"encoding": s.rc.encoding, "seed": s.rc.seed, "step": s.state.step, "config_hash": s.rc.config_hash}
+    rows = evaluate_task(s.model, s.rc.task, meta, s.device, s.dtype, s.rc.train.random_positions)
+    atomic_write_text(s.run.path / "tasks.csv", rows.to_csv(index=False))
+    return rows
+
+
 def train(cfg: DictConfig, run_dir) -> dict:
     """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results.
 
     Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
     writes files and evaluates, the others return ``results=None`` after the last step."""
+    fit_task_length(cfg)
     rc = run_config(cfg)
     try:
         s = setup(cfg, rc, run_dir)

@@ -1,0 +1,334 @@
+"""Algorithmic length-generalization tasks: instances made on the fly, exact answers, accuracy by size.
+
+Two papers measure length generalization on tasks whose answers are exact: Kazemnejad et al.
+2023, "The Impact of Positional Encoding on Length Generalization in Transformers" (NeurIPS;
+McGill-NLP/length-generalization: copy, reverse, addition, sorting, parity, ...) and Ruoss et
+al. 2023, "Randomized Positional Encodings Boost Length Generalization of Transformers" (ACL;
+deepmind/randomized_positional_encodings: reverse string, duplicate string, binary addition,
+bucket sort, parity check, ...). posbench runs their tasks with the same model, encodings and
+sweep machinery as its language-model ladder (``task=copy`` etc.; ``task=lm`` is the LM).
+
+One instance of size n is one sequence ``<bos> prompt <sep> answer <eos>`` over the task's own
+small vocabulary (four special tokens, then the task's symbols). Every task below has a fixed
+sequence length for a given size (:meth:`Task.length`), so evaluation batches need no padding.
+
+=========  ============================================  ======================================
+task       prompt (size n)                               answer
+=========  ============================================  ======================================
+copy       n symbols                                     the same n symbols
+reverse    n symbols                                     them in reverse order
+duplicate  n symbols                                     them twice (Ruoss et al.'s duplicate string)
+sort       n symbols                                     them in ascending order (bucket sort)
+addition   two n-digit numbers a + b, least significant  a + b in n + 1 digits, least significant
+           digit first (a's digits, ``+``, b's digits)   digit first
+parity     n bits                                        1 if the count of ones is odd, else 0
+recall     n key-value pairs, then one key of them       the value of that key's last pair
+=========  ============================================  ======================================
+
+Digits are written least significant first so a causal model can add with a left-to-right
+carry (as the reversed-output formats of both papers' addition tasks allow). ``recall`` is
+associative recall (Ba et al. 2016; Zoology's MQAR in its single-query form): keys and values
+come from separate alphabets of ``symbols`` each, keys may repeat and the last pair wins.
+
+Training (:class:`TaskSampler`): every instance's size is drawn uniformly from 1 ..
+``task.train_size``; the loss is on the answer tokens and ``<eos>`` only (targets elsewhere are
+``IGNORE``), as both papers train: the prompt is context, not something to predict.
+
+Evaluation (:func:`evaluate_task`): ``task.eval_instances`` fresh instances of size exactly
+m x train_size for each m in ``task.eval_multiples``, drawn from a generator seeded by
+``task.eval_seed`` and the size (not the run's seed): every encoding and seed is scored on the
+same instances, so differences between them are paired. Teacher-forced in one forward pass:
+an instance is an exact match when the arg-max prediction of every answer token and of
+``<eos>`` is right, which is exactly when greedy decoding after ``<sep>`` reproduces the answer
+and stops; per-token accuracy is the teacher-forced fraction of those tokens right.
+Intervals: Wilson's 95% interval for exact match, a t interval over instances for per-token
+accuracy (docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .config import TASK_NAMES, TaskConfig
+from .intervals import t_interval
+
+SPECIALS = ("<pad>", "<bos>", "<sep>", "<eos>")
+PAD, BOS, SEP, EOS = range(4)
+IGNORE = -100  # a target the loss skips (torch's ignore_index convention)
+Z95 = 1.959963984540054  # standard normal 0.975 quantile
+
+
+def _randint(generator: torch.Generator, high: int, n: int) -> list[int]:
+    return torch.randint(0, high, (n,), generator=generator).tolist()
+
+
+class Task:
+    """A task: a vocabulary of ``SPECIALS`` then ``n_symbols`` task symbols, and instances."""
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+
+    def __init__(self, symbols: int):
+        self.symbols = symbols
+
+    @property
+    def n_symbols(self) -> int:
+        return self.symbols
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + self.n_symbols
+
+    def sym(self, values: list[int]) -> list[int]:
+        """Task symbol indices -> token ids."""
+        return [len(SPECIALS) + v for v in values]
+
+    def instance(self, generator: torch.Generator, size: int) -> tuple[list[int], list[int]]:
+        """(prompt, answer) token ids of one instance of ``size``."""
+        raise NotImplementedError
+
+    def answer_len(self, size: int) -> int:
+        raise NotImplementedError
+
+    def prompt_len(self, size: int) -> int:
+        return size
+
+    def length(self, size: int) -> int:
+        """Tokens in ``<bos> prompt <sep> answer <eos>`` at ``size``."""
+        return self.prompt_len(size) + self.answer_len(size) + 3
+
+
+class Copy(Task):
+    name, paper = "copy", "Kazemnejad et al. 2023"
+
+    def instance(self, generator, size):
+        s = _randint(generator, self.symbols, size)
+        return self.sym(s), self.sym(s)
+
+    def answer_len(self, size):
+        return size
+
+
+class Reverse(Copy):
+    name, paper = "reverse", "Kazemnejad et al. 2023; Ruoss et al. 2023 (reverse string)"
+
+    def instance(self, generator, size):
+        s = _randint(generator, self.symbols, size)
+        return self.sym(s), self.sym(s[::-1])
+
+
+class Duplicate(Task):
+    name, paper = "duplicate", "Ruoss et al. 2023 (duplicate string)"
+
+    def instance(self, generator, size):
+        s = _randint(generator, self.symbols, size)
+        return self.sym(s), self.sym(s + s)
+
+    def answer_len(self, size):
+        return 2 * size
+
+
+class Sort(Copy):
+    name, paper = "sort", "Kazemnejad et al. 2023 (sorting); Ruoss et al. 2023 (bucket sort)"
+
+    def instance(self, generator, size):
+        s = _randint(generator, self.symbols, size)
+        return self.sym(s), self.sym(sorted(s))
+
+
+class Addition(Task):
+    """Decimal (``symbols`` = base, 10 by default) n-digit addition, least significant digit first."""
+
+    name, paper = "addition", "Kazemnejad et al. 2023; Ruoss et al. 2023 (binary addition)"
+
+    @property
+    def n_symbols(self) -> int:
+        return self.symbols + 1  # the digits, then "+"
+
+    def instance(self, generator, size):
+        a, b = _randint(generator, self.symbols, size), _randint(generator, self.symbols, size)
+        total, carry = [], 0
+        for x, y in zip(a, b):  # least significant first
+            carry, digit = divmod(x + y + carry, self.symbols)
+            total.append(digit)
+        return self.sym(a + [self.symbols] + b), self.sym(total + [carry])
+
+    def prompt_len(self, size):
+        return 2 * size + 1
+
+    def answer_len(self, size):
+        return size + 1
+
+
+class Parity(Task):
+    name, paper = "parity", "Kazemnejad et al. 2023; Ruoss et al. 2023 (parity check)"
+
+    def __init__(self, symbols: int):
+        super().__init__(2)  # bits, whatever ``symbols`` says
+
+    def instance(self, generator, size):
+        bits = _randint(generator, 2, size)
+        return self.sym(bits), self.sym([sum(bits) % 2])
+
+    def answer_len(self, size):
+        return 1
+
+
+class Recall(Task):
+    """``symbols`` keys and ``symbols`` values (separate alphabets); n pairs, a query key, its value."""
+
+    name, paper = "recall", "associative recall (Ba et al. 2016)"
+
+    @property
+    def n_symbols(self) -> int:
+        return 2 * self.symbols
+
+    def instance(self, generator, size):
+        keys, values = _randint(generator, self.symbols, size), _randint(generator, self.symbols, size)
+        query = keys[_randint(generator, size, 1)[0]]
+        last = {k: v for k, v in zip(keys, values)}  # the last pair of a key wins
+        pairs = [t for k, v in zip(keys, values) for t in (k, self.symbols + v)]
+        return self.sym(pairs + [query]), self.sym([self.symbols + last[query]])
+
+    def prompt_len(self, size):
+        return 2 * size + 1
+
+    def answer_len(self, size):
+        return 1
+
+
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Duplicate, Sort, Addition, Parity, Recall)}
+assert tuple(TASKS) == TASK_NAMES[1:], "posbench.config.TASK_NAMES lists the tasks (config stays torch-free)"
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    return TASKS[cfg.name](cfg.symbols)
+
+
+def encode(task: Task, generator: torch.Generator, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Instances of ``sizes`` -> inputs (B, T) and targets (B, T), right-padded with ``<pad>``; a
+    target is the next token where it is an answer token or ``<eos>``, else ``IGNORE``."""
+    seqs, starts = [], []
+    for size in sizes:
+        prompt, answer = task.instance(generator, size)
+        seqs.append([BOS, *prompt, SEP, *answer, EOS])
+        starts.append(len(prompt) + 1)  # the input position of <sep>: it predicts the first answer token
+    T = max(map(len, seqs)) - 1
+    x = torch.full((len(seqs), T), PAD, dtype=torch.long)
+    y = torch.full((len(seqs), T), IGNORE, dtype=torch.long)
+    for i, (seq, start) in enumerate(zip(seqs, starts)):
+        x[i, :len(seq) - 1] = torch.tensor(seq[:-1])
+        y[i, start:len(seq) - 1] = torch.tensor(seq[start + 1:])
+    return x, y
+
+
+class TaskSampler:
+    """Training batches of ``batch_size`` instances, sizes uniform in 1 .. train_size, drawn with its
+    own generator (saved in checkpoints like :class:`posbench.train.WindowSampler`'s), and with
+    ``random_positions`` = L the batch's positions: a sorted random subset of [0, L)."""
+
+    def __init__(self, task: Task, train_size: int, batch_size: int, seed: int, random_positions: int | None = None):
+        self.task, self.train_size, self.batch_size = task, train_size, batch_size
+        self.random_positions = random_positions
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self):
+        sizes = torch.randint(1, self.train_size + 1, (self.batch_size,), generator=self.generator).tolist()
+        x, y = encode(self.task, self.generator, sizes)
+        return x, y, draw_positions(x.shape[1], self.random_positions, self.generator)
+
+
+def draw_positions(length: int, random_positions: int | None, generator: torch.Generator):
+    """None (positions 0 .. length-1) or a sorted random subset of [0, random_positions)."""
+    if not random_positions:
+        return None
+    from .positions import random_positions as sample
+
+    return sample(length, random_positions, generator)
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a binomial proportion (Wilson 1927)."""
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)
+
+
+@torch.no_grad()
+def score_size(model, task: Task, tcfg: TaskConfig, size: int, device, dtype, random_positions=None):
+    """(exact (N,) bool, token accuracy (N,) float) of ``eval_instances`` fresh instances of ``size``."""
+    from .build import autocast
+
+    generator = torch.Generator().manual_seed(tcfg.eval_seed * 1_000_003 + size)
+    exact, token = [], []
+    for start in range(0, tcfg.eval_instances, tcfg.eval_batch):
+        n = min(tcfg.eval_batch, tcfg.eval_instances - start)
+        x, y = encode(task, generator, [size] * n)
+        positions = draw_positions(x.shape[1], random_positions, generator)
+        x, y = x.to(device), y.to(device)
+        kwargs = {} if positions is None else {"positions": positions.to(device)}
+        with autocast(device, dtype):
+            hidden = model.hidden(x, **kwargs)
+        keep = y != IGNORE
+        answer_len = int(keep[0].sum())
+        h = hidden[keep].float()  # (n * answer_len, D) in instance order
+        pred = (h @ model.tok_emb.weight.float().t()).argmax(-1).view(n, answer_len)
+        right = (pred == y[keep].view(n, answer_len)).cpu()
+        exact.append(right.all(dim=1))
+        token.append(right.float().mean(dim=1))
+    return torch.cat(exact).numpy(), torch.cat(token).numpy()
+
+
+def size_row(exact: np.ndarray, token: np.ndarray) -> dict:
+    """One size's metrics and 95% intervals (Wilson for exact match, t over instances for tokens)."""
+    n = len(exact)
+    lo, hi = wilson(int(exact.sum()), n)
+    if n > 1 and token.std() > 0:
+        ti = t_interval(token)
+        t_lo, t_hi = max(0.0, ti.low), min(1.0, ti.high)
+    else:  # every instance scored the same: no spread to estimate
+        t_lo = t_hi = float(token.mean())
+    return {"instances": n, "exact_match": float(exact.mean()), "exact_lo": lo, "exact_hi": hi,
+            "token_acc": float(token.mean()), "token_sd": float(token.std(ddof=1)) if n > 1 else 0.0,
+            "token_lo": t_lo, "token_hi": t_hi}
+
+
+TASK_COLUMNS = ["task", "encoding", "random_positions", "train_size", "eval_size", "multiple", "seed", "step",
+                "instances", "exact_match", "exact_lo", "exact_hi", "token_acc", "token_sd", "token_lo", "token_hi",
+                "params", "config_hash"]
+
+
+def evaluate_task(model, tcfg: TaskConfig, meta: dict, device, dtype, random_positions=None) -> pd.DataFrame:
+    """tasks.csv rows (``TASK_COLUMNS``): every size m x train_size of ``tcfg.eval_multiples``.
+    ``meta``: encoding, seed, step, config_hash."""
+    from tqdm.auto import tqdm
+
+    task = make_task(tcfg)
+    model.eval()
+    rows = []
+    for m in tqdm(tcfg.eval_multiples, desc=f"eval {tcfg.name}", leave=False, disable=None):
+        size = m * tcfg.train_size
+        exact, token = score_size(model, task, tcfg, size, device, dtype, random_positions)
+        rows.append({"task": tcfg.name, "random_positions": int(random_positions or 0), "train_size": tcfg.train_size,
+                     "eval_size": size, "multiple": m, "params": model.num_params(), **meta,
+                     **size_row(exact, token)})
+    return pd.DataFrame(rows)[TASK_COLUMNS]
+
+
+def markdown_tasks(rows: pd.DataFrame) -> str:
+    """A run's tasks.csv as a Markdown table (exact match and per-token accuracy with intervals)."""
+    lines = ["| task | encoding | size | multiple | exact match [95% CI] | token acc [95% CI] | instances |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows.itertuples():
+        lines.append(f"| {r.task} | {r.encoding} | {r.eval_size} | {r.multiple}x | {r.exact_match:.1%} "
+                     f"[{r.exact_lo:.1%}, {r.exact_hi:.1%}] | {r.token_acc:.1%} [{r.token_lo:.1%}, {r.token_hi:.1%}] "
+                     f"| {r.instances} |")
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""Algorithmic tasks: instances against independent answers, answer-only loss, accuracy and its
+interval, and training end to end (tasks.csv, resume)."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posbench.config import TASK_NAMES, TaskConfig, config_hash
+from posbench.errors import PosbenchError
+from posbench.tasks import (BOS, EOS, IGNORE, SEP, SPECIALS, TASK_COLUMNS, TASKS, encode, make_task, score_size,
+                            size_row, wilson)
+
+from conftest import compose, posbench
+
+TINY_TASK = ["model=task", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1",
+             "train.batch_size=8", "train.warmup_steps=2", "train.log_every=5", "task.train_size=4",
+             "task.eval_instances=12", "task.eval_batch=5", "device=cpu"]
+
+
+def symbols(task, ids):
+    return [i - len(SPECIALS) for i in ids]
+
+
+def digits_value(digits, base):  # least significant first
+    return sum(d * base ** i for i, d in enumerate(digits))
+
+
+@pytest.mark.parametrize("size", [1, 3, 9])
+def test_answers_match_an_independent_computation(size):
+    g = torch.Generator().manual_seed(size)
+    for name in TASKS:
+        task = make_task(TaskConfig(name=name, symbols=7))
+        for _ in range(20):
+            prompt, answer = task.instance(g, size)
+            p, a = symbols(task, prompt), symbols(task, answer)
+            assert len(prompt) + len(answer) + 3 == task.length(size)
+            assert all(0 <= t < task.n_symbols for t in p + a)
+            if name == "copy":
+                assert a == p
+            elif name == "reverse":
+                assert a == p[::-1]
+            elif name == "duplicate":
+                assert a == p + p
+            elif name == "sort":
+                assert a == sorted(p) and len(a) == size
+            elif name == "addition":
+                plus = p.index(7)  # "+" is the symbol after the digits
+                x, y = p[:plus], p[plus + 1:]
+                assert len(x) == len(y) == size and len(a) == size + 1
+                assert digits_value(a, 7) == digits_value(x, 7) + digits_value(y, 7)
+            elif name == "parity":
+                assert set(p) <= {0, 1} and a == [sum(p) % 2]
+            elif name == "recall":
+                keys, values, query = p[0:-1:2], p[1:-1:2], p[-1]
+                assert len(keys) == size and query in keys and all(k < 7 <= v for k, v in zip(keys, values))
+                last = max(i for i, k in enumerate(keys) if k == query)
+                assert a == [values[last]]
+
+
+def test_task_names_in_config_match_the_registry():
+    assert TASK_NAMES == ("lm", *TASKS)
+
+
+def test_encode_targets_are_the_answer_and_eos_only():
+    task = make_task(TaskConfig(name="reverse"))
+    x, y = encode(task, torch.Generator().manual_seed(0), [2, 5])
+    assert x.shape == y.shape == (2, task.length(5) - 1)
+    for row, size in enumerate([2, 5]):
+        seq = x[row, :task.length(size) - 1].tolist()
+        assert seq[0] == BOS and seq[size + 1] == SEP
+        scored = (y[row] != IGNORE).nonzero().flatten().tolist()
+        assert scored == list(range(size + 1, 2 * size + 2))  # from <sep> on: answer tokens, then <eos>
+        answer = y[row, scored].tolist()
+        assert answer[-1] == EOS and answer[:-1] == seq[1:size + 1][::-1]
+        assert all(y[row, t] == x[row, t + 1] for t in scored[:-1])  # next-token targets
+
+
+def test_loss_is_the_mean_over_answer_tokens():
+    from posbench.build import build_model
+
+    cfg = compose("task=copy", *TINY_TASK)
+    task = make_task(TaskConfig(name="copy", train_size=4))
+    torch.manual_seed(0)
+    model = build_model(cfg, task.vocab_size)
+    x, y = encode(task, torch.Generator().manual_seed(1), [1, 4, 3])
+    logits = model(x)
+    keep = y != IGNORE
+    expected = F.cross_entropy(logits[keep], y[keep])
+    assert torch.allclose(model(x, targets=y), expected, rtol=1e-5)
+
+
+def test_wilson_interval_closed_form():
+    # 8 of 10: p = 0.8, z = 1.96: centre (p + z^2/2n) / (1 + z^2/n), half z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
+    z = 1.959963984540054
+    centre = (0.8 + z * z / 20) / (1 + z * z / 10)
+    half = z * math.sqrt(0.016 + z * z / 400) / (1 + z * z / 10)
+    assert wilson(8, 10) == pytest.approx((centre - half, centre + half))
+    assert wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)  # the textbook values
+    lo, hi = wilson(0, 50)
+    assert lo == 0 and 0 < hi < 0.08  # no success: an upper bound, not [0, 0]
+
+
+def test_size_row_intervals():
+    exact = torch.tensor([1, 1, 0, 1]).bool().numpy()
+    token = torch.tensor([1.0, 1.0, 0.5, 1.0]).numpy()
+    row = size_row(exact, token)
+    assert row["exact_match"] == 0.75 and (row["exact_lo"], row["exact_hi"]) == pytest.approx(wilson(3, 4))
+    sd = token.std(ddof=1)
+    half = 3.182446305284263 * sd / 2  # t(0.975, df=3) * sd / sqrt(4)
+    assert row["token_sd"] == pytest.approx(sd)
+    assert row["token_lo"] == pytest.approx(0.875 - half) and row["token_hi"] == 1.0  # clipped at 1
+
+
+def test_exact_match_equals_greedy_decoding():
+    """Teacher-forced: every answer token's arg-max right <=> greedy decoding after <sep> gives the answer."""
+    from posbench.build import build_model
+
+    cfg = compose("task=copy", *TINY_TASK)
+    tcfg = TaskConfig(name="copy", train_size=4, eval_instances=40, eval_batch=40)
+    task = make_task(tcfg)
+    torch.manual_seed(3)
+    model = build_model(cfg, task.vocab_size)
+    with torch.no_grad():  # size 1 with 10 symbols: an untrained model gets some instances right by chance
+        exact, _ = score_size(model, task, tcfg, 1, torch.device("cpu"), None)
+        g = torch.Generator().manual_seed(tcfg.eval_seed * 1_000_003 + 1)
+        x, y = encode(task, g, [1] * 40)
+        greedy = []
+        for row in range(40):
+            seq = x[row, :3].tolist()  # <bos> s <sep>
+            for _ in range(2):  # one answer token and <eos>
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+            greedy.append(seq[3:] == y[row, 2:4].tolist())
+    assert exact.tolist() == greedy
+
+
+def test_lm_config_hash_unchanged_by_the_task_and_random_positions_keys():
+    cfg = compose("encoding=alibi")
+    with_keys = config_hash(cfg)
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        del cfg["task"]
+        del cfg.train["random_positions"]
+    assert config_hash(cfg) == with_keys
+    assert config_hash(compose("task=copy")) != with_keys
+    assert config_hash(compose("task=copy", "task.eval_instances=7")) == config_hash(compose("task=copy"))
+
+
+def test_bad_task_settings_are_one_line_errors():
+    with pytest.raises(PosbenchError, match="task.train_size must be > 0, got 0"):
+        TaskConfig(name="copy", train_size=0)
+    with pytest.raises(PosbenchError, match=r"task.eval_multiples=\[\] must be a non-empty list"):
+        TaskConfig(name="copy", eval_multiples=[])
+    proc = posbench("train", "task=nosuch", check=False)
+    assert proc.returncode == 2 and "nosuch" in proc.stderr and "copy" in proc.stderr
+
+
+def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch):
+    """A task run killed right after its step-5 checkpoint resumes to the same weights and accuracies."""
+    import posbench.train as train_module
+
+    cfg = compose("task=reverse", "encoding=rope", *TINY_TASK, "train.steps=10", "train.ckpt_every=5")
+    full = train_module.train(cfg, tmp_path / "full")
+    real_save = train_module.save_checkpoint
+
+    def save_then_crash(path, state):
+        real_save(path, state)
+        if state["step"] == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(cfg, tmp_path / "resumed")
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    resumed = train_module.train(cfg, tmp_path / "resumed")
+
+    a = torch.load(tmp_path / "full/checkpoints/last.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "resumed/checkpoints/last.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = pd.read_csv(tmp_path / "full" / "tasks.csv")
+    assert list(rows.columns) == TASK_COLUMNS
+    assert rows.eval_size.tolist() == [4, 8, 16, 32] and rows.multiple.tolist() == [1, 2, 4, 8]
+    assert (rows.instances == 12).all() and (rows.task == "reverse").all() and (rows.train_size == 4).all()
+    assert ((rows.exact_lo <= rows.exact_match) & (rows.exact_match <= rows.exact_hi)).all()
+    assert full["results"].token_acc.tolist() == resumed["results"].token_acc.tolist()
+    assert pd.read_csv(tmp_path / "resumed" / "tasks.csv").token_acc.tolist() == rows.token_acc.tolist()
+    assert full["results"].step.tolist() == [10] * 4
+    assert (tmp_path / "full" / "config.yaml").read_text().count("train_len: 11") == 1  # 4 + 4 + 3 tokens
