@@ -29,7 +29,7 @@ HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}
 COMMANDS = {
     "train": "train a model with one encoding on short windows, then evaluate it at growing lengths",
     "eval": "evaluate a trained run (checkpoint=<run dir>) at any lengths, without retraining",
-    "report": "gather results.csv files under run/sweep dirs into one table and one figure",
+    "report": "gather results.csv (and tasks.csv) files under run/sweep dirs into tables and figures",
     "encodings": "list the available position encodings",
     "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
     "bench": "training and evaluation speed and memory of every encoding, beside x-transformers",
@@ -306,7 +306,7 @@ def cmd_report(args: list[str]) -> None:
     from .report import REFERENCE, report
 
     parser = argparse.ArgumentParser(prog="posbench report", description=COMMANDS["report"])
-    parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs or results.csv files")
+    parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs, results.csv or tasks.csv files")
     parser.add_argument("--out", help="where the report files go (default: the single dir given, else ./report)")
     parser.add_argument("--format", default="md", choices=["md", "latex"],
                         help="table printed: Markdown (default) or LaTeX/booktabs (also written as report.tex)")
@@ -317,8 +317,11 @@ def cmd_report(args: list[str]) -> None:
     ref.add_argument("--no-reference", action="store_true", help="leave out the published-results panel")
     ns = parser.parse_args(args)
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference)
-    print(done.table)
-    print("\n" + "\n".join(done.text))
+    if done.table:
+        print(done.table)
+        print("\n" + "\n".join(done.text))
+    if done.tasks is not None:
+        print(("\n" if done.table else "") + done.tasks.table)
     print(f"\nwrote {', '.join(map(str, done.files))}")
 
 

@@ -34,6 +34,11 @@ as long as the bootstrap allows: as few as still make a usable percentile bootst
 The two intervals answer different questions. Over seeds: how much would a retrained model
 differ on this text. Bootstrap: how much would this model's numbers differ on other text like
 it. Each report row says which it used (``ci_method``).
+
+**Scores over instances** (the algorithmic tasks, :mod:`posbench.task_report`): a proportion of
+k successes in n instances gets the Wilson score interval (:func:`wilson_interval`); per-instance
+scores summarized by each run's mean, sd and count are pooled into the mean and sd of the union
+of their instances (:func:`pooled_moments`) and get a t interval over those instances.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
@@ -134,6 +140,53 @@ def welch_interval(a, b, level: float = LEVEL) -> Interval:
     df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
     half = t_quantile((1 + level) / 2, df) * math.sqrt(va + vb)
     return Interval(diff, diff - half, diff + half, "welch")
+
+
+# ---------------------------------------------------------------- scores over instances
+def wilson_interval(successes: float, n: float, level: float = LEVEL) -> Interval:
+    """The Wilson score interval of a proportion p = successes / n (Wilson 1927):
+
+        (p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n),     z = the (1+level)/2 normal quantile.
+
+    Stays inside [0, 1] and keeps a width at p = 0 or 1, where the normal approximation has none.
+    The estimate is p itself, not the interval's centre."""
+    if not n > 0:
+        return Interval(math.nan, math.nan, math.nan, NONE)
+    p, z = successes / n, NormalDist().inv_cdf((1 + level) / 2)
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    scale = 1 + z * z / n
+    low = 0.0 if p <= 0 else max(0.0, (centre - half) / scale)  # exactly 0 and 1 at the ends, not round-off
+    high = 1.0 if p >= 1 else min(1.0, (centre + half) / scale)
+    return Interval(p, low, high, "wilson")
+
+
+def pooled_moments(means, sds, counts) -> tuple[float, float, int]:
+    """(mean, sd with ddof=1, N) of the union of groups known only by their means m_i, sds s_i
+    (ddof=1) and counts n_i, exactly:
+
+        N = sum n_i,   m = sum n_i m_i / N,   s² = (sum (n_i - 1) s_i² + sum n_i (m_i - m)²) / (N - 1).
+
+    A group of one instance has no sd and adds only its mean (its (n_i - 1) s_i² is 0)."""
+    m_i, n_i = np.asarray(means, dtype=float), np.asarray(counts, dtype=float)
+    s_i = np.asarray(sds, dtype=float)
+    total = float(n_i.sum())
+    if not total > 0:
+        return math.nan, math.nan, 0
+    mean = float((n_i * m_i).sum() / total)
+    within = np.where(n_i > 1, (n_i - 1) * s_i ** 2, 0.0)
+    var = (within.sum() + (n_i * (m_i - mean) ** 2).sum()) / (total - 1) if total > 1 else math.nan
+    return mean, math.sqrt(var) if var == var else math.nan, int(total)
+
+
+def pooled_t_interval(means, sds, counts, level: float = LEVEL) -> Interval:
+    """m ± t_{(1+level)/2, N-1} s / sqrt(N) over the union of the groups' instances
+    (:func:`pooled_moments`); no interval for fewer than 2 instances or an unknown sd."""
+    mean, sd, total = pooled_moments(means, sds, counts)
+    if total < 2 or math.isnan(sd):
+        return Interval(mean, math.nan, math.nan, NONE)
+    half = t_quantile((1 + level) / 2, total - 1) * sd / math.sqrt(total)
+    return Interval(mean, mean - half, mean + half, "pooled t")
 
 
 # ---------------------------------------------------------------- block bootstrap

@@ -39,7 +39,8 @@ from .errors import PosbenchError
 from .figures import passkey_figure, positions_figure, ppl_figure, run_figure, save
 from .intervals import Cell, Estimator, block_sums
 from .learned_bias import write_report_figure
-from .results import LINE, backfill, line_names, sort_rows, with_labels
+from .results import LINE, RESULTS, TASKS, backfill, find_files, line_names, report_dir, sort_rows, with_labels
+from .task_report import TaskReport, read_tasks, write_task_report
 from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
 
 GROUP = ["encoding", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
@@ -52,35 +53,22 @@ REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ali
 
 
 # ---------------------------------------------------------------- reading
-def _files(paths: list[str | Path], name: str) -> list[Path]:
-    """Every ``name`` under ``paths`` (dirs searched recursively; a file stands for its dir),
-    each file once."""
-    found: dict[Path, Path] = {}
-    for p in map(Path, paths):
-        if not p.exists():
-            raise PosbenchError(f"report: {str(p)!r} does not exist")
-        if p.is_file():
-            candidates = [p] if name == "results.csv" else [p.parent / name]
-        else:
-            candidates = sorted(p.rglob(name))
-        for f in candidates:
-            if f.is_file():
-                found.setdefault(f.resolve(), f)
-    return list(found.values())
-
-
 def collect(paths: list[str | Path], name: str = "results.csv") -> pd.DataFrame:
     """Every ``name`` (results.csv, positions.csv, passkey.csv) under ``paths`` (run dirs or
     sweep dirs), concatenated, with each row's ``run`` dir. Empty for no positions/passkey files."""
-    files = _files(paths, name)
+    files = find_files(paths, name)
     if not files:
-        if name != "results.csv":
+        if name != RESULTS:
             return pd.DataFrame()
-        raise PosbenchError(f"report: no results.csv under {', '.join(map(str, paths))}; "
+        where = ", ".join(map(str, paths))
+        if find_files(paths, TASKS):
+            raise PosbenchError(f"report: no results.csv under {where}, only tasks.csv (algorithmic tasks, "
+                                "read by posbench.task_report)")
+        raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
     frames = [pd.read_csv(f).assign(run=str(f.parent)) for f in files]
     df = pd.concat(frames, ignore_index=True)
-    return backfill(df) if name == "results.csv" else df
+    return backfill(df) if name == RESULTS else df
 
 
 # ---------------------------------------------------------------- one config per line
@@ -437,10 +425,11 @@ def read_reference(path: str | Path) -> pd.DataFrame:
 
 
 class Report(NamedTuple):
-    summary: pd.DataFrame  # the tidy table (report.csv)
-    table: str  # Markdown or LaTeX, as asked
+    summary: pd.DataFrame  # the tidy table (report.csv); empty where the paths hold only tasks.csv
+    table: str  # Markdown or LaTeX, as asked; empty where the paths hold only tasks.csv
     text: list[str]  # the extrapolation summary lines
     files: list[Path]  # everything written
+    tasks: TaskReport | None = None  # the algorithmic tasks' report, where the paths hold tasks.csv
 
 
 def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
@@ -460,10 +449,28 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity vs length, beside the paper's numbers from
     ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
-    and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv."""
+    and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv.
+    Where runs have tasks.csv, also the task report (:func:`posbench.task_report.write_task_report`:
+    tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
         raise PosbenchError(f"report: --format {fmt!r} is not valid; valid choices: md, latex")
     failed = failed_runs(paths)
+    tasks = read_tasks(paths)
+    out = report_dir(paths, out)
+    if tasks.empty or find_files(paths, RESULTS):
+        done = ppl_report(paths, out, fmt, log_y, reference, failed)
+        footer = ""
+    else:
+        done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
+    if tasks.empty:
+        return done
+    task = write_task_report(tasks, out, footer)
+    return done._replace(files=done.files + task.files, tasks=task)
+
+
+def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
+               failed: list[tuple[str, str]]) -> Report:
+    """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths)
     except PosbenchError as e:
@@ -480,9 +487,6 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     summary = summarize(df)
     text = extrapolation_summary(summary)
     table = markdown_table(summary)
-    if out is None:
-        out = Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("report")
-    out = Path(out)
     figures = {"report": ppl_figure(summary, ref, log_y=log_y)}
     if not positions.empty:
         figures["positions"] = positions_figure(positions, log_y=log_y)

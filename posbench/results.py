@@ -2,7 +2,9 @@
 
 results.csv holds one row per ``KEY`` (encoding, scaling, train_len, eval_len, seed, split and
 protocol) with the ``COLUMNS`` below; positions.csv the binned loss by position of the same keys
-(``POSITION_COLUMNS``). Files written before a column existed read with its neutral value
+(``POSITION_COLUMNS``); an algorithmic task's run dir holds tasks.csv instead, one row per
+evaluated instance size (``TASK_COLUMNS``). :func:`find_files` finds any of them under run or
+sweep dirs. Files written before a column existed read with its neutral value
 (:func:`backfill`). Every writer merges under :func:`locked`, so jobs writing one run dir at the
 same time keep each other's rows. Each row belongs to one figure/table line, named by
 :func:`line_label`.
@@ -22,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .checkpoint import RunDir, atomic_write_text
+from .errors import PosbenchError
 from .token_nll import FILE as TOKEN_NLL, merge_token_nll
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
@@ -29,9 +32,41 @@ COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "byte
                  "model", "data", "steps", "params", "pos_params", "config_hash", "code_version"]
 POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
 LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
+# tasks.csv: random_positions 0 = positions 0..T-1, L > 0 = positions drawn from [0, L); multiple =
+# eval_size / train_size; exact_* and token_* are over the row's instances (Wilson, t; in [0, 1])
+TASK_COLUMNS = ["task", "encoding", "random_positions", "train_size", "eval_size", "multiple", "seed", "step",
+                "instances", "exact_match", "exact_lo", "exact_hi", "token_acc", "token_sd", "token_lo",
+                "token_hi", "params", "config_hash"]
+RESULTS, TASKS = "results.csv", "tasks.csv"
 
 
 # ---------------------------------------------------------------- reading
+def find_files(paths: list[str | Path], name: str) -> list[Path]:
+    """Every ``name`` under ``paths`` (dirs searched recursively), each file once. A file given
+    stands for itself when it is called ``name``, else for its dir; a file given for results.csv
+    stands for itself whatever its name (a renamed copy), unless it is a tasks.csv."""
+    found: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        if not p.exists():
+            raise PosbenchError(f"report: {str(p)!r} does not exist")
+        if p.is_file():
+            itself = p.name == name or (name == RESULTS and p.name != TASKS)
+            candidates = [p] if itself else [p.parent / name]
+        else:
+            candidates = sorted(p.rglob(name))
+        for f in candidates:
+            if f.is_file():
+                found.setdefault(f.resolve(), f)
+    return list(found.values())
+
+
+def report_dir(paths: list[str | Path], out: str | Path | None = None) -> Path:
+    """Where a report of ``paths`` goes: ``out``, else the single directory given, else ./report."""
+    if out is not None:
+        return Path(out)
+    return Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("report")
+
+
 def backfill(df: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
     bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1;

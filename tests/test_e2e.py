@@ -123,7 +123,7 @@ def test_bad_checkpoint_for_eval(tmp_path, checkpoint, message):
 
 def test_report_on_dir_without_results(tmp_path):
     proc = posbench("report", tmp_path, check=False)
-    assert proc.returncode == 2 and "no results.csv under" in proc.stderr
+    assert proc.returncode == 2 and "neither results.csv nor tasks.csv under" in proc.stderr
 
 
 def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path):
