@@ -47,7 +47,6 @@ accuracy (docs/tasks.md).
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import numpy as np
@@ -55,12 +54,12 @@ import pandas as pd
 import torch
 
 from .config import TASK_NAMES, TaskConfig
-from .intervals import t_interval
+from .intervals import t_interval, wilson_interval
+from .results import TASK_COLUMNS
 
 SPECIALS = ("<pad>", "<bos>", "<sep>", "<eos>")
 PAD, BOS, SEP, EOS = range(4)
 IGNORE = -100  # a target the loss skips (torch's ignore_index convention)
-Z95 = 1.959963984540054  # standard normal 0.975 quantile
 
 
 def _randint(generator: torch.Generator, high: int, n: int) -> list[int]:
@@ -252,16 +251,6 @@ def draw_positions(length: int, random_positions: int | None, generator: torch.G
     return sample(length, random_positions, generator)
 
 
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a binomial proportion (Wilson 1927)."""
-    if n == 0:
-        return math.nan, math.nan
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)
-
-
 @torch.no_grad()
 def score_size(model, task: Task, tcfg: TaskConfig, size: int, device, dtype, random_positions=None):
     """(exact (N,) bool, token accuracy (N,) float) of ``eval_instances`` fresh instances of ``size``."""
@@ -290,7 +279,7 @@ def score_size(model, task: Task, tcfg: TaskConfig, size: int, device, dtype, ra
 def size_row(exact: np.ndarray, token: np.ndarray) -> dict:
     """One size's metrics and 95% intervals (Wilson for exact match, t over instances for tokens)."""
     n = len(exact)
-    lo, hi = wilson(int(exact.sum()), n)
+    lo, hi = wilson_interval(int(exact.sum()), n)[1:3]
     if n > 1 and token.std() > 0:
         ti = t_interval(token)
         t_lo, t_hi = max(0.0, ti.low), min(1.0, ti.high)
@@ -299,11 +288,6 @@ def size_row(exact: np.ndarray, token: np.ndarray) -> dict:
     return {"instances": n, "exact_match": float(exact.mean()), "exact_lo": lo, "exact_hi": hi,
             "token_acc": float(token.mean()), "token_sd": float(token.std(ddof=1)) if n > 1 else 0.0,
             "token_lo": t_lo, "token_hi": t_hi}
-
-
-TASK_COLUMNS = ["task", "encoding", "random_positions", "train_size", "eval_size", "multiple", "seed", "step",
-                "instances", "exact_match", "exact_lo", "exact_hi", "token_acc", "token_sd", "token_lo", "token_hi",
-                "params", "config_hash"]
 
 
 def evaluate_task(model, tcfg: TaskConfig, meta: dict, device, dtype, random_positions=None) -> pd.DataFrame:

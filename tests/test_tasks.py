@@ -1,7 +1,6 @@
 """Algorithmic tasks: instances against independent answers, answer-only loss, accuracy and its
 interval, and training end to end (tasks.csv, resume)."""
 
-import math
 
 import pandas as pd
 import pytest
@@ -10,8 +9,9 @@ import torch.nn.functional as F
 
 from posbench.config import TASK_NAMES, TaskConfig, config_hash
 from posbench.errors import PosbenchError
-from posbench.tasks import (BOS, EOS, IGNORE, SEP, SPECIALS, TASK_COLUMNS, TASKS, encode, make_task, score_size,
-                            size_row, wilson)
+from posbench.intervals import wilson_interval
+from posbench.results import TASK_COLUMNS
+from posbench.tasks import BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, encode, make_task, score_size, size_row
 
 from conftest import compose, posbench
 
@@ -92,22 +92,11 @@ def test_loss_is_the_mean_over_answer_tokens():
     assert torch.allclose(model(x, targets=y), expected, rtol=1e-5)
 
 
-def test_wilson_interval_closed_form():
-    # 8 of 10: p = 0.8, z = 1.96: centre (p + z^2/2n) / (1 + z^2/n), half z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
-    z = 1.959963984540054
-    centre = (0.8 + z * z / 20) / (1 + z * z / 10)
-    half = z * math.sqrt(0.016 + z * z / 400) / (1 + z * z / 10)
-    assert wilson(8, 10) == pytest.approx((centre - half, centre + half))
-    assert wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)  # the textbook values
-    lo, hi = wilson(0, 50)
-    assert lo == 0 and 0 < hi < 0.08  # no success: an upper bound, not [0, 0]
-
-
 def test_size_row_intervals():
     exact = torch.tensor([1, 1, 0, 1]).bool().numpy()
     token = torch.tensor([1.0, 1.0, 0.5, 1.0]).numpy()
     row = size_row(exact, token)
-    assert row["exact_match"] == 0.75 and (row["exact_lo"], row["exact_hi"]) == pytest.approx(wilson(3, 4))
+    assert row["exact_match"] == 0.75 and (row["exact_lo"], row["exact_hi"]) == pytest.approx(wilson_interval(3, 4)[1:3])
     sd = token.std(ddof=1)
     half = 3.182446305284263 * sd / 2  # t(0.975, df=3) * sd / sqrt(4)
     assert row["token_sd"] == pytest.approx(sd)
