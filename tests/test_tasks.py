@@ -178,3 +178,17 @@ def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch
     assert pd.read_csv(tmp_path / "resumed" / "tasks.csv").token_acc.tolist() == rows.token_acc.tolist()
     assert full["results"].step.tolist() == [10] * 4
     assert (tmp_path / "full" / "config.yaml").read_text().count("train_len: 11") == 1  # 4 + 4 + 3 tokens
+
+
+def test_a_finished_task_run_evaluates_again_and_posbench_eval_refuses_it(tmp_path):
+    run = tmp_path / "run"
+    common = ["train", "task=parity", "encoding=nope", *TINY_TASK, "train.steps=3", f"hydra.run.dir={run}"]
+    posbench(*common)
+    checkpoint = run / "checkpoints" / "last.pt"
+    before = checkpoint.stat().st_mtime_ns
+    posbench(*common, "task.eval_multiples=[1,2]", "task.eval_instances=7")  # same config hash: no retraining
+    rows = pd.read_csv(run / "tasks.csv")
+    assert rows.multiple.tolist() == [1, 2] and (rows.instances == 7).all()
+    assert checkpoint.stat().st_mtime_ns == before
+    proc = posbench("eval", f"checkpoint={run}", check=False)
+    assert proc.returncode == 2 and "is a task run (task=parity)" in proc.stderr and "Traceback" not in proc.stderr
