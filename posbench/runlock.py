@@ -132,6 +132,21 @@ def _open_locked(path: Path, shared: bool, command: str) -> tuple[int, bool]:
         os.close(fd)
 
 
+def _locks_here() -> bool:
+    """Whether this process takes run locks: rank 0 only (the other ranks write nothing), on
+    systems with flock."""
+    from .distributed import world
+
+    return world().rank == 0 and sys.platform.startswith(("linux", "darwin", "freebsd"))
+
+
+def _held_by_other(locked: bool | None, info: dict) -> bool:
+    """The busy rule, one place for :func:`hold` and :func:`probe`: another process holds the
+    flock (``locked`` False), or, on a file system without locks (None), the recorded holder is
+    another process that is still alive."""
+    return locked is False or (locked is None and bool(info) and info.get("pid") != os.getpid() and is_alive(info))
+
+
 def _busy(path: Path, info: dict, command: str) -> str:
     other = ", or use another hydra.run.dir" if command == "train" else ""
     return f"run dir {str(path.parent)!r} is in use by {describe(info)}; wait for it to finish{other}"
@@ -141,9 +156,7 @@ def _busy(path: Path, info: dict, command: str) -> str:
 def hold(run_dir: str | os.PathLike, command: str, shared: bool = False, log=None):
     """Hold the run dir's lock for the ``with`` block (exclusive; ``shared`` for evaluations).
     Raises :class:`RunDirBusy` naming the holder. Only rank 0 of a distributed job locks."""
-    from .distributed import world
-
-    if world().rank > 0 or not sys.platform.startswith(("linux", "darwin", "freebsd")):
+    if not _locks_here():
         yield
         return
     log = log or (lambda message: print(message, file=sys.stderr))
@@ -152,9 +165,8 @@ def hold(run_dir: str | os.PathLike, command: str, shared: bool = False, log=Non
     old = read_info(path)
     fd, locked = _open_locked(path, shared, command)
     try:
-        if not locked:  # no OS locks here: the recorded holder decides
-            if old and old.get("pid") != os.getpid() and is_alive(old):
-                raise RunDirBusy(_busy(path, old, command) + f" (if it is gone, delete {str(path)!r})")
+        if not locked and _held_by_other(None, old):  # no OS locks here: the recorded holder decides
+            raise RunDirBusy(_busy(path, old, command) + f" (if it is gone, delete {str(path)!r})")
         if old and old.get("pid") != os.getpid() and not (shared and locked):
             log(f"posbench: {path} was left by {describe(old)}, which has ended; taking over the run dir")
         os.ftruncate(fd, 0)
@@ -168,10 +180,8 @@ def probe(run_dir: str | os.PathLike, command: str) -> None:
     """Raise :class:`RunDirBusy` if another process holds ``run_dir``'s lock; create, write and
     keep nothing (the caller takes the lock with :func:`hold` when it starts its work). Lets a
     refused command stop before anything, Hydra's own files included, touches the run dir."""
-    from .distributed import world
-
     path = Path(run_dir) / LOCK_NAME
-    if world().rank > 0 or not path.is_file() or not sys.platform.startswith(("linux", "darwin", "freebsd")):
+    if not _locks_here() or not path.is_file():
         return
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -180,7 +190,7 @@ def probe(run_dir: str | os.PathLike, command: str) -> None:
     try:
         locked = _flock(fd, shared=False)
         info = read_info(path)
-        if locked is False or (locked is None and info.get("pid") != os.getpid() and is_alive(info)):
+        if _held_by_other(locked, info):
             raise RunDirBusy(_busy(path, info, command))
     finally:
         os.close(fd)  # drops the probe's own lock, if it took one

@@ -49,6 +49,7 @@ from .learned_bias import write_run_figure
 from .logger import open_logger
 from .optim import lr_lambda, make_optimizer
 from .results import write_results
+from .tasks import draw_positions
 
 
 def seed_everything(seed: int) -> None:
