@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import compose
+from conftest import ROOT, compose
 from posbench.build import build_model
 from posbench.distributed import World, micro_batches
 
@@ -38,3 +38,16 @@ def test_alibi_paper_matches_the_papers_wikitext103_setting():
     with torch.device("meta"):
         model = build_model(cfg, cfg.data.vocab_size)
     assert model.num_params() == pytest.approx(235e6, rel=0.01)  # the cost estimate's 235M
+
+
+def test_tasks_quick_trains_a_small_model_on_a_task_and_fits_random_positions():
+    from posbench.tasks import make_task
+    from posbench.config import TaskConfig
+
+    cfg = compose("experiment=tasks_quick", "task=duplicate")
+    assert (cfg.model.d_model, cfg.model.n_layers) == (64, 2) and cfg.train.steps == 2000
+    assert cfg.task.name == "duplicate" and cfg.task.train_size == 8 and list(cfg.task.eval_multiples) == [1, 2, 4, 8]
+    # the comment's L = 256 covers the longest evaluated sequence of every task at 8x
+    longest = max(make_task(TaskConfig(name=n)).length(8 * 8) for n in ("copy", "reverse", "duplicate", "sort",
+                                                                          "addition", "parity", "recall"))
+    assert longest == 197 and "random_positions=256" in (ROOT / "conf/experiment/tasks_quick.yaml").read_text()
