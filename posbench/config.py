@@ -32,6 +32,9 @@ WANDB_MODES = ("disabled", "offline", "online")
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
 NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
+# train.* keys hashed only when set: at null they mean what a config without them meant, so runs
+# from before the key existed keep their hash (resume, eval and report compare hashes).
+HASHED_UNLESS_NULL_TRAIN = ("random_positions",)
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
@@ -39,6 +42,17 @@ PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
 # the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
 EMBED_SCALES = ("sqrt_d", "none")
+
+
+def max_position(random_positions: int | None, train_len: int) -> int:
+    """The largest position a model meets in training, plus one: ``train.random_positions`` when
+    set (positions drawn from [0, L), :mod:`posbench.positions`), else ``train.train_len``. A
+    position table's YAML default reads it as ``${max_position:${train.random_positions},${train.train_len}}``."""
+    return train_len if random_positions is None else random_positions
+
+
+if not OmegaConf.has_resolver("max_position"):  # every Hydra entry point imports this module first
+    OmegaConf.register_new_resolver("max_position", max_position)
 
 
 def conf_dir() -> Path:
@@ -94,6 +108,7 @@ class TrainConfig:
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool = False  # torch.compile the model for training
     preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
+    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.positions); None: 0..T-1
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -104,6 +119,9 @@ class TrainConfig:
         choice("train.precision", self.precision, PRECISIONS)
         if not 0 <= self.warmup_steps:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.random_positions is not None and not self.random_positions >= self.train_len:
+            raise PosbenchError(f"train.random_positions={self.random_positions} is shorter than train.train_len="
+                                f"{self.train_len}; valid: null (positions 0..T-1) or an integer >= {self.train_len}")
 
 
 MODES = ("nonoverlapping", "sliding")
@@ -303,13 +321,15 @@ def config_hash(cfg: DictConfig) -> str:
 
 def hashed_part(data: dict) -> dict:
     """The part of a config (plain containers) that :func:`config_hash` covers: without
-    ``NOT_HASHED``, ``data.cache_dir`` and ``NOT_HASHED_TRAIN``. The one place that says which
-    keys shape the trained model (the report's config diff reads it too)."""
+    ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN`` and the ``HASHED_UNLESS_NULL_TRAIN``
+    keys at null. The one place that says which keys shape the trained model (the report's
+    config diff reads it too)."""
     kept = {k: v for k, v in data.items() if k not in NOT_HASHED}
     if "data" in kept:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
     if "train" in kept:
-        kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN}
+        kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN
+                         and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)}
     return kept
 
 
