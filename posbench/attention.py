@@ -9,7 +9,8 @@ no ``bias``/``score``    fused ``scaled_dot_product_attention`` (``is_causal``; 
 (T <= chunk)             same in every layer; SDPA with it as a float mask (explicit while
                          training short)
 ``bias``, longer,        *Toeplitz slices*: one masked bias (H, chunk, T) per forward pass,
-``relative_bias``        shared by every query chunk of every layer (below)
+``relative_bias``,       shared by every query chunk of every layer (below)
+consecutive positions
 ``bias``, other          the bias of each query chunk against its keys, per layer
 ``score`` / ``value``    explicit softmax attention in query chunks (memory linear in T)
 =======================  ====================================================================
@@ -36,7 +37,13 @@ Memory: the fp32 tensors of the chunked kernels hold at most ``ATTN_BUDGET`` ele
 more for FIRE's MLP and CoPE's counts); the query chunk shrinks at long lengths to keep
 them there.
 
-Positions are always ``arange(T)``, so a query chunk [s, e) only sees keys [0, e).
+Positions are strictly increasing, shared by the batch: ``arange(T)`` by default, any sorted
+set of distinct positions when the model is given them (randomized positions,
+:mod:`posbench.positions`). Either way the token at index i sees the tokens at indexes <= i,
+so a query chunk [s, e) only sees keys [0, e), and the causal mask compares positions
+(:func:`_future`). The Toeplitz slices need more: a difference of indexes must be a difference
+of positions, which holds for consecutive positions only. The model says which it passes
+(``cache["contiguous"]``); a caller that does not say gets it checked from the positions.
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
         if explicit:
             return _explicit(q, k, v, mask, scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    if enc.relative_bias and enc.layer_invariant_bias:
+    if enc.relative_bias and enc.layer_invariant_bias and _contiguous(cache, positions):
         table = _shared(cache, "toeplitz", lambda: _toeplitz(enc, positions, layer, chunk_size, q.dtype))
         return sdpa_chunks(q, k, v, chunk_size, scale, lambda s, e: _toeplitz_slice(table, T, s, e))
     rows = _rows(chunk_size, enc.pair_cost() * T)
@@ -90,6 +97,15 @@ def _shared(cache: dict, key: str, build):
     if key not in cache:
         cache[key] = build()
     return cache[key]
+
+
+def _contiguous(cache: dict, positions: torch.Tensor) -> bool:
+    """Whether the positions are consecutive integers (an offset arange), as the model says in
+    ``cache["contiguous"]``; else read once from the positions (strictly increasing integers
+    are consecutive when the last is T - 1 past the first)."""
+    if "contiguous" not in cache:
+        cache["contiguous"] = int(positions[-1] - positions[0]) == len(positions) - 1
+    return cache["contiguous"]
 
 
 def _future(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .config import DEVICES, choice, model_config
-from .encodings import build_encoding, saved_options
+from .encodings import REGISTRY, build_encoding, saved_options
 from .errors import PosbenchError
 from .model import LanguageModel
 
@@ -71,12 +71,29 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def encoding_options(cfg: DictConfig) -> dict:
+    """``cfg.encoding`` as keyword arguments, a saved run's former defaults filled in. Under
+    ``train.random_positions`` = L positions reach L - 1 (:mod:`posbench.positions`): a position
+    table (``max_len``, whose YAML default already reads L) set to null gets L entries, and one
+    set shorter is a PosbenchError."""
+    options = saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))  # older run dirs: former defaults
+    max_position = cfg.train.get("random_positions")
+    cls = REGISTRY.get(options.get("name"))
+    if max_position is None or cls is None or "max_len" not in cls.params():
+        return options
+    if options.get("max_len") is None:
+        return {**options, "max_len": int(max_position)}
+    if int(options["max_len"]) < int(max_position):
+        raise PosbenchError(f"encoding.max_len={options['max_len']} cannot hold the positions of "
+                            f"train.random_positions={max_position}; valid: encoding.max_len=null or >= {max_position}")
+    return options
+
+
 def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
     """Model of ``cfg.model`` with encoding ``cfg.encoding``; raises PosbenchError on bad shapes."""
     mcfg = model_config(cfg.model)
     train_len = int(cfg.train.train_len)
-    options = saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))  # older run dirs: former defaults
-    encoding = build_encoding(options, LanguageModel.dims(mcfg, train_len, vocab_size))
+    encoding = build_encoding(encoding_options(cfg), LanguageModel.dims(mcfg, train_len, vocab_size))
     if "embed_scale" not in cfg.model:  # a run trained before model.embed_scale: its encoding chose
         mcfg.embed_scale = "sqrt_d" if encoding.scale_token_embedding else "none"
     return LanguageModel(mcfg, vocab_size, encoding)

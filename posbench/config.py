@@ -34,9 +34,9 @@ NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger"
 NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
 # task.* keys that say how a task run is evaluated, not what it trains on.
 NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed")
-# Keys added after runs were made, left out of the hash at their default so those runs keep
-# their hash (and resume): (section, key, default).
-LATER_KEYS = (("train", "random_positions", None),)
+# train.* keys hashed only when set: at null they mean what a config without them meant, so runs
+# from before the key existed keep their hash (resume, eval and report compare hashes).
+HASHED_UNLESS_NULL_TRAIN = ("random_positions",)
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
@@ -44,6 +44,17 @@ PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
 # the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
 EMBED_SCALES = ("sqrt_d", "none")
+
+
+def max_position(random_positions: int | None, train_len: int) -> int:
+    """The largest position a model meets in training, plus one: ``train.random_positions`` when
+    set (positions drawn from [0, L), :mod:`posbench.positions`), else ``train.train_len``. A
+    position table's YAML default reads it as ``${max_position:${train.random_positions},${train.train_len}}``."""
+    return train_len if random_positions is None else random_positions
+
+
+if not OmegaConf.has_resolver("max_position"):  # every Hydra entry point imports this module first
+    OmegaConf.register_new_resolver("max_position", max_position)
 
 
 def conf_dir() -> Path:
@@ -99,7 +110,7 @@ class TrainConfig:
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool = False  # torch.compile the model for training
     preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
-    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (Ruoss et al. 2023)
+    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.positions); None: 0..T-1
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -110,6 +121,9 @@ class TrainConfig:
         choice("train.precision", self.precision, PRECISIONS)
         if not 0 <= self.warmup_steps:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.random_positions is not None and not self.random_positions >= self.train_len:
+            raise PosbenchError(f"train.random_positions={self.random_positions} is shorter than train.train_len="
+                                f"{self.train_len}; valid: null (positions 0..T-1) or an integer >= {self.train_len}")
 
 
 MODES = ("nonoverlapping", "sliding")
@@ -338,20 +352,19 @@ def config_hash(cfg: DictConfig) -> str:
 
 def hashed_part(data: dict) -> dict:
     """The part of a config (plain containers) that :func:`config_hash` covers: without
-    ``NOT_HASHED``, ``data.cache_dir`` and ``NOT_HASHED_TRAIN``. The one place that says which
-    keys shape the trained model (the report's config diff reads it too)."""
+    ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN`` and the ``HASHED_UNLESS_NULL_TRAIN``
+    keys at null. The one place that says which keys shape the trained model (the report's
+    config diff reads it too)."""
     kept = {k: v for k, v in data.items() if k not in NOT_HASHED}
     if "data" in kept:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
     if "train" in kept:
-        kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN}
+        kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN
+                         and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":
             kept["task"] = {k: v for k, v in task.items() if k not in NOT_HASHED_TASK}
-    for section, key, default in LATER_KEYS:
-        if isinstance(kept.get(section), dict) and kept[section].get(key, default) == default:
-            kept[section] = {k: v for k, v in kept[section].items() if k != key}
     return kept
 
 

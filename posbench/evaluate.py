@@ -46,6 +46,7 @@ from .encodings import PositionRangeError
 from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from .errors import PosbenchError
 from .model import LanguageModel
+from .positions import check_random_positions, draw_positions
 from .preflight import check_evaluation
 from .learned_bias import write_run_figure
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
@@ -105,21 +106,26 @@ def text_size(tokenizer, ids) -> tuple[int, int]:
 
 
 def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int, batch_tokens: int,
-               device: torch.device, dtype, desc: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               device: torch.device, dtype, desc: str = "",
+               random_positions: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Windows of ``length`` over ``ids`` (n + 1 tokens) advancing by ``stride``; the first scores all
     its tokens, each later one its last ``stride`` -> (NLL sum, tokens scored) by predicted-token
     position 0 .. length-1 inside the window, and the (n,) float32 NLL of targets 1 .. n in order.
-    Every target 1 .. n is scored once."""
+    Every target 1 .. n is scored once. With ``random_positions`` = L each batch of windows gets a
+    sorted random subset of [0, L) as positions (Ruoss et al. 2023), drawn from a generator seeded
+    by the length, so every run and model sees the same positions at a length."""
     inputs, targets = ids[:-1].unfold(0, length, stride), ids[1:].unfold(0, length, stride)  # (K, L)
     fresh = length - stride  # positions fresh.. are new to every window after the first
     sums = torch.zeros(length, dtype=torch.float64)
     per_token = []  # target order: the first window's older positions, then each window's fresh ones
     per_batch = max(1, batch_tokens // length)
+    generator = torch.Generator().manual_seed(length)
     for i in tqdm(range(0, inputs.shape[0], per_batch), desc=desc, leave=False, disable=None, file=sys.stderr):
         x = inputs[i:i + per_batch].contiguous().to(device)
         y = targets[i:i + per_batch].contiguous().to(device)
         with autocast(device, dtype):
-            hidden = model.hidden(x)  # (B, L, D); the output layer only where tokens are scored
+            positions = draw_positions(length, random_positions, generator)
+            hidden = model.hidden(x, None if positions is None else positions.to(device))  # (B, L, D)
             nll = model.head_nll(hidden[:, fresh:], y[:, fresh:]).cpu()  # (B, L - fresh)
             sums[fresh:] += nll.double().sum(0)
             if i == 0 and fresh:  # the first window's older positions
@@ -134,7 +140,8 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
 
 @torch.no_grad()
 def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
-                      device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None) -> list[dict]:
+                      device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None,
+                      random_positions: int | None = None) -> list[dict]:
     """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
     word_ppl, tokens, bytes, words, status, params and pos_params (the model's parameter counts,
     :meth:`LanguageModel.param_counts`), ``positions`` (the binned NLL by position) and
@@ -142,7 +149,8 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
 
     ``n_tokens`` fixes the scored count (default: :func:`scored_tokens` of ``lengths``); without
     ``tokenizer`` bytes, words, bpb and word_ppl are None. Under ``ecfg.rope_scaling`` each window
-    of L tokens is rotated with factor ``ecfg.rope_factor``, or s = max(1, L / train_len) when null."""
+    of L tokens is rotated with factor ``ecfg.rope_factor``, or s = max(1, L / train_len) when null.
+    ``random_positions``: the run's ``train.random_positions`` (see :func:`window_nll`)."""
     n = n_tokens or scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     strides = ecfg.strides(lengths)
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
@@ -160,7 +168,7 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
             desc = f"eval L={length}" + (f" stride={stride}" if ecfg.mode == "sliding" else "")
             try:
                 sums, counts, per_token = window_nll(model, ids, length, stride, ecfg.batch_tokens, device, dtype,
-                                                     desc)
+                                                     desc, random_positions)
             except PositionRangeError as e:
                 rows.append({**row, "nll": math.nan, "ppl": math.nan, **text_metrics(math.nan, n, nbytes, words),
                              "status": f"n/a: {e}"})
@@ -269,10 +277,13 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
               f"{n} tokens): not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
     if not todo:
         return done
+    random_positions = train_cfg.train.get("random_positions")
+    check_random_positions(str(train_cfg.encoding.name), random_positions, max(todo), ecfg.rope_scaling)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
     check_evaluation(model, ecfg, todo, device, dtype)
     write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
-    ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
+    ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n,
+                               random_positions=random_positions)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
     write_results(run, rows, draw=lambda merged: draw_run(run, merged))
     return sort_rows(pd.concat([done, rows], ignore_index=True), KEY) if len(done) else rows

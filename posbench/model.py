@@ -1,7 +1,8 @@
 """A small decoder-only language model whose attention asks an encoding for its hooks.
 
 Pre-LN blocks, GELU MLP, tied input/output embeddings, causal attention (nanoGPT-like).
-Positions enter only through the encoding (see ``posbench.encodings.base``).
+Positions enter only through the encoding (see ``posbench.encodings.base``): 0 .. T-1, or the
+sorted positions a caller passes (randomized positions, :mod:`posbench.positions`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .attention import causal_attention
 from .config import ModelConfig
 from .encodings import ModelDims, PositionEncoding
 from .loss import linear_cross_entropy
+from .positions import check_positions
 
 
 
@@ -79,31 +81,41 @@ class LanguageModel(nn.Module):
     def dims(cfg: ModelConfig, train_len: int, vocab_size: int = 0) -> ModelDims:
         return ModelDims(cfg.d_model, cfg.n_heads, cfg.n_layers, train_len, vocab_size)
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: (B, T) token ids -> final hidden states (B, T, D), before the output embedding."""
-        positions = torch.arange(idx.shape[1], device=idx.device)
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids -> final hidden states (B, T, D), before the output embedding.
+        ``positions``: (T,) strictly increasing integers shared by the batch (randomized
+        positions, :mod:`posbench.positions`); None: 0 .. T-1."""
+        cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
+        if positions is None:
+            positions = torch.arange(idx.shape[1], device=idx.device)
+            cache["contiguous"] = True  # given positions: the attention checks them (attention._contiguous)
+        else:
+            check_positions(positions, idx.shape[1])
+            positions = positions.to(idx.device)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)
         x = self.drop(self.encoding.embed(x, positions, idx))
-        cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
         for layer, block in enumerate(self.blocks):
             x = block(x, self.encoding, positions, layer, cache)
         return self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab); with ``targets`` (B, T) the mean
         next-token cross-entropy instead, without making the logits (:mod:`posbench.loss`), over the
-        targets >= 0 (a negative target, ``posbench.tasks.IGNORE``, is skipped)."""
+        targets >= 0 (a negative target, ``posbench.tasks.IGNORE``, is skipped). ``positions``: see
+        :meth:`hidden`."""
+        hidden = self.hidden(idx, positions)
         if targets is not None:
-            hidden = self.hidden(idx)
             if bool((targets < 0).any()):  # IGNORE targets (a task's prompt and padding): the loss skips them
                 keep = targets >= 0
                 hidden, targets = hidden[keep], targets[keep]
             return linear_cross_entropy(hidden, self.tok_emb.weight, targets)
-        return self.hidden(idx) @ self.tok_emb.weight.t()  # tied output embedding
+        return hidden @ self.tok_emb.weight.t()  # tied output embedding
 
-    def token_nll(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Per-token NLL (B, T) in fp32 (see :meth:`head_nll`)."""
-        return self.head_nll(self.hidden(idx), targets)
+    def token_nll(self, idx: torch.Tensor, targets: torch.Tensor,
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token NLL (B, T) in fp32 (see :meth:`head_nll`); ``positions``: see :meth:`hidden`."""
+        return self.head_nll(self.hidden(idx, positions), targets)
 
     def head_nll(self, hidden: torch.Tensor, targets: torch.Tensor, rows: int = 4096) -> torch.Tensor:
         """NLL of ``targets`` (...,) given hidden states (..., D), in fp32, the logits made ``rows``

@@ -200,6 +200,10 @@ def write_passkey(run: RunDir, rows: pd.DataFrame) -> pd.DataFrame:
 def passkey(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval probe=passkey checkpoint=<run dir>`: the passkey probe of a trained run."""
     run, state, train_cfg, ecfg = open_run(cfg)
+    if train_cfg.train.get("random_positions") is not None:
+        raise PosbenchError(f"probe=passkey runs positions 0..T-1, but {run.path} was trained with "
+                            f"train.random_positions={train_cfg.train.random_positions}; valid: runs trained "
+                            "without train.random_positions (the perplexity ladder evaluates this run)")
     pcfg = typed(PasskeyConfig, cfg.probe, "probe")
     train_len = int(train_cfg.train.train_len)
     lengths = pcfg.resolve_lengths(train_len)

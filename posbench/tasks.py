@@ -55,6 +55,7 @@ import torch
 
 from .config import TASK_NAMES, TaskConfig
 from .intervals import t_interval, wilson_interval
+from .positions import draw_positions
 from .results import TASK_COLUMNS
 
 SPECIALS = ("<pad>", "<bos>", "<sep>", "<eos>")
@@ -240,15 +241,6 @@ class TaskSampler:
         sizes = torch.randint(1, self.train_size + 1, (self.batch_size,), generator=self.generator).tolist()
         x, y = encode(self.task, self.generator, sizes)
         return x, y, draw_positions(x.shape[1], self.random_positions, self.generator)
-
-
-def draw_positions(length: int, random_positions: int | None, generator: torch.Generator):
-    """None (positions 0 .. length-1) or a sorted random subset of [0, random_positions)."""
-    if not random_positions:
-        return None
-    from .positions import random_positions as sample
-
-    return sample(length, random_positions, generator)
 
 
 @torch.no_grad()

@@ -49,7 +49,7 @@ from .learned_bias import write_run_figure
 from .logger import open_logger
 from .optim import lr_lambda, make_optimizer
 from .results import write_results
-from .tasks import draw_positions
+from .positions import check_random_positions, draw_positions
 
 
 def seed_everything(seed: int) -> None:
@@ -221,6 +221,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
     if data.corpus is not None:
         scored_tokens(data.corpus.splits[ecfg.split], data.lengths, ecfg.max_tokens, ecfg.split)  # fail before training
         preflight.check_evaluation(model, ecfg, data.lengths, device, dtype)
+    longest = max(data.lengths + [tcfg.train_len])
+    check_random_positions(rc.encoding, tcfg.random_positions, longest, ecfg.rope_scaling)
     check_train_positions(model, cfg, tcfg.train_len, device)
     if world.active:
         torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
@@ -381,7 +383,7 @@ def finish(s: SimpleNamespace, logger):
         return finish_task(s)
     ecfg = s.rc.eval
     ladder = perplexity_ladder(s.model, s.corpus.splits[ecfg.split], s.lengths, ecfg, s.device, s.dtype,
-                               tokenizer=s.corpus.tokenizer)
+                               tokenizer=s.corpus.tokenizer, random_positions=s.rc.train.random_positions)
     rows = write_results(s.run, result_rows(s.cfg, ladder, s.state.step), draw=lambda merged: draw_run(s.run, merged))
     write_run_figure(s.model.encoding, s.run.path)  # learned_bias.png/.svg where the bias is learned
     logger.finish(rows)

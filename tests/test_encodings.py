@@ -274,10 +274,14 @@ def _yaml(name):
     return OmegaConf.to_container(OmegaConf.load(conf_dir() / "encoding" / f"{name}.yaml"))
 
 
+MAX_POSITION = "${max_position:${train.random_positions},${train.train_len}}"
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_yaml_declares_exactly_the_constructor_options_and_defaults(name):
     """conf/encoding/<name>.yaml names every constructor option with the constructor's default, so
-    both declare the same thing; a length option reads ``${train.train_len}`` in YAML where the
+    both declare the same thing; a length option reads ``${train.train_len}`` (or the table size
+    ``${max_position:...}``, train_len without randomized positions) in YAML where the
     constructor's None means the same (the model's train_len)."""
     import inspect
 
@@ -287,7 +291,7 @@ def test_yaml_declares_exactly_the_constructor_options_and_defaults(name):
                 if p.name not in ("self", "dims")}
     assert sorted(cfg) == sorted(defaults) == sorted(REGISTRY[name].params())
     for key, value in cfg.items():
-        expected = None if value == "${train.train_len}" else value
+        expected = None if value in ("${train.train_len}", MAX_POSITION) else value
         assert defaults[key] == expected, (key, value, defaults[key])
 
 

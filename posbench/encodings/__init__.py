@@ -23,6 +23,7 @@ class NoPE(PositionEncoding):
     name = "nope"
     paper = "Haviv et al. 2022; Kazemnejad et al. 2023 (NoPE)"
     description = "no position information; causal masking alone orders tokens"
+    reads_positions = False
 
 
 def build_encoding(cfg: Mapping[str, Any], dims: ModelDims) -> PositionEncoding:

@@ -236,6 +236,7 @@ class Conv(PositionEncoding):
     paper = "Chu et al. 2023, Conditional Positional Encodings (PEG), made causal"
     description = "x + causal depthwise conv1d(x) with left zero padding before the first block"
     scale_token_embedding = False
+    reads_positions = False  # position comes from the zero padding, not from position values
 
     def __init__(self, dims: ModelDims, kernel_size: int = 3):
         super().__init__(dims)
@@ -276,6 +277,7 @@ class Recurrent(PositionEncoding):
     paper = "Neishi & Yoshinaga 2019, RNN-Transformer (CoNLL); GRU of Cho et al. 2014"
     description = "causal GRU over the token embeddings, added to them (or replacing them)"
     scale_token_embedding = False
+    reads_positions = False  # position comes from the recurrence, not from position values
 
     def __init__(self, dims: ModelDims, residual: bool = True):
         super().__init__(dims)

@@ -8,7 +8,8 @@ both of which default to the slow path that is right for every encoding:
 ``layer_invariant_bias`` (False: the bias is rebuilt in every layer; True lets one bias built in
 layer 0 serve every layer) and ``relative_bias`` (False: the bias is built per query chunk; True
 lets one Toeplitz table serve every chunk); and two methods, :meth:`~PositionEncoding.pair_cost`
-and :meth:`~PositionEncoding.logit_scale`. An encoding sets a flag to True only where its bias
+and :meth:`~PositionEncoding.logit_scale`. A third attribute, ``reads_positions``, says whether
+the output depends on the position values at all. An encoding sets a flag to True only where its bias
 has that property; ``tests/test_encodings.py`` checks every registered encoding against a
 forward pass that shares nothing between layers.
 
@@ -27,7 +28,10 @@ hook           what it changes                                 examples
 
 ``bias`` is written with broadcasting element-wise ops on position tensors, so
 a kernel may call it on a query chunk (``q_pos`` of shape (Tq,)) against all
-keys, and a score-modifier kernel may call it on index tensors. Content hooks
+keys, and a score-modifier kernel may call it on index tensors. Positions are
+strictly increasing integers, ``arange(T)`` unless the model was given others
+(randomized positions, :mod:`posbench.positions`), so hooks must use the position
+values, not the length of the position tensors. Content hooks
 are always called on query chunks, so their memory stays linear in length.
 
 One encoding instance is shared by all layers; hooks receive ``layer`` so a
@@ -85,6 +89,11 @@ class PositionEncoding(nn.Module):
     # True when ``bias(i, j)`` depends on i - j only (a Toeplitz matrix): the attention kernel
     # then builds it once per forward pass and slices it for every query chunk.
     relative_bias: ClassVar[bool] = False
+    # False when the output does not depend on the position values, only on the tokens' order
+    # (NoPE, and schemes that count positions from the context or a causal layer): randomized
+    # positions (``train.random_positions``, :mod:`posbench.positions`) then change nothing.
+    # ``tests/test_random_positions.py`` checks the flag of every registered encoding.
+    reads_positions: ClassVar[bool] = True
     # Options whose default changed, with the value a config written before the option existed
     # meant (a saved run's config.yaml lacks the key): :func:`saved_options` fills them in.
     former_defaults: ClassVar[dict] = {}

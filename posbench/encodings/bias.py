@@ -178,16 +178,17 @@ def causal_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 
 
 def by_distance(table_fn, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """Evaluate a function of the distance once per distinct distance, then gather.
+    """Evaluate a function of the distance once per distance 0 .. N-1, then gather.
 
-    The kernels call ``bias`` with queries among the keys and keys at consecutive positions
-    (a query chunk [s, e) sees keys [0, e)), so every causal distance lies in 0 .. Tk-1.
-    ``table_fn``: (Tk,) float distances -> (H, Tk). Returns (H, Tq, Tk). A distance outside
-    0 .. Tk-1 (positions that break that contract) fails as an indexing error, not a silent clamp.
+    ``table_fn``: (N,) float distances -> (H, N). Returns (H, Tq, Tk). The table covers every
+    causal distance, max(q_pos) - min(k_pos) at most: N = Tk when the positions are consecutive
+    (a query chunk [s, e) sees keys [0, e), so distances lie in 0 .. Tk-1), more when they have
+    gaps (randomized positions, :mod:`posbench.positions`).
     """
-    distances = torch.arange(k_pos.shape[0], device=k_pos.device, dtype=torch.float32)
+    n = max(k_pos.shape[0], int(q_pos.max() - k_pos.min()) + 1)
+    distances = torch.arange(n, device=k_pos.device, dtype=torch.float32)
     with torch.autocast(k_pos.device.type, enabled=False):  # tables in fp32 under bf16 autocast
-        table = table_fn(distances)  # (H, Tk)
+        table = table_fn(distances)  # (H, N)
     return table[:, causal_distance(q_pos, k_pos)]
 
 
@@ -298,7 +299,8 @@ class Sandwich(PositionEncoding):
 
     ``dim`` is d', a width of its own, independent of d_model: NeMo's port takes the head size;
     we default to 128. The bias is a function of the distance only, so it is evaluated once per
-    distance (Tk * d'/2 cosines) and gathered, never as a (Tq, Tk, d'/2) tensor.
+    distance (:func:`by_distance`: Tk * d'/2 cosines at consecutive positions) and gathered, never
+    as a (Tq, Tk, d'/2) tensor.
     """
 
     relative_bias = True  # a function of i - j
@@ -412,8 +414,8 @@ class DynamicPositionBias(PositionEncoding):
     ``dynamic_pos_bias_log_distance=True``, the log-spaced coordinates of Swin Transformer V2
     (Liu et al. 2022, eq. 4), which keep the MLP's input small at 16x the training length;
     false feeds the raw distance d, x-transformers' default and CrossFormer's linear offsets.
-    The bias depends on i - j only, so the MLP runs once per distance 0 .. Tk-1 (causal
-    distances are >= 0, where sign(d) log(1 + |d|) = log(1 + d)), then is gathered.
+    The bias depends on i - j only, so the MLP runs once per distance (:func:`by_distance`;
+    causal distances are >= 0, where sign(d) log(1 + |d|) = log(1 + d)), then is gathered.
     """
 
     relative_bias = True  # a function of i - j

@@ -38,6 +38,7 @@ class CoPE(PositionEncoding):
     name = "cope"
     paper = "Golovneva et al. 2024, Contextual Position Encoding (CoPE)"
     description = "position = sum of sigmoid gates q.k from key to query; interpolated learned embeddings"
+    reads_positions = False  # positions only order the keys (the future mask); p_ij is counted
 
     def __init__(self, dims: ModelDims, max_pos: int = 64, init_std: float = 0.0):
         super().__init__(dims)

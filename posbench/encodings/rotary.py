@@ -223,7 +223,7 @@ class Rotary(PositionEncoding):
         return angles.cos(), angles.sin()
 
     def _cos_sin(self, positions: torch.Tensor):
-        n = int(positions.max()) + 1
+        n = int(positions.max()) + 1  # T for positions 0..T-1; more with randomized positions (no scaling there)
         kind, s = self.resolved_scaling(n)
         key = (kind, s, positions.device)
         if self._cache is None or self._cache[0] != key or self._cache[1] < n:
