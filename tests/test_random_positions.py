@@ -196,3 +196,24 @@ def test_position_tables_are_sized_for_random_positions():
     with pytest.raises(PosbenchError, match=r"^encoding.max_len=256 cannot hold the positions of train.random_positions=512"):
         encoding_options(compose("encoding=learned", "train.random_positions=512", "encoding.max_len=256"))
     assert "max_len" not in encoding_options(compose("encoding=alibi", "train.random_positions=512"))
+
+
+def test_language_model_trains_and_evaluates_with_random_positions(tmp_path):
+    """train.random_positions end to end on the packaged corpus: the ladder runs at 16x with
+    randomized positions, and settings that cannot work are one-line errors that leave nothing."""
+    import pandas as pd
+
+    from conftest import SMOKE, posbench
+
+    run = tmp_path / "rope"
+    posbench("train", *SMOKE, "encoding=rope", "train.steps=6", "train.random_positions=512",
+             f"hydra.run.dir={run}")
+    rows = pd.read_csv(run / "results.csv")
+    assert rows.eval_len.tolist() == [32, 64, 128, 256, 512] and (rows.status == "ok").all()
+    assert rows.ppl.notna().all()
+    for args, message in [(["encoding=nope", "train.random_positions=512"], "reads no positions"),
+                          (["encoding=rope", "train.random_positions=256"], "train.random_positions >= 512")]:
+        bad = tmp_path / "bad"
+        proc = posbench("train", *SMOKE, *args, f"hydra.run.dir={bad}", check=False)
+        assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-500:]
+        assert not bad.exists()

@@ -147,11 +147,14 @@ def test_bad_task_settings_are_one_line_errors():
     assert proc.returncode == 2 and "nosuch" in proc.stderr and "copy" in proc.stderr
 
 
-def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch):
-    """A task run killed right after its step-5 checkpoint resumes to the same weights and accuracies."""
+@pytest.mark.parametrize("random_positions", [None, 96])
+def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch, random_positions):
+    """A task run killed right after its step-5 checkpoint resumes to the same weights and accuracies
+    (with randomized positions too: their draws are part of the sampler's saved state)."""
     import posbench.train as train_module
 
-    cfg = compose("task=reverse", "encoding=rope", *TINY_TASK, "train.steps=10", "train.ckpt_every=5")
+    extra = [] if random_positions is None else [f"train.random_positions={random_positions}"]
+    cfg = compose("task=reverse", "encoding=rope", *TINY_TASK, "train.steps=10", "train.ckpt_every=5", *extra)
     full = train_module.train(cfg, tmp_path / "full")
     real_save = train_module.save_checkpoint
 
@@ -178,6 +181,7 @@ def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch
     assert pd.read_csv(tmp_path / "resumed" / "tasks.csv").token_acc.tolist() == rows.token_acc.tolist()
     assert full["results"].step.tolist() == [10] * 4
     assert (tmp_path / "full" / "config.yaml").read_text().count("train_len: 11") == 1  # 4 + 4 + 3 tokens
+    assert (rows.random_positions == (random_positions or 0)).all()
 
 
 def test_a_finished_task_run_evaluates_again_and_posbench_eval_refuses_it(tmp_path):
