@@ -88,7 +88,7 @@ class LanguageModel(nn.Module):
         cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
         if positions is None:
             positions = torch.arange(idx.shape[1], device=idx.device)
-            cache["contiguous"] = True  # given positions: the attention checks them (attention._contiguous)
+            cache["contiguous"] = True  # attention may slice one Toeplitz bias; it checks given positions itself
         else:
             check_positions(positions, idx.shape[1])
             positions = positions.to(idx.device)

@@ -17,7 +17,9 @@ of --steps timed repetitions); a round runs every variant of every (encoding, ki
 back, the order of the variants rotating from round to round. Prints (and writes with --out)
 the median over --rounds rounds and the ratios head / base and random / head.
 
-    python scripts/bench_random_positions.py BASE_COMMIT [--rounds 5] [--out results/bench/random_positions.md]
+    python scripts/bench_random_positions.py BASE_COMMIT [--rounds 5] [--variants base head random] [--out table.md]
+
+results/bench/random_positions.md holds two such runs with the machine they ran on.
 """
 
 from __future__ import annotations
