@@ -15,7 +15,9 @@ Seeds are pooled, nothing else: a cell whose rows carry different ``config_hash`
 repeat a seed, stops the report. Each cell's interval (docs/tasks_report.md):
 
 - **seeds** (``basis``), with at least :data:`posbench.intervals.MIN_SEEDS` seeds: the mean over
-  seeds of each seed's score, and the t interval over those seed means;
+  seeds of each seed's score, and the t interval over those seed means, widened where needed to
+  cover the pooled-instance interval below (seeds that all score 0% would otherwise give an
+  interval of width 0);
 - **instances**, with 1 or 2 seeds: the pooled score over all the cell's instances; for exact
   match the Wilson interval of the pooled successes, for token accuracy the t interval over the
   union of the instances, whose mean and sd are combined exactly from each run's mean, sd and
@@ -39,7 +41,7 @@ import pandas as pd
 from .checkpoint import atomic_write_text
 from .errors import PosbenchError
 from .figures import save, tasks_figure
-from .intervals import MIN_SEEDS, pooled_t_interval, t_interval, wilson_interval
+from .intervals import MIN_SEEDS, Interval, pooled_t_interval, t_interval, wilson_interval
 from .results import TASK_COLUMNS, TASKS, find_files, report_dir
 
 GROUP = ["task", "label", "train_size", "eval_size", "multiple"]  # one cell
@@ -48,7 +50,8 @@ SUMMARY_COLUMNS = GROUP + ["encoding", "random_positions", "basis", "seeds", "in
                            "token_acc", "token_std", "token_lo", "token_hi", "token_method", "params"]
 NOTE = ("% of instances [95% interval]. n is the instance size evaluated, 2x twice the largest "
         "size seen in training. A cell with >= 3 seeds gives the mean over seeds and a t interval over the "
-        "seed means; with 1 or 2 seeds, the score pooled over all the cell's instances, with a Wilson "
+        "seed means (widened to cover the pooled-instance interval where that is wider); with 1 or 2 "
+        "seeds, the score pooled over all the cell's instances, with a Wilson "
         "interval for exact match (the whole answer right) and, for token accuracy (the fraction of "
         "answer tokens right, averaged over instances), a t interval over the instances, pooled exactly "
         "from each run's mean, sd and count. Intervals are clipped to [0, 100]%. The verdict compares exact "
@@ -116,18 +119,28 @@ def cell_summary(g: pd.DataFrame) -> dict:
     """One cell's rows (one per seed) -> basis, seeds, instances and, for exact match and token
     accuracy: estimate, std over seeds (NaN for one seed), 95% interval clipped to [0, 1], method."""
     seeds, instances = int(g.seed.nunique()), int(g.instances.sum())
-    if seeds >= MIN_SEEDS:
-        basis, exact, token = "seeds", t_interval(g.exact_match), t_interval(g.token_acc)
+    successes = float(np.round(g.exact_match * g.instances).sum())  # exact_match counts whole instances
+    pooled_exact = wilson_interval(successes, instances)
+    pooled_token = pooled_t_interval(g.token_acc, g.token_sd, g.instances)
+    if seeds >= MIN_SEEDS:  # never narrower than the pooled instances allow (seeds that agree exactly)
+        basis = "seeds"
+        exact, token = _widened(t_interval(g.exact_match), pooled_exact), _widened(t_interval(g.token_acc), pooled_token)
     else:
-        successes = float(np.round(g.exact_match * g.instances).sum())  # exact_match counts whole instances
-        basis, exact = "instances", wilson_interval(successes, instances)
-        token = pooled_t_interval(g.token_acc, g.token_sd, g.instances)
+        basis, exact, token = "instances", pooled_exact, pooled_token
     out = {"basis": basis, "seeds": seeds, "instances": instances}
     for name, iv, col in (("exact", exact, "exact_match"), ("token", token, "token_acc")):
         out.update({col: iv.estimate, f"{name}_std": float(g[col].std(ddof=1)) if seeds > 1 else math.nan,
                     f"{name}_lo": _clip(iv.low), f"{name}_hi": _clip(iv.high), f"{name}_method": iv.method})
     out["params"] = g.params.max()
     return out
+
+
+def _widened(seeds: Interval, pooled: Interval) -> Interval:
+    """The interval over seeds, widened to cover the pooled-instance one: seeds that all score
+    0% (or 100%) give a t interval of width 0, which would claim more than 3 x 256 instances know."""
+    if any(math.isnan(v) for v in (pooled.low, pooled.high)):
+        return seeds
+    return Interval(seeds.estimate, min(seeds.low, pooled.low), max(seeds.high, pooled.high), seeds.method)
 
 
 def summarize_tasks(df: pd.DataFrame) -> pd.DataFrame:

@@ -223,3 +223,17 @@ def test_cli_prints_the_task_tables(tmp_path):
     assert "tasks_report.md" in proc.stdout and not (sweep / "report.md").exists()
     bad = posbench("report", tmp_path / "sweep/copy/nope/0/tasks.csv", tmp_path / "nothing", check=False)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_seeds_that_agree_exactly_keep_the_pooled_instances_interval():
+    """Three seeds at 0% exact match: the t interval over seeds has width 0; the reported one is
+    the Wilson interval of the 3 x 256 pooled instances, [0, 1.92 / (768 + 1.92^2)...]."""
+    df = pd.DataFrame([row(seed=s, instances=256, exact=0.0) for s in range(3)])
+    zero = cell(summarize_tasks(df), "rope")
+    assert zero.basis == "seeds" and zero.exact_match == 0.0
+    assert zero.exact_lo == 0.0 and zero.exact_hi == pytest.approx(wilson_roots(0, 768)[1])
+    assert zero.exact_hi == pytest.approx(Z * Z / (768 + Z * Z))  # the Wilson bound at k = 0 in closed form
+    spread = pd.DataFrame([row(seed=s, instances=256, exact=e) for s, e in enumerate([0.375, 0.5, 0.625])])
+    wide = cell(summarize_tasks(spread), "rope")  # seeds that disagree: the t interval over seeds stands
+    half = T2 * 0.125 / math.sqrt(3)
+    assert (wide.exact_lo, wide.exact_hi) == pytest.approx((0.5 - half, 0.5 + half))
