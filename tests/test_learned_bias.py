@@ -73,7 +73,7 @@ def test_position_parameters_move_in_a_short_run(name, params, corpus):
     optimizer = make_optimizer(model, cfg.train)
     sampler = WindowSampler(corpus.splits["train"], int(cfg.train.train_len), int(cfg.train.batch_size), 0)
     for _ in range(STEPS):
-        x, y = sampler()
+        x, y, _ = sampler()  # positions: None (0..T-1)
         optimizer.zero_grad()
         model(x, y).backward()
         optimizer.step()
