@@ -315,8 +315,14 @@ def cmd_report(args: list[str]) -> None:
     ref.add_argument("--reference", default="auto", metavar="PATH",
                      help=f"published results (encoding,train_len,eval_len,ppl) drawn beside ours (default: {REFERENCE} when it exists)")
     ref.add_argument("--no-reference", action="store_true", help="leave out the published-results panel")
+    parser.add_argument("--by", action="append", default=[], metavar="KEY",
+                        help="a dotted config key (e.g. encoding.bias_scale, model.embed_scale, train.steps) whose "
+                             "value joins each line's label, so runs that differ in it are lines of their own; "
+                             "repeat or comma-separate for several")
     ns = parser.parse_args(args)
-    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference)
+    by = [k for arg in ns.by for k in arg.split(",") if k]
+    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
+                  by=by)
     if done.table:
         print(done.table)
         print("\n" + "\n".join(done.text))

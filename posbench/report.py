@@ -12,7 +12,10 @@ nothing. A different stride is a different protocol, so it is a different line.
 
 Seeds are averaged, nothing else: when one line would mix runs whose configs differ in more
 than the seed (their rows carry different ``config_hash`` values), the report stops and names
-the differing config keys, read from each run's ``config.yaml``.
+the differing config keys, read from each run's ``config.yaml``. Runs that differ on purpose (an
+ablation, a budget study) are told apart with ``--by KEY``: each run's value of the dotted config
+key joins its label, ``t5 [bias_scale=none]`` for ``--by encoding.bias_scale``, so each value is
+a line of its own.
 
 results.csv files written before a column existed read with its neutral value
 (:func:`posbench.results.backfill`). The figures are drawn by :mod:`posbench.figures`.
@@ -27,6 +30,7 @@ interval of its ratio is; a length whose interval straddles the bound is "not di
 
 from __future__ import annotations
 
+import difflib
 import math
 from pathlib import Path
 from typing import NamedTuple
@@ -39,11 +43,12 @@ from .errors import PosbenchError
 from .figures import passkey_figure, positions_figure, ppl_figure, run_figure, save
 from .intervals import Cell, Estimator, block_sums
 from .learned_bias import write_report_figure
-from .results import LINE, RESULTS, TASKS, backfill, find_files, line_names, report_dir, sort_rows, with_labels
+from .results import (LINE, RESULTS, TASKS, backfill, find_files, line_names, report_dir, sort_rows, variant_text,
+                      with_labels)
 from .task_report import TaskReport, read_tasks, write_task_report
 from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
 
-GROUP = ["encoding", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
+GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
@@ -53,9 +58,11 @@ REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ali
 
 
 # ---------------------------------------------------------------- reading
-def collect(paths: list[str | Path], name: str = "results.csv") -> pd.DataFrame:
+def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = ()) -> pd.DataFrame:
     """Every ``name`` (results.csv, positions.csv, passkey.csv) under ``paths`` (run dirs or
-    sweep dirs), concatenated, with each row's ``run`` dir. Empty for no positions/passkey files."""
+    sweep dirs), concatenated, with each row's ``run`` dir and its ``variant``: the values of the
+    config keys ``by`` (:func:`posbench.results.variant_text`), empty without ``by``. Empty for no
+    positions/passkey files."""
     files = find_files(paths, name)
     if not files:
         if name != RESULTS:
@@ -66,9 +73,33 @@ def collect(paths: list[str | Path], name: str = "results.csv") -> pd.DataFrame:
                                 "read by posbench.task_report)")
         raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
-    frames = [pd.read_csv(f).assign(run=str(f.parent)) for f in files]
+    variants = _variants([f.parent for f in files], by)
+    frames = [pd.read_csv(f).assign(run=str(f.parent), variant=v) for f, v in zip(files, variants)]
     df = pd.concat(frames, ignore_index=True)
     return backfill(df) if name == RESULTS else df
+
+
+def _variants(runs: list[Path], by: list[str]) -> list[str]:
+    """Each run's values of the config keys ``by`` ('' without ``by``). A key some runs predate reads
+    'unset' in theirs; a key no run has, or a config group instead of a key, is refused."""
+    if not by:
+        return [""] * len(runs)
+    configs = [_hashed_config(str(run)) for run in runs]
+    missing = [run for run, c in zip(runs, configs) if c is None]
+    if missing:
+        raise PosbenchError(f"report: --by {','.join(by)} needs the config.yaml beside {missing[0] / RESULTS}, "
+                            "which is missing")
+    known = sorted(set().union(*configs))
+    for key in by:
+        inside = [k for k in known if k.startswith(key + ".")]
+        if inside:
+            raise PosbenchError(f"report: --by {key!r} names a config group, not a key; valid: one of its keys, "
+                                f"e.g. {', '.join(inside[:3])}")
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3) or known[:3]
+            raise PosbenchError(f"report: --by {key!r} is not a key of any run's config; valid: a dotted key such "
+                                f"as {', '.join(close)}")
+    return [variant_text(c, by) for c in configs]
 
 
 # ---------------------------------------------------------------- one config per line
@@ -118,9 +149,10 @@ def check_one_config(df: pd.DataFrame) -> None:
     for _, g in df.groupby(keys, dropna=False, sort=False):
         if g.config_hash.nunique() > 1:
             first = g.dropna(subset=["config_hash"]).drop_duplicates("config_hash")
-            raise PosbenchError(f"report: cannot average {g.label.iloc[0]} runs whose configs differ in "
-                                f"{config_diff(first.run.tolist(), first.config_hash.tolist())}; pass fewer "
-                                "dirs, so that each line's runs differ only in seed")
+            diff = config_diff(first.run.tolist(), first.config_hash.tolist())
+            raise PosbenchError(f"report: cannot average {g.label.iloc[0]} runs whose configs differ in {diff}; "
+                                f"pass fewer dirs, so that each line's runs differ only in seed, or --by "
+                                f"{diff.split(' ', 1)[0]} to draw each value as a line of its own")
 
 
 # ---------------------------------------------------------------- summary
@@ -380,13 +412,13 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
 
 
 # ---------------------------------------------------------------- runs' extra tables
-def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _extra_tables(paths, df: pd.DataFrame, by: list[str] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """positions.csv and passkey.csv rows under ``paths``, labelled, with each run's model and
     data from its results rows; empty frames where no run has them."""
     runs = df.groupby("run")[["model", "data"]].first()
     out = []
     for name in ("positions.csv", "passkey.csv"):
-        t = collect(paths, name)
+        t = collect(paths, name, by)
         if not t.empty:
             t = t.join(runs, on="run") if "model" not in t else t
             t = with_labels(t)
@@ -444,12 +476,13 @@ def draw_run(run, rows: pd.DataFrame) -> None:
 
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
-           reference: str | Path | None = "auto") -> Report:
+           reference: str | Path | None = "auto", by: list[str] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity vs length, beside the paper's numbers from
     ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
     and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv.
+    ``by``: config keys whose values tell lines apart (see the module docstring).
     Where runs have tasks.csv, also the task report (:func:`posbench.task_report.write_task_report`:
     tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
@@ -458,7 +491,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     tasks = read_tasks(paths)
     out = report_dir(paths, out)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -469,17 +502,17 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
 
 
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
-               failed: list[tuple[str, str]]) -> Report:
+               failed: list[tuple[str, str]], by: list[str] = ()) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
-        df = collect(paths)
+        df = collect(paths, by=by)
     except PosbenchError as e:
         if not failed:
             raise
         raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
                             + "; ".join(f"{run}: {error}" for run, error in failed)) from e
     check_one_config(df)
-    positions, passkey = _extra_tables(paths, df)
+    positions, passkey = _extra_tables(paths, df, by)
     ref = None
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)

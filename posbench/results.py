@@ -99,13 +99,22 @@ def sort_rows(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- labels
-def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverlapping", stride="") -> str:
+def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverlapping", stride="",
+               variant: str = "") -> str:
     """'rope', 'rope+yarn' under a scaling, 'alibi sliding/64' for sliding windows of stride 64
-    ('alibi sliding/L/2' for a stride of half the window at every length)."""
+    ('alibi sliding/L/2' for a stride of half the window at every length), and the run's
+    ``variant`` in brackets where the report was asked to tell runs apart by config keys
+    ('t5 [bias_scale=none]', see :func:`variant_text`)."""
     label = encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
-    if mode != "sliding":
-        return label
-    return f"{label} sliding/{stride if isinstance(stride, str) else int(stride)}"
+    if mode == "sliding":
+        label = f"{label} sliding/{stride if isinstance(stride, str) else int(stride)}"
+    return f"{label} [{variant}]" if isinstance(variant, str) and variant else label
+
+
+def variant_text(config: dict, keys: list[str]) -> str:
+    """'bias_scale=none, steps=800': the values of the dotted ``keys`` in a run's flattened
+    config, each named by its last component ('unset' where the run's config lacks it)."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={config.get(k, 'unset')}" for k in keys)
 
 
 def stride_tags(df: pd.DataFrame) -> pd.Series:
@@ -125,12 +134,15 @@ def stride_tags(df: pd.DataFrame) -> pd.Series:
 
 
 def with_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with each row's line ``label`` (scaling and mode columns backfilled where absent)."""
+    """``df`` with each row's line ``label`` (scaling and mode columns backfilled where absent, and
+    an empty ``variant`` where the rows have none)."""
     df = df.assign(rope_scaling=df.rope_scaling.fillna("none") if "rope_scaling" in df else "none",
                    mode=df["mode"].fillna("nonoverlapping") if "mode" in df else "nonoverlapping")
     if "stride" not in df:
         df = df.assign(stride=df.eval_len if "eval_len" in df else 0)
-    labels = [line_label(*row) for row in zip(df.encoding, df.rope_scaling, df["mode"], stride_tags(df))]
+    if "variant" not in df:
+        df = df.assign(variant="")
+    labels = [line_label(*row) for row in zip(df.encoding, df.rope_scaling, df["mode"], stride_tags(df), df.variant)]
     return df.assign(label=pd.Series(labels, index=df.index, dtype=object))
 
 

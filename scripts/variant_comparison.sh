@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Regenerates results/variants/: the non-default variants of each scheme under
-# experiment=zoo_quick (the same budget as results/zoo_quick, whose runs give the defaults).
+# experiment=zoo_quick (the same budget as results/zoo_quick, whose runs give the defaults), the
+# same two seeds. Jobs run side by side, one torch thread each (LAUNCHER=basic: one after the other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sweep=outputs/variants
-common=(experiment=zoo_quick seed=0 hydra.sweep.dir=$sweep)
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
+[ "${LAUNCHER:-}" = basic ] && launcher=()
+common=(experiment=zoo_quick seed=0,1 "${launcher[@]}" hydra.sweep.dir=$sweep)
 posbench -m train encoding=sinusoidal encoding.layout=concat "${common[@]}"
 posbench -m train encoding=multiplicative encoding.table=learned "${common[@]}"
 posbench -m train encoding=rope encoding.pairing=interleaved "${common[@]}"

@@ -4,7 +4,7 @@
 # side by side, one torch thread each (LAUNCHER=basic: one after the other); re-running resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-encodings=${ENCODINGS:-$(posbench encodings | awk '{print $1}' | paste -sd, -)}
+encodings=${ENCODINGS:-$(posbench encodings | awk 'NR>1 && NF>3 && $1!="(params:" {print $1}' | paste -sd, -)}
 seeds=${SEEDS:-0,1}
 sweep=outputs/zoo_quick
 launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")

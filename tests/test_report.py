@@ -217,13 +217,39 @@ def test_refuses_to_average_runs_whose_configs_differ(tmp_path):
         report([a, b], tmp_path / "out")
     # seed, eval and data.cache_dir differ too, but the hash leaves them out
     assert str(e.value) == (f"report: cannot average alibi runs whose configs differ in train.lr (0.001 in {a}, "
-                            f"0.002 in {b}); pass fewer dirs, so that each line's runs differ only in seed")
+                            f"0.002 in {b}); pass fewer dirs, so that each line's runs differ only in seed, or --by "
+                            "train.lr to draw each value as a line of its own")
     assert not (tmp_path / "out").exists()
     (b / "config.yaml").unlink()
     with pytest.raises(PosbenchError, match=f"differ in config_hash \\(h1 in {a}, h2 in {b}; no config.yaml"):
         report([a, b], tmp_path / "out")
     # the same dir twice is one run, not two seeds
     assert report([a, a / "results.csv"], tmp_path / "out").summary.seeds.tolist() == [1]
+
+
+def test_by_tells_runs_apart_by_a_config_key(tmp_path):
+    runs = [write_run(tmp_path / f"{scale}/seed={seed}", rows("t5", seed, {32: 10.0 + seed + (scale == "none"), 64: 11.0 + seed},
+                                                         chash=scale), encoding={"bias_scale": scale})
+            for scale in ("none", "sqrt_head_dim") for seed in (0, 1, 2)]
+    with pytest.raises(PosbenchError, match=r"differ in encoding.bias_scale \(none in .*; .* or --by encoding.bias_scale "):
+        report(runs, tmp_path / "out")
+    summary = report(runs, tmp_path / "out", by=["encoding.bias_scale"]).summary
+    assert sorted(set(summary.label)) == ["t5 [bias_scale=none]", "t5 [bias_scale=sqrt_head_dim]"]
+    at32 = summary[summary.eval_len == 32].set_index("label")
+    assert at32.seeds.tolist() == [3, 3] and at32.ci_method.tolist() == ["t", "t"]
+    assert at32.loc["t5 [bias_scale=none]", "ppl_mean"] == pytest.approx(12.0)
+    assert at32.loc["t5 [bias_scale=sqrt_head_dim]", "ppl_mean"] == pytest.approx(11.0)
+    assert "| t5 [bias_scale=none] |" in (tmp_path / "out/report.md").read_text()
+    # two keys, one that some runs predate ('unset'), and the CLI's comma form
+    proc = posbench("report", *runs, "--out", tmp_path / "cli", "--by", "encoding.bias_scale,train.steps", "--no-reference")
+    assert "t5 [bias_scale=none, steps=10]" in proc.stdout
+    for key, message in [("encoding", "names a config group, not a key; valid: one of its keys, e.g. "
+                                      "encoding.bias_scale, encoding.name"),
+                         ("encoding.bias_scal", "is not a key of any run's config; valid: a dotted key such as "
+                                                "encoding.bias_scale, encoding.name")]:
+        bad = posbench("report", *runs, "--out", tmp_path / "bad", "--by", key, check=False)
+        assert bad.returncode == 2 and bad.stderr.strip() == f"posbench: error: report: --by {key!r} {message}"
+        assert not (tmp_path / "bad").exists()
 
 
 def reference_csv(tmp_path) -> Path:
