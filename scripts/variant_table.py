@@ -4,7 +4,10 @@
 
 Runs are told apart by the options in the config.yaml beside each results.csv that differ
 from the encoding's YAML defaults ("default" when none differ); only encodings with at
-least one non-default run are listed, so each variant sits next to its default.
+least one non-default run are listed, so each variant sits next to its default. Seeds of the
+same variant are averaged as `posbench report` averages them, with the same 95% intervals:
+each cell is 'mean ± std [interval]' of the perplexity, and the last column is the line's
+ppl(16x) / ppl(1x) with its paired interval. Only unscaled, non-overlapping rows are read.
 """
 
 import sys
@@ -13,7 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from posbench.config import conf_dir
-from posbench.results import read_results
+from posbench.report import collect, summarize
 
 
 def variant(encoding: dict) -> str:
@@ -23,25 +26,42 @@ def variant(encoding: dict) -> str:
     return ", ".join(changed) or "default"
 
 
-def main(dirs: list[str]) -> None:
-    rows = []
-    for path in dirs:
-        for results in sorted(Path(path).rglob("results.csv")):
-            cfg = OmegaConf.load(results.parent / "config.yaml")
-            df = read_results(results)
-            df = df[(df.rope_scaling == "none") & (df["mode"] == "nonoverlapping")]  # unscaled, non-overlapping
-            rows.append((cfg.encoding.name, variant(OmegaConf.to_container(cfg.encoding)),
-                         dict(zip(df.eval_len, df.ppl)), int(cfg.train.train_len)))
-    varied = {enc for enc, var, _, _ in rows if var != "default"}
-    lengths = sorted({n for _, _, ppl, _ in rows for n in ppl})
-    lines = ["| encoding | variant | " + " | ".join(f"L={n}" for n in lengths) + " | ppl(16x) / ppl(1x) |",
-             "|---|---|" + "---|" * (len(lengths) + 1)]
-    for enc, var, ppl, tlen in sorted(r for r in rows if r[0] in varied):
-        cells = " | ".join("n/a" if ppl.get(n) != ppl.get(n) else f"{ppl[n]:.1f}" for n in lengths)
-        ratio = ppl.get(16 * tlen, float("nan")) / ppl.get(tlen, float("nan"))
-        lines.append(f"| {enc} | {var} | {cells} | {'n/a' if ratio != ratio else f'{ratio:.2f}'} |")
-    print("\n".join(lines))
+def run_variant(run: str) -> str:
+    return variant(OmegaConf.to_container(OmegaConf.load(Path(run) / "config.yaml").encoding))
+
+
+def cell(mean: float, std: float, low: float, high: float) -> str:
+    if mean != mean:
+        return "n/a"
+    spread = "" if std != std else f" ± {std:.1f}"
+    interval = "" if low != low else f" [{low:.1f}, {high:.1f}]"
+    return f"{mean:.1f}{spread}{interval}"
+
+
+def ratio(row) -> str:
+    if row is None or row.ratio_mean != row.ratio_mean:
+        return "n/a"
+    interval = "" if row.ratio_ci_low != row.ratio_ci_low else f" [{row.ratio_ci_low:.3f}, {row.ratio_ci_high:.3f}]"
+    return f"{row.ratio_mean:.3f}{interval}"
+
+
+def table(dirs: list[str]) -> str:
+    df = collect(dirs)
+    df = df[(df.rope_scaling == "none") & (df["mode"] == "nonoverlapping")]
+    df = df.assign(variant=df.run.map(run_variant))
+    varied = set(df.encoding[df.variant != "default"])
+    summary = summarize(df[df.encoding.isin(varied)])
+    lengths = sorted(summary.eval_len.unique())
+    lines = ["| encoding | variant | seeds | " + " | ".join(f"L={n}" for n in lengths) + " | ppl(16x) / ppl(1x) |",
+             "|---|---|---|" + "---|" * (len(lengths) + 1)]
+    for (enc, var, tlen), g in summary.groupby(["encoding", "variant", "train_len"]):
+        at = {r.eval_len: r for r in g.itertuples()}
+        cells = [cell(at[n].ppl_mean, at[n].ppl_std, at[n].ppl_ci_low, at[n].ppl_ci_high) if n in at else ""
+                 for n in lengths]
+        lines.append(f"| {enc} | {var} | {int(g.seeds.max())} | " + " | ".join(cells)
+                     + f" | {ratio(at.get(16 * tlen))} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    print(table(sys.argv[1:]))

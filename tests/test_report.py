@@ -414,8 +414,18 @@ def test_scripts_read_only_plain_nonoverlapping_lines(sweep, tmp_path):
               rows("alibi", 0, sliding, mode="sliding", stride=16, chash="h2"), encoding={"form": "symmetric"})
     table = subprocess.run([sys.executable, ROOT / "scripts/variant_table.py", tmp_path / "zoo", tmp_path / "variants"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
-    assert table[2:] == ["| alibi | default | 10.0 | 10.5 | 11.0 | 11.2 | n/a |",
-                         "| alibi | form=symmetric | 10.1 | 10.6 | 11.1 | 11.3 | n/a |"]
+    assert table[0] == "| encoding | variant | seeds | L=32 | L=64 | L=128 | L=256 | ppl(16x) / ppl(1x) |"
+    assert [line.split(" | ")[:3] for line in table[2:]] == [["| alibi", "default", "1"],
+                                                           ["| alibi", "form=symmetric", "1"]]
+    for line, mean in zip(table[2:], (10.0, 10.1)):  # one seed: the interval of the token bootstrap, around the ppl
+        low, high = map(float, re.match(rf"{mean} \[(\d+\.\d), (\d+\.\d)\]$", line.split(" | ")[3]).groups())
+        assert low < mean < high
+    assert all(line.endswith("| n/a |") and " 11.2 [" in table[2] for line in table[2:])  # no 16x here
+    write_run(tmp_path / "variants/alibi1", rows("alibi", 1, {32: 10.3, 64: 10.8, 128: 11.3, 256: 11.5}, chash="h2"),
+              encoding={"form": "symmetric"})
+    table = subprocess.run([sys.executable, ROOT / "scripts/variant_table.py", tmp_path / "zoo", tmp_path / "variants"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert table[3].startswith("| alibi | form=symmetric | 2 | 10.2 ± 0.1 [")  # seeds averaged
 
 
 @pytest.mark.slow
