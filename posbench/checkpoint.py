@@ -34,6 +34,10 @@ class RunDir:
         self.results = self.path / "results.csv"
         self.plot = self.path / "ppl_vs_length.png"
 
+    def step_checkpoint(self, step: int) -> Path:
+        """The checkpoint kept at ``step`` (``train.save_steps``), beside last.pt."""
+        return self.checkpoint.parent / f"step_{step}.pt"
+
     @classmethod
     def existing(cls, path: str | os.PathLike) -> "RunDir":
         """A finished or checkpointed posbench run, or a clear error."""

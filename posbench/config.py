@@ -25,13 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from .errors import PosbenchError
 
+SCHEDULES = ("cosine", "wsd")  # posbench.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("disabled", "offline", "online")
 # Keys that do not change the trained model: left out of the config hash.
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
-NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight")
+NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight", "save_steps", "branch_from")
 # task.* keys that say how a task run is evaluated, not what it trains on.
 NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed")
 # train.* keys hashed only when set: at null they mean what a config without them meant, so runs
@@ -111,6 +112,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model for training
     preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
     random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.positions); None: 0..T-1
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.optim)
+    decay_frac: float = 0.2  # wsd: the last fraction of the steps that cools the learning rate down
+    save_steps: list[int] = field(default_factory=list)  # also keep checkpoints/step_<N>.pt at these steps
+    branch_from: str | None = None  # wsd: start from another run's stable-phase checkpoint (posbench.branch)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -121,9 +126,25 @@ class TrainConfig:
         choice("train.precision", self.precision, PRECISIONS)
         if not 0 <= self.warmup_steps:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        choice("train.schedule", self.schedule, SCHEDULES)
+        if not 0 < self.decay_frac <= 1:
+            raise PosbenchError(f"train.decay_frac={self.decay_frac} is not valid; valid: a fraction in (0, 1]")
+        bad = [s for s in self.save_steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= self.steps]
+        if bad:
+            raise PosbenchError(f"train.save_steps has {bad[0]!r}; valid: steps in 1..train.steps={self.steps}")
+        if self.branch_from is not None and self.schedule != "wsd":
+            raise PosbenchError(f"train.branch_from needs train.schedule=wsd (got {self.schedule!r}): only a "
+                                "warmup-stable-decay run shares its steps before the decay with a longer run")
         if self.random_positions is not None and not self.random_positions >= self.train_len:
             raise PosbenchError(f"train.random_positions={self.random_positions} is shorter than train.train_len="
                                 f"{self.train_len}; valid: null (positions 0..T-1) or an integer >= {self.train_len}")
+
+    def decay_start(self) -> int:
+        """The step where the learning rate starts to fall: under ``wsd`` the end of the stable
+        phase (the last ``decay_frac`` of the steps decay), under ``cosine`` the end of warmup."""
+        if self.schedule != "wsd":
+            return self.warmup_steps
+        return max(self.warmup_steps, self.steps - round(self.decay_frac * self.steps))
 
 
 MODES = ("nonoverlapping", "sliding")
@@ -359,8 +380,11 @@ def hashed_part(data: dict) -> dict:
     if "data" in kept:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
     if "train" in kept:
-        kept["train"] = {k: v for k, v in kept["train"].items() if k not in NOT_HASHED_TRAIN
-                         and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)}
+        train = kept["train"]
+        cosine = train.get("schedule", "cosine") == "cosine"  # runs before train.schedule keep their hash
+        kept["train"] = {k: v for k, v in train.items() if k not in NOT_HASHED_TRAIN
+                         and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)
+                         and not (cosine and k in ("schedule", "decay_frac"))}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":

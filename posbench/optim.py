@@ -1,4 +1,13 @@
-"""The optimizer and learning-rate schedule of a run: AdamW, linear warmup, cosine decay.
+"""The optimizer and learning-rate schedule of a run: AdamW, linear warmup, then cosine decay
+(``train.schedule=cosine``, the default) or warmup-stable-decay (``wsd``).
+
+Warmup-stable-decay (Zhai et al. 2022; Hu et al. 2024, MiniCPM; Hägele et al. 2024, "Scaling
+Laws and Compute-Optimal Training Beyond Fixed Training Durations") holds the peak learning rate
+until the last ``decay_frac`` of the steps, then cools it down to ``min_lr_ratio`` of the peak
+along 1 - sqrt(progress), the cooldown Hägele et al. found best. Its point for posbench: runs of
+different lengths share every step before their decay, so a short run can branch off a long
+one's stable phase (:mod:`posbench.branch`) and a budget study costs the longest run plus the
+short decays, not the sum of all runs.
 
 Its own module because training builds them and ``posbench convert`` rebuilds the optimizer to
 find where each parameter's moments sit in a checkpoint.
@@ -14,12 +23,18 @@ from .config import TrainConfig
 
 
 def lr_lambda(tcfg: TrainConfig):
-    """Linear warmup, then cosine decay to ``min_lr_ratio`` of the peak."""
+    """The factor on the peak learning rate before optimizer step ``step + 1``: linear warmup,
+    then cosine decay to ``min_lr_ratio`` of the peak (``cosine``), or the peak held until
+    :meth:`TrainConfig.decay_start` and a 1 - sqrt cooldown to ``min_lr_ratio`` (``wsd``)."""
+    start = tcfg.decay_start()
+
     def factor(step: int) -> float:
         if step < tcfg.warmup_steps:
             return (step + 1) / tcfg.warmup_steps
-        progress = (step - tcfg.warmup_steps) / max(1, tcfg.steps - tcfg.warmup_steps)
-        return tcfg.min_lr_ratio + (1 - tcfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        progress = min(1.0, (step - start) / max(1, tcfg.steps - start))
+        if tcfg.schedule == "wsd":
+            return 1.0 if progress <= 0 else 1 - (1 - tcfg.min_lr_ratio) * math.sqrt(progress)
+        return tcfg.min_lr_ratio + (1 - tcfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return factor
 
 

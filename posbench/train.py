@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from . import distributed, preflight
 from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from .branch import read_branch_state
 from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .config import RunConfig, run_config
 from .data import load_corpus
@@ -210,6 +211,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
     world, device = distributed.init(resolve_device(rc.device))
     run = RunDir(run_dir)
     resume = read_resume_state(run, rc.config_hash, world)
+    if resume is None and tcfg.branch_from is not None:
+        resume = read_branch_state(cfg, rc)
 
     seed_everything(rc.seed)
     data = training_data(rc, world)
@@ -231,7 +234,11 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
                           {"config_hash": rc.config_hash, "vocab_size": data.vocab_size, "corpus_key": data.key})
     if resume is not None:
         state.load_state_dict(resume)
-        print0(f"posbench: resuming {run.path} from step {state.step}")
+        if resume["config_hash"] == rc.config_hash:
+            print0(f"posbench: resuming {run.path} from step {state.step}")
+        else:
+            print0(f"posbench: branching off {tcfg.branch_from} at step {state.step}, the end of the stable phase "
+                   "both runs share")
     net = ddp = model
     if world.active:
         net = ddp = torch.nn.parallel.DistributedDataParallel(
@@ -240,7 +247,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
         net = torch.compile(net)
     return SimpleNamespace(cfg=cfg, rc=rc, world=world, device=device, dtype=dtype, run=run, corpus=data.corpus,
                            lengths=data.lengths, micro=micro, accum=accum, model=model, net=net, ddp=ddp, state=state,
-                           saved_step=state.step if resume is not None else None)
+                           saved_step=state.step if resume is not None and resume["config_hash"] == rc.config_hash
+                           else None)
 
 
 def training_data(rc: RunConfig, world) -> SimpleNamespace:
@@ -315,12 +323,14 @@ def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor, positions: 
     return loss.item()
 
 
-def save(s: SimpleNamespace) -> None:
-    """Checkpoint the training state (every rank takes part; rank 0 writes)."""
+def save(s: SimpleNamespace, keep: bool = False) -> None:
+    """Checkpoint the training state (every rank takes part; rank 0 writes) to last.pt, or with
+    ``keep`` to the step's own checkpoint (``train.save_steps``), which later saves leave alone."""
     state = s.state.state_dict()
     if s.world.is_main:
-        save_checkpoint(s.run.checkpoint, state)
-    s.saved_step = s.state.step
+        save_checkpoint(s.run.step_checkpoint(s.state.step) if keep else s.run.checkpoint, state)
+    if not keep:
+        s.saved_step = s.state.step
 
 
 def diverged_error(s: SimpleNamespace, d: Diverged) -> PosbenchError:
@@ -357,6 +367,8 @@ def run_loop(s: SimpleNamespace, logger, bar, interrupted) -> None:
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
             window_loss, window_start, window_steps, window_tokens = 0.0, time.perf_counter(), 0, 0
         bar.update(1)
+        if state.step in tcfg.save_steps:
+            save(s, keep=True)
         if state.step % tcfg.ckpt_every == 0 or state.step == tcfg.steps:
             save(s)
 
