@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Regenerates results/budget_study/: how the comparison changes with the training budget.
+# sinusoidal, rope, t5 (both parameterisations), alibi and nope, two seeds, the default model
+# and data (train_len 128, 32 windows = 4,096 tokens a step), at four budgets:
+#   122 steps (0.5M tokens), 488 (2.0M), 1221 (5.0M), 4883 (20.0M)
+# under warmup-stable-decay (train.schedule=wsd: 40 warmup steps, the peak lr held, the last 20%
+# of the steps cooled down), so every budget is a finished run with its own decay, not a
+# snapshot of a longer one. The 20M-token run of each (encoding, seed) keeps its checkpoints at
+# the shorter budgets' decay starts (train.save_steps) and each shorter budget branches off it
+# (train.branch_from), which gives the numbers a run from scratch gives (tests/test_branch.py)
+# for the cost of its decay: 5,249 steps per (encoding, seed) instead of 6,714.
+# Jobs run side by side, one torch thread each (LAUNCHER=basic: one after the other); re-running
+# the same command resumes an interrupted study.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+encodings=${ENCODINGS:-sinusoidal,rope,t5,alibi,nope}
+seeds=${SEEDS:-0,1}
+out=${OUT:-outputs/budget_study}
+budgets=(4883 1221 488 122)  # longest first: the others branch off it
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
+[ "${LAUNCHER:-}" = basic ] && launcher=()
+longest=${budgets[0]}
+keep=$(python -c "from posbench.config import TrainConfig as T; import sys; \
+print(','.join(str(T(steps=int(s), schedule='wsd', decay_frac=0.2).decay_start()) for s in sys.argv[1:]))" \
+    "${budgets[@]:1}")  # the shorter budgets' decay starts: 977, 390, 98
+study() {  # $1: the line's dir under $out; the rest: its overrides
+    local line=$1; shift
+    local common=(seed="$seeds" train.schedule=wsd train.decay_frac=0.2 "${launcher[@]}"
+                  'hydra.sweep.subdir=${encoding.name}/seed=${seed}')
+    posbench -m train "$@" "${common[@]}" train.steps="$longest" "train.save_steps=[$keep]" \
+        hydra.sweep.dir="$out/$line/steps=$longest"
+    for steps in "${budgets[@]:1}"; do
+        posbench -m train "$@" "${common[@]}" train.steps="$steps" \
+            "train.branch_from=$out/$line/steps=$longest/\${encoding.name}/seed=\${seed}" \
+            hydra.sweep.dir="$out/$line/steps=$steps"
+    done
+}
+study default encoding="$encodings"
+study t5_unscaled encoding=t5 encoding.bias_scale=none
+python scripts/budget_table.py "$out" --out results/budget_study

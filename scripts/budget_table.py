@@ -1,0 +1,167 @@
+"""The budget study's table and figure, from the runs of scripts/budget_study.sh.
+
+    python scripts/budget_table.py outputs/budget_study --out results/budget_study
+
+Each run is placed by its config.yaml: its budget (train.steps x train.batch_size x
+train.train_len training tokens) and its line, the encoding, with T5's unscaled form
+(encoding.bias_scale=none) as a line of its own, ``t5 (unscaled)``. Seeds are averaged as
+`posbench report` averages them, with the same 95% intervals (t over seeds where a cell has >= 3,
+else the paired block bootstrap over the scored tokens).
+
+Writes into --out:
+  budget.csv  tidy: line, seed ('mean' for the average over seeds), steps, train_tokens,
+              train_len, eval_len, ppl with its interval, the ratio ppl(eval_len) / ppl(train_len) with its
+              paired interval, the interval's method;
+  budget.md   per budget: ppl at train_len per line, their spread (max / min) and the 16x ratios,
+              each with its interval, and the ordering of the lines by the 16x ratio where the
+              intervals of neighbours do not overlap;
+  budget.png  (and .svg) two panels against training tokens (log x): ppl at train_len, and
+              ppl(16x) / ppl(1x); one line per encoding, each point with its 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from posbench.checkpoint import atomic_write_text
+from posbench.figures import save
+from posbench.report import collect, summarize
+
+COLUMNS = ["line", "seed", "steps", "train_tokens", "train_len", "eval_len", "ppl", "ppl_ci_low", "ppl_ci_high", "ratio",
+           "ratio_ci_low", "ratio_ci_high", "ci_method"]
+
+
+def place(run: str) -> tuple[str, int, int]:
+    """(line, steps, training tokens) of a run dir, from its config.yaml."""
+    cfg = OmegaConf.load(Path(run) / "config.yaml")
+    line = str(cfg.encoding.name)
+    if line == "t5" and cfg.encoding.get("bias_scale", "sqrt_head_dim") == "none":
+        line = "t5 (unscaled)"
+    steps = int(cfg.train.steps)
+    return line, steps, steps * int(cfg.train.batch_size) * int(cfg.train.train_len)
+
+
+def tidy(summary: pd.DataFrame, seed) -> pd.DataFrame:
+    steps = summary.variant.astype(int)
+    return pd.DataFrame({"line": summary.encoding, "seed": seed, "steps": steps,
+                         "train_tokens": summary.train_tokens, "train_len": summary.train_len, "eval_len": summary.eval_len, "ppl": summary.ppl_mean,
+                         "ppl_ci_low": summary.ppl_ci_low, "ppl_ci_high": summary.ppl_ci_high,
+                         "ratio": summary.ratio_mean, "ratio_ci_low": summary.ratio_ci_low,
+                         "ratio_ci_high": summary.ratio_ci_high, "ci_method": summary.ci_method})
+
+
+def budget_frame(dirs: list[str]) -> pd.DataFrame:
+    """The tidy table: every (line, steps, eval_len) over all seeds ('mean'), and each seed alone."""
+    df = collect(dirs)
+    df = df[(df.rope_scaling == "none") & (df["mode"] == "nonoverlapping")]
+    placed = {run: place(run) for run in df.run.unique()}
+    df = df.assign(encoding=df.run.map(lambda r: placed[r][0]), variant=df.run.map(lambda r: str(placed[r][1])))
+    tokens = {str(steps): n for _, steps, n in placed.values()}
+    parts = []
+    for seed, rows in [("mean", df), *df.groupby("seed")]:
+        s = summarize(rows)
+        parts.append(tidy(s.assign(train_tokens=s.variant.map(tokens)), seed))
+    out = pd.concat(parts, ignore_index=True)
+    return out.sort_values(["line", "seed", "steps", "eval_len"], key=lambda c: c.astype(str) if c.name == "seed"
+                           else c).reset_index(drop=True)[COLUMNS]
+
+
+def _interval(mean, low, high, digits: int) -> str:
+    if mean != mean:
+        return "n/a"
+    return f"{mean:.{digits}f}" + ("" if low != low else f" [{low:.{digits}f}, {high:.{digits}f}]")
+
+
+def summary_markdown(frame: pd.DataFrame) -> str:
+    """Per budget: every line's ppl at train_len and 16x ratio with intervals, the spread at
+    train_len, and the 16x ordering with '<' only where neighbours' intervals are apart."""
+    mean = frame[frame.seed == "mean"]
+    at1, at16 = mean[mean.eval_len == mean.train_len], mean[mean.eval_len == 16 * mean.train_len]
+    lines = sorted(mean.line.unique())
+    out = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(1x)" for n in lines) + " | spread at 1x | "
+           + " | ".join(f"{n}: ppl(16x)/ppl(1x)" for n in lines) + " | 16x ratio, lowest first |",
+           "|---|---|" + "---|" * (2 * len(lines) + 2)]
+    for steps, g1 in at1.groupby("steps"):
+        g16 = at16[at16.steps == steps].set_index("line")
+        g1 = g1.set_index("line")
+        ppl = [_interval(*g1.loc[n, ["ppl", "ppl_ci_low", "ppl_ci_high"]], 2) if n in g1.index else "" for n in lines]
+        ratio = [_interval(*g16.loc[n, ["ratio", "ratio_ci_low", "ratio_ci_high"]], 3) if n in g16.index else ""
+                 for n in lines]
+        spread = g1.ppl.max() / g1.ppl.min()
+        out.append(f"| {tokens_text(g1.train_tokens.iloc[0])} | {steps} | " + " | ".join(ppl) + f" | {spread:.3f} | "
+                   + " | ".join(ratio) + f" | {ordering(g16)} |")
+    return "\n".join(out)
+
+
+def tokens_text(n: int) -> str:
+    """'20.00M' from a million on, else the count ('1,280')."""
+    return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{int(n):,}"
+
+
+def ordering(at16: pd.DataFrame) -> str:
+    """'alibi < nope ~ t5 < rope': lines by their 16x ratio, '<' where the neighbours' 95% intervals do
+    not overlap, '~' where they do (or one has none)."""
+    g = at16.dropna(subset=["ratio"]).sort_values("ratio")
+    text = ""
+    for i, (name, r) in enumerate(g.iterrows()):
+        if i:
+            prev = g.iloc[i - 1]
+            apart = prev.ratio_ci_high == prev.ratio_ci_high and r.ratio_ci_low == r.ratio_ci_low \
+                and prev.ratio_ci_high < r.ratio_ci_low
+            text += " < " if apart else " ~ "
+        text += str(name)
+    return text
+
+
+def figure(frame: pd.DataFrame):
+    import matplotlib
+    import matplotlib.ticker
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mean = frame[frame.seed == "mean"]
+    panels = [(mean[mean.eval_len == mean.train_len], "ppl", "perplexity at train_len"),
+              (mean[mean.eval_len == 16 * mean.train_len], "ratio", "ppl(16x) / ppl(1x)")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    for ax, (rows, col, title) in zip(axes, panels):
+        for i, (line, g) in enumerate(rows.groupby("line")):
+            g = g.sort_values("train_tokens")
+            low, high = g[f"{col}_ci_low"], g[f"{col}_ci_high"]
+            ax.errorbar(g.train_tokens, g[col], yerr=[(g[col] - low).fillna(0), (high - g[col]).fillna(0)],
+                        marker="o", capsize=3, label=line, color=f"C{i}", gid=f"line:{line}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("training tokens")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize="small")
+    axes[1].axhline(1, color="gray", linestyle="--", linewidth=1)
+    return fig
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="budget_table.py", description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", help="the study's sweep dirs (outputs/budget_study)")
+    parser.add_argument("--out", required=True, help="where budget.csv, budget.md and budget.png go")
+    ns = parser.parse_args(argv)
+    frame = budget_frame(ns.dirs)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "budget.csv", frame.to_csv(index=False))
+    table = summary_markdown(frame)
+    atomic_write_text(out / "budget.md", table + "\n\nCells: mean over seeds [95% interval]; spread: the highest "
+                      "ppl at train_len over the lowest; '<' in the ordering where neighbours' intervals are apart, "
+                      "'~' where they overlap.\n\n![budget](budget.png)\n")
+    save(figure(frame), out / "budget.png", also_svg=True)
+    print(table)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,53 @@
+"""scripts/budget_table.py on hand-made run dirs: runs placed by their config (budget, T5's form),
+seeds averaged with intervals, the tidy CSV, the spread and ordering summary, the figure's lines."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT
+from test_report import rows, svg_ids, write_run
+
+
+def study(tmp_path):
+    """alibi, t5 and t5 unscaled at 10 and 40 steps, 3 seeds; alibi flat, t5 rising 2x at 16x."""
+    for line, encoding, bias in [("alibi", "alibi", None), ("t5", "t5", "sqrt_head_dim"), ("t5u", "t5", "none")]:
+        for steps in (10, 40):
+            for seed in (0, 1, 2):
+                base = (20.0 if steps == 10 else 10.0) + seed * 0.1 + (line == "t5u")
+                growth = 1.0 + 0.01 * seed if encoding == "alibi" else 2.0 + 0.01 * seed
+                run = write_run(tmp_path / f"{line}/steps={steps}/seed={seed}",
+                                rows(encoding, seed, {32: base, 64: base, 512: base * growth}, chash=f"{line}{steps}"),
+                                steps=steps, encoding={"bias_scale": bias} if bias else None)
+                cfg = OmegaConf.load(run / "config.yaml")
+                cfg.train.batch_size = 4
+                OmegaConf.save(cfg, run / "config.yaml")
+    return tmp_path
+
+
+def test_budget_table_places_runs_and_averages_seeds(tmp_path):
+    study(tmp_path / "runs")
+    proc = subprocess.run([sys.executable, ROOT / "scripts/budget_table.py", tmp_path / "runs", "--out", tmp_path / "out"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    frame = pd.read_csv(tmp_path / "out/budget.csv")
+    assert sorted(frame.line.unique()) == ["alibi", "t5", "t5 (unscaled)"]
+    mean = frame[frame.seed == "mean"].set_index(["line", "steps", "eval_len"])
+    assert mean.loc[("t5 (unscaled)", 40, 32), "ppl"] == pytest.approx(11.1)  # 11.0, 11.1, 11.2
+    assert mean.loc[("alibi", 10, 32), "train_tokens"] == 10 * 4 * 32
+    assert mean.loc[("t5", 40, 512), "ratio"] == pytest.approx(2.01)
+    assert (mean.ci_method == "t").all()  # three seeds
+    low, high = mean.loc[("t5", 40, 512), ["ratio_ci_low", "ratio_ci_high"]]
+    assert low < 2.01 < high and high - low < 0.1
+    one = frame[frame.seed == "1"].set_index(["line", "steps", "eval_len"])
+    assert one.loc[("alibi", 10, 512), "ppl"] == pytest.approx(20.1 * 1.01)
+    assert (one.ci_method != "t").all()  # one seed: the token bootstrap
+    table = (tmp_path / "out/budget.md").read_text().splitlines()
+    assert table[2].startswith("| 1,280 | 10 | 20.10 [")  # alibi at 10 steps
+    assert " | 1.050 | " in table[2]  # spread: t5 unscaled's 21.1 over alibi's 20.1
+    assert table[2].endswith(" | alibi < t5 ~ t5 (unscaled) |")
+    ids = svg_ids(tmp_path / "out/budget.svg")
+    assert {"line:alibi", "line:t5", "line:t5 (unscaled)"} <= set(ids)
