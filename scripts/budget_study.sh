@@ -16,25 +16,28 @@ cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-sinusoidal,rope,t5,alibi,nope}
 seeds=${SEEDS:-0,1}
 out=${OUT:-outputs/budget_study}
-budgets=(4883 1221 488 122)  # longest first: the others branch off it
+read -ra budgets <<< "${BUDGETS:-4883 1221 488 122}"  # longest first: the others branch off it
+read -ra extra <<< "${EXTRA:-}"  # more overrides for every run (EXTRA="experiment=smoke" for a quick check)
 launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
 [ "${LAUNCHER:-}" = basic ] && launcher=()
 longest=${budgets[0]}
-keep=$(python -c "from posbench.config import TrainConfig as T; import sys; \
-print(','.join(str(T(steps=int(s), schedule='wsd', decay_frac=0.2).decay_start()) for s in sys.argv[1:]))" \
-    "${budgets[@]:1}")  # the shorter budgets' decay starts: 977, 390, 98
+warmup=${WARMUP:-40}
+keep=$(python -c "from posbench.config import TrainConfig as T; import sys; w = int(sys.argv[1]); \
+print(','.join(str(T(steps=int(s), warmup_steps=w, schedule='wsd', decay_frac=0.2).decay_start()) for s in sys.argv[2:]))" \
+    "$warmup" "${budgets[@]:1}")  # the shorter budgets' decay starts: 977, 390, 98
 study() {  # $1: the line's dir under $out; the rest: its overrides
     local line=$1; shift
-    local common=(seed="$seeds" train.schedule=wsd train.decay_frac=0.2 "${launcher[@]}"
-                  'hydra.sweep.subdir=${encoding.name}/seed=${seed}')
+    local common=(seed="$seeds" train.schedule=wsd train.decay_frac=0.2 train.warmup_steps="$warmup" "${extra[@]}"
+                  "${launcher[@]}"
+                  "hydra.sweep.subdir='\${encoding.name}/seed=\${seed}'")  # values with '=' are quoted for Hydra
     posbench -m train "$@" "${common[@]}" train.steps="$longest" "train.save_steps=[$keep]" \
-        hydra.sweep.dir="$out/$line/steps=$longest"
+        "hydra.sweep.dir='$out/$line/steps=$longest'"
     for steps in "${budgets[@]:1}"; do
         posbench -m train "$@" "${common[@]}" train.steps="$steps" \
-            "train.branch_from=$out/$line/steps=$longest/\${encoding.name}/seed=\${seed}" \
-            hydra.sweep.dir="$out/$line/steps=$steps"
+            "train.branch_from='$out/$line/steps=$longest/\${encoding.name}/seed=\${seed}'" \
+            "hydra.sweep.dir='$out/$line/steps=$steps'"
     done
 }
 study default encoding="$encodings"
 study t5_unscaled encoding=t5 encoding.bias_scale=none
-python scripts/budget_table.py "$out" --out results/budget_study
+python scripts/budget_table.py "$out" --out "${RESULTS:-results/budget_study}"
