@@ -9,8 +9,9 @@ other, so the ratios compare like with like; absolute figures differ between mac
 
     python scripts/sweep_throughput.py [--steps 30] [--out results/bench/sweep_throughput.md]
 
-Settings: `basic` (Hydra's sequential launcher, each job with all cores' torch threads) and
-`local_parallel` with n_jobs = 2 (each job with cores / 2 threads, see posbench.cli._share_cores).
+Settings: `basic` (Hydra's sequential launcher, each job with all cores' torch threads),
+`local_parallel` with n_jobs = 2 (each job with cores / 2 threads, see posbench.cli._share_cores),
+and local_parallel with `train.compile=true` or with twice the batch (tokens/s per window of work).
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENCODINGS = "alibi,rope"
+PARALLEL = ["hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2"]
 SETTINGS = {
     "basic": [],
-    "local_parallel": ["hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2"],
+    "local_parallel": PARALLEL,
+    # the same sweep with the model under torch.compile (inductor; its compile time is in the wall time)
+    "local_parallel + compile": PARALLEL + ["train.compile=true"],
+    # twice the windows per step: tokens/s only (whether a run with half the steps learns as much
+    # is a question of the learning rate, not of speed)
+    "local_parallel, batch 64": PARALLEL + ["train.batch_size=64"],
 }
 
 
 def sweep(name: str, steps: int, out: Path) -> dict:
-    sweep_dir = out / name
+    sweep_dir = out / name.replace(" + ", "_").replace(", ", "_").replace(" ", "")
     shutil.rmtree(sweep_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "posbench.cli", "-m", "train", f"encoding={ENCODINGS}", "seed=0",
            f"train.steps={steps}", "train.warmup_steps=5", "train.log_every=5", f"train.ckpt_every={steps}",
