@@ -64,7 +64,7 @@ def _figure(panels: int):
     import matplotlib
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(4.5 * panels, 3.4))
+    fig = Figure(figsize=(max(6.4, 4.5 * panels), 3.4))  # one panel: wide enough for the title
     return fig, fig.subplots(1, panels, squeeze=False), matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
