@@ -13,4 +13,4 @@ sweep=${SWEEP:-outputs/reference_cpu_quick}
 launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")  # 1.49x the tokens/s of one job at a time
 [ "${LAUNCHER:-}" = basic ] && launcher=()                    # on 2 CPU cores (results/bench/sweep_throughput.md)
 posbench -m train seed="$seeds" encoding="$encodings" "${launcher[@]}" hydra.sweep.dir="$sweep"
-posbench report "$sweep" --out results/cpu_quick
+posbench report "$sweep" --out results/cpu_quick --log-y
