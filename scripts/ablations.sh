@@ -13,8 +13,8 @@ launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")  # 1.49x the tokens/s of
 [ "${LAUNCHER:-}" = basic ] && launcher=()                    # on 2 CPU cores (results/bench/sweep_throughput.md)
 posbench -m train seed=0,1,2 encoding=t5 encoding.bias_scale=none "${launcher[@]}" \
     hydra.sweep.dir=outputs/ablation_t5
-posbench report "$reference"/t5 outputs/ablation_t5 --by encoding.bias_scale --out results/ablations/t5 --no-reference
+posbench report "$reference"/t5 outputs/ablation_t5 --by encoding.bias_scale --out results/ablations/t5 --no-reference --log-y
 posbench -m train seed=0,1 encoding=sinusoidal,learned,alibi,rope model.embed_scale=none \
     "${launcher[@]}" hydra.sweep.dir=outputs/ablation_embed_scale
 posbench report "$reference"/{sinusoidal,learned,alibi,rope}/seed={0,1} outputs/ablation_embed_scale \
-    --by model.embed_scale --out results/ablations/embed_scale --no-reference
+    --by model.embed_scale --out results/ablations/embed_scale --no-reference --log-y
