@@ -10,4 +10,4 @@ sweep=outputs/zoo_quick
 launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
 [ "${LAUNCHER:-}" = basic ] && launcher=()
 posbench -m train experiment=zoo_quick encoding="$encodings" seed="$seeds" "${launcher[@]}" hydra.sweep.dir="$sweep"
-posbench report "$sweep" --out results/zoo_quick
+posbench report "$sweep" --out results/zoo_quick --log-y
