@@ -16,4 +16,4 @@ for seed in 0 1 2; do
 done
 posbench -m eval checkpoint="$(IFS=,; echo "${runs[*]}")" eval.rope_scaling=none,pi,ntk,dynamic_ntk,yarn \
     hydra.sweep.dir=outputs/rope_scaling_sweep
-posbench report "$out" --out results/rope_scaling
+posbench report "$out" --out results/rope_scaling --log-y
