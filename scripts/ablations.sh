@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reference=${REFERENCE:-outputs/reference_cpu_quick}
-launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")  # 1.49x the tokens/s of one job at a time
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")  # 1.29-1.49x the tokens/s of one job at a time
 [ "${LAUNCHER:-}" = basic ] && launcher=()                    # on 2 CPU cores (results/bench/sweep_throughput.md)
 posbench -m train seed=0,1,2 encoding=t5 encoding.bias_scale=none "${launcher[@]}" \
     hydra.sweep.dir=outputs/ablation_t5

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-sinusoidal,learned,rope,t5,alibi,nope}
 seeds=${SEEDS:-0,1,2}
 sweep=${SWEEP:-outputs/reference_cpu_quick}
-launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")  # 1.49x the tokens/s of one job at a time
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")  # 1.29-1.49x the tokens/s of one job at a time
 [ "${LAUNCHER:-}" = basic ] && launcher=()                    # on 2 CPU cores (results/bench/sweep_throughput.md)
 posbench -m train seed="$seeds" encoding="$encodings" "${launcher[@]}" hydra.sweep.dir="$sweep"
 posbench report "$sweep" --out results/cpu_quick --log-y
