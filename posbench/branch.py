@@ -22,28 +22,21 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import RunDir, load_checkpoint
-from .config import RunConfig, hashed_part
+from .config import RunConfig, flat_items, hashed_part
 from .errors import PosbenchError
 
 
 def _comparable(config: dict) -> dict:
-    """The hashed part of a config without train.steps (the one key a branch may change), with
-    the seed (not hashed, but it fixes the batches and the init)."""
-    part = hashed_part(config)
-    part["train"] = {k: v for k, v in part.get("train", {}).items() if k != "steps"}
-    return {**part, "seed": config.get("seed")}
+    """The hashed keys of a config, flattened, without train.steps (the one key a branch may
+    change), with the seed (not hashed, but it fixes the batches and the init)."""
+    flat = dict(flat_items(hashed_part(config)))
+    flat.pop("train.steps", None)
+    return {**flat, "seed": config.get("seed")}
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
-    out = []
-    for k in keys:
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += _differences(x, y, f"{prefix}{k}.")
-        elif x != y:
-            out.append(f"{prefix}{k} ({y} there, {x} here)")
-    return out
+def _differences(ours: dict, theirs: dict) -> list[str]:
+    return [f"{k} ({theirs.get(k)} there, {ours.get(k)} here)" for k in sorted(set(ours) | set(theirs))
+            if ours.get(k) != theirs.get(k)]
 
 
 def read_branch_state(cfg: DictConfig, rc: RunConfig) -> dict:

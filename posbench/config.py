@@ -371,6 +371,15 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def flat_items(d: dict, prefix: str = ""):
+    """(dotted key, value) for every leaf of a nested config dict: ('train.lr', 0.001), ..."""
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from flat_items(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
 def hashed_part(data: dict) -> dict:
     """The part of a config (plain containers) that :func:`config_hash` covers: without
     ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN`` and the ``HASHED_UNLESS_NULL_TRAIN``

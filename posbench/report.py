@@ -103,24 +103,16 @@ def _variants(runs: list[Path], by: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------- one config per line
-def _flat(d: dict, prefix: str = ""):
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _flat(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
-
-
 def _hashed_config(run: str) -> dict | None:
     """The keys of a run's config.yaml that its config_hash covers, flattened ('train.lr')."""
     from omegaconf import OmegaConf
 
-    from .config import hashed_part
+    from .config import flat_items, hashed_part
 
     path = Path(run) / "config.yaml"
     if not path.is_file():
         return None
-    return dict(_flat(hashed_part(OmegaConf.to_container(OmegaConf.load(path), resolve=False))))
+    return dict(flat_items(hashed_part(OmegaConf.to_container(OmegaConf.load(path), resolve=False))))
 
 
 def config_diff(runs: list[str], hashes: list[str]) -> str:
@@ -412,15 +404,16 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
 
 
 # ---------------------------------------------------------------- runs' extra tables
-def _extra_tables(paths, df: pd.DataFrame, by: list[str] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """positions.csv and passkey.csv rows under ``paths``, labelled, with each run's model and
-    data from its results rows; empty frames where no run has them."""
-    runs = df.groupby("run")[["model", "data"]].first()
+def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """positions.csv and passkey.csv rows under ``paths``, labelled, with each run's model, data
+    and variant from its results rows (no config.yaml read again); empty frames where no run has them."""
+    runs = df.groupby("run")[["model", "data", "variant"]].first()
     out = []
     for name in ("positions.csv", "passkey.csv"):
-        t = collect(paths, name, by)
+        t = collect(paths, name)
         if not t.empty:
-            t = t.join(runs, on="run") if "model" not in t else t
+            t = t.drop(columns="variant")
+            t = t.join(runs[[c for c in runs if c not in t]], on="run")
             t = with_labels(t)
             check_one_config(t)
         out.append(t)
@@ -512,7 +505,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
                             + "; ".join(f"{run}: {error}" for run, error in failed)) from e
     check_one_config(df)
-    positions, passkey = _extra_tables(paths, df, by)
+    positions, passkey = _extra_tables(paths, df)
     ref = None
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
