@@ -232,13 +232,14 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
 
     state = TrainingState(model, optimizer, scheduler, data.sampler, world,
                           {"config_hash": rc.config_hash, "vocab_size": data.vocab_size, "corpus_key": data.key})
+    branched = resume is not None and resume["config_hash"] != rc.config_hash  # read_branch_state's, not ours
     if resume is not None:
         state.load_state_dict(resume)
-        if resume["config_hash"] == rc.config_hash:
-            print0(f"posbench: resuming {run.path} from step {state.step}")
-        else:
+        if branched:
             print0(f"posbench: branching off {tcfg.branch_from} at step {state.step}, the end of the stable phase "
                    "both runs share")
+        else:
+            print0(f"posbench: resuming {run.path} from step {state.step}")
     net = ddp = model
     if world.active:
         net = ddp = torch.nn.parallel.DistributedDataParallel(
@@ -247,8 +248,7 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
         net = torch.compile(net)
     return SimpleNamespace(cfg=cfg, rc=rc, world=world, device=device, dtype=dtype, run=run, corpus=data.corpus,
                            lengths=data.lengths, micro=micro, accum=accum, model=model, net=net, ddp=ddp, state=state,
-                           saved_step=state.step if resume is not None and resume["config_hash"] == rc.config_hash
-                           else None)
+                           saved_step=state.step if resume is not None and not branched else None)
 
 
 def training_data(rc: RunConfig, world) -> SimpleNamespace:
