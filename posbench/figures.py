@@ -5,7 +5,8 @@
 - :func:`run_figure`: one run's perplexity vs length (``ppl_vs_length.png`` in a run dir).
 - :func:`positions_figure`: mean NLL vs position in the window (positions.csv).
 - :func:`passkey_figure`: passkey accuracy by length x depth, one heat map per label (passkey.csv).
-- :func:`tasks_figure`: algorithmic tasks' exact match vs eval size / train size, one panel per task.
+- :func:`tasks_figure`: algorithmic tasks' exact match and token accuracy vs eval size / train size,
+  one panel per task and score.
 
 Every artist a reader may look for carries a gid, kept as the ``id`` of its ``<g>`` in the
 SVG: ``ours:<line>``, ``paper:<encoding>``, ``interval:<line>``, ``positions:<line>``,
@@ -253,14 +254,20 @@ def passkey_figure(passkey: pd.DataFrame):
     return fig
 
 
-TASK_INTERVAL_LABEL = "95% interval (t over >= 3 seeds, else Wilson over instances)"
+TASK_INTERVAL_LABEL = "95% interval (t over >= 3 seeds, else over instances)"
+
+
+TASK_SCORES = (("exact_match", "exact", "task", "exact match (%)"),   # column, interval prefix, gid, y label
+               ("token_acc", "token", "token", "token accuracy (%)"))
 
 
 def tasks_figure(summary: pd.DataFrame):
-    """Exact-match accuracy (%) vs eval size as a multiple of the train size (log2 x), one panel
-    per task, one line per label (:mod:`posbench.task_report`) with its 95% interval shaded. A
-    label has one colour in every panel; lines trained on randomized positions are dashed with
-    squares; the dashed grey line marks the train size (1x). One legend for all panels."""
+    """Accuracy (%) vs eval size as a multiple of the train size (log2 x), one panel per task:
+    exact match in the upper panels, per-token accuracy in the lower ones (beyond the training
+    size exact match is often 0 for every line, and token accuracy still tells them apart). One
+    line per label (:mod:`posbench.task_report`) with its 95% interval shaded. A label has one
+    colour in every panel; lines trained on randomized positions are dashed with squares; the
+    dashed grey line marks the train size (1x). One legend for all panels."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -268,31 +275,35 @@ def tasks_figure(summary: pd.DataFrame):
     tasks, names = list(dict.fromkeys(summary.task)), list(dict.fromkeys(summary.label))
     colours = _colours(names)
     cols = min(len(tasks), 4)
-    rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 2.6, 3.0 * rows), squeeze=False, sharey=True,
-                             layout="constrained")
+    block = math.ceil(len(tasks) / cols)  # rows of panels per score
+    fig, axes = plt.subplots(2 * block, cols, figsize=(3.4 * cols + 2.6, 3.0 * 2 * block), squeeze=False,
+                             sharey=True, layout="constrained")
     handles: dict[str, object] = {}
-    for ax, task in zip(axes.flat, tasks):
-        g = summary[summary.task == task]
-        for name, h in g.groupby("label", sort=False):
-            h = h.sort_values("multiple")
-            rand = bool((h.random_positions > 0).any())
-            handles[name], = ax.plot(h.multiple, 100 * h.exact_match, color=colours[name], label=name,
-                                     linestyle="--" if rand else "-", marker="s" if rand else "o", markersize=5,
-                                     gid=f"task:{task}:{name}")
-            if h.exact_lo.notna().any():
-                ax.fill_between(h.multiple, 100 * h.exact_lo, 100 * h.exact_hi, color=colours[name], alpha=0.15,
-                                linewidth=0, gid=f"interval:{task}:{name}")
-        ax.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_size")
-        _log_axes(ax, sorted(set(g.multiple) | {1}), multiples=True, log_y=False)
-        ax.set_xlim(0.8, 1.25 * max(float(g.multiple.max()), 1.0))
-        ax.set_ylim(-3, 103)
-        ax.set_title(f"{task} (train size {', '.join(map(str, sorted(g.train_size.unique())))})", fontsize="medium")
-        ax.set_xlabel("eval size / train size")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("exact match (%)")
-    for ax in list(axes.flat)[len(tasks):]:
-        fig.delaxes(ax)
+    for b, (column, prefix, gid, ylabel) in enumerate(TASK_SCORES):
+        panels = list(axes[b * block:(b + 1) * block].flat)
+        for ax, task in zip(panels, tasks):
+            g = summary[summary.task == task]
+            for name, h in g.groupby("label", sort=False):
+                h = h.sort_values("multiple")
+                rand = bool((h.random_positions > 0).any())
+                handles[name], = ax.plot(h.multiple, 100 * h[column], color=colours[name], label=name,
+                                         linestyle="--" if rand else "-", marker="s" if rand else "o", markersize=5,
+                                         gid=f"{gid}:{task}:{name}")
+                if h[f"{prefix}_lo"].notna().any():
+                    ax.fill_between(h.multiple, 100 * h[f"{prefix}_lo"], 100 * h[f"{prefix}_hi"],
+                                    color=colours[name], alpha=0.15, linewidth=0,
+                                    gid=f"{'interval' if gid == 'task' else gid + '_interval'}:{task}:{name}")
+            ax.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_size")
+            _log_axes(ax, sorted(set(g.multiple) | {1}), multiples=True, log_y=False)
+            ax.set_xlim(0.8, 1.25 * max(float(g.multiple.max()), 1.0))
+            ax.set_ylim(-3, 103)
+            ax.set_title(f"{task} (train size {', '.join(map(str, sorted(g.train_size.unique())))})",
+                         fontsize="medium")
+            ax.set_xlabel("eval size / train size")
+        for ax in axes[b * block:(b + 1) * block, 0]:
+            ax.set_ylabel(ylabel)
+        for ax in panels[len(tasks):]:
+            fig.delaxes(ax)
     extra = [Line2D([], [], color="gray", linestyle="--", linewidth=1, label="train size"),
              Patch(color="gray", alpha=0.15, linewidth=0, label=TASK_INTERVAL_LABEL)]
     fig.legend(handles=[*handles.values(), *extra], loc="outside right upper", fontsize="small")

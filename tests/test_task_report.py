@@ -178,8 +178,9 @@ def test_report_of_tasks_only_writes_tables_figure_and_no_perplexity_report(tmp_
     svg = ET.parse(sweep / "tasks.svg")
     ids = {e.get("id") for e in svg.iter() if e.get("id")}
     assert {"task:copy:rope +rand", "task:sort:nope", "interval:copy:nope", "train_size"} <= ids
+    assert {"token:copy:rope +rand", "token:sort:nope", "token_interval:copy:nope"} <= ids
     texts = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
-    assert {"copy (train size 20)", "rope +rand", "train size", "exact match (%)"} <= texts
+    assert {"copy (train size 20)", "rope +rand", "train size", "exact match (%)", "token accuracy (%)"} <= texts
     assert task_report([sweep], tmp_path / "again").files[-1] == tmp_path / "again/tasks.svg"
 
 
