@@ -299,12 +299,29 @@ def evaluate_task(model, tcfg: TaskConfig, meta: dict, device, dtype, random_pos
     return pd.DataFrame(rows)[TASK_COLUMNS]
 
 
+LEARNED = 0.5  # exact match at the training size below which a run is told it has not learned its task
+
+
+def unlearned_note(rows: pd.DataFrame) -> str | None:
+    """One line when exact match at the training size (1x) is below :data:`LEARNED`: accuracy
+    beyond the training size then says little about length generalization. None otherwise."""
+    at = rows[rows.multiple == 1]
+    if at.empty or float(at.exact_match.iloc[0]) >= LEARNED:
+        return None
+    r = at.iloc[0]
+    return (f"note: exact match at the training size ({r.task}, n={r.eval_size}) is {r.exact_match:.1%}, below "
+            f"{LEARNED:.0%}: the model has not learned the task, so accuracy at longer sizes says little about "
+            "length generalization; train longer (train.steps) or start from experiment=tasks_quick")
+
+
 def markdown_tasks(rows: pd.DataFrame) -> str:
-    """A run's tasks.csv as a Markdown table (exact match and per-token accuracy with intervals)."""
+    """A run's tasks.csv as a Markdown table (exact match and per-token accuracy with intervals),
+    followed by :func:`unlearned_note` where it applies."""
     lines = ["| task | encoding | size | multiple | exact match [95% CI] | token acc [95% CI] | instances |",
              "|---|---|---|---|---|---|---|"]
     for r in rows.itertuples():
         lines.append(f"| {r.task} | {r.encoding} | {r.eval_size} | {r.multiple}x | {r.exact_match:.1%} "
                      f"[{r.exact_lo:.1%}, {r.exact_hi:.1%}] | {r.token_acc:.1%} [{r.token_lo:.1%}, {r.token_hi:.1%}] "
                      f"| {r.instances} |")
-    return "\n".join(lines)
+    note = unlearned_note(rows)
+    return "\n".join(lines + ([f"\n{note}"] if note else []))

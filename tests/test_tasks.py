@@ -11,7 +11,8 @@ from posbench.config import TASK_NAMES, TaskConfig, config_hash
 from posbench.errors import PosbenchError
 from posbench.intervals import wilson_interval
 from posbench.results import TASK_COLUMNS
-from posbench.tasks import BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, encode, make_task, score_size, size_row
+from posbench.tasks import (BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, encode, make_task, markdown_tasks, score_size,
+                            size_row)
 
 from conftest import compose, posbench
 
@@ -101,6 +102,21 @@ def test_size_row_intervals():
     half = 3.182446305284263 * sd / 2  # t(0.975, df=3) * sd / sqrt(4)
     assert row["token_sd"] == pytest.approx(sd)
     assert row["token_lo"] == pytest.approx(0.875 - half) and row["token_hi"] == 1.0  # clipped at 1
+
+
+def test_a_run_that_has_not_learned_its_task_says_so_under_its_table():
+    def rows(exact_at_1x):
+        return pd.DataFrame([{"task": "copy", "encoding": "nope", "eval_size": 8 * m, "multiple": m, "instances": 256,
+                              **size_row(torch.arange(256).numpy() < round(256 * e), torch.full((256,), e).numpy())}
+                             for m, e in [(1, exact_at_1x), (2, 0.0)]])
+
+    learned, unlearned = markdown_tasks(rows(0.5)), markdown_tasks(rows(0.25))
+    assert "note:" not in learned and learned.count("\n") == 3  # header, rule, two rows
+    assert unlearned.splitlines()[2].startswith("| copy | nope | 8 | 1x | 25.0% [") and unlearned.splitlines()[4] == ""
+    assert unlearned.splitlines()[-1] == (
+        "note: exact match at the training size (copy, n=8) is 25.0%, below 50%: the model has not learned the "
+        "task, so accuracy at longer sizes says little about length generalization; train longer (train.steps) "
+        "or start from experiment=tasks_quick")
 
 
 def test_exact_match_equals_greedy_decoding():
