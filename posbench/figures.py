@@ -257,8 +257,9 @@ def passkey_figure(passkey: pd.DataFrame):
 TASK_INTERVAL_LABEL = "95% interval (t over >= 3 seeds, else over instances)"
 
 
-TASK_SCORES = (("exact_match", "exact", "task", "exact match (%)"),   # column, interval prefix, gid, y label
-               ("token_acc", "token", "token", "token accuracy (%)"))
+TASK_SCORES = (  # column, interval prefix, line gid, band gid, y label
+    ("exact_match", "exact", "task", "interval", "exact match (%)"),
+    ("token_acc", "token", "token", "token_interval", "token accuracy (%)"))
 
 
 def tasks_figure(summary: pd.DataFrame):
@@ -279,7 +280,7 @@ def tasks_figure(summary: pd.DataFrame):
     fig, axes = plt.subplots(2 * block, cols, figsize=(3.4 * cols + 2.6, 3.0 * 2 * block), squeeze=False,
                              sharey=True, layout="constrained")
     handles: dict[str, object] = {}
-    for b, (column, prefix, gid, ylabel) in enumerate(TASK_SCORES):
+    for b, (column, prefix, gid, band, ylabel) in enumerate(TASK_SCORES):
         panels = list(axes[b * block:(b + 1) * block].flat)
         for ax, task in zip(panels, tasks):
             g = summary[summary.task == task]
@@ -292,7 +293,7 @@ def tasks_figure(summary: pd.DataFrame):
                 if h[f"{prefix}_lo"].notna().any():
                     ax.fill_between(h.multiple, 100 * h[f"{prefix}_lo"], 100 * h[f"{prefix}_hi"],
                                     color=colours[name], alpha=0.15, linewidth=0,
-                                    gid=f"{'interval' if gid == 'task' else gid + '_interval'}:{task}:{name}")
+                                    gid=f"{band}:{task}:{name}")
             ax.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_size")
             _log_axes(ax, sorted(set(g.multiple) | {1}), multiples=True, log_y=False)
             ax.set_xlim(0.8, 1.25 * max(float(g.multiple.max()), 1.0))
