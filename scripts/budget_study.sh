@@ -17,7 +17,7 @@
 # interrupted study.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-encodings=${ENCODINGS:-alibi rope nope t5 sinusoidal}
+encodings=${ENCODINGS:-alibi rope nope t5 sinusoidal t5_unscaled}  # t5_unscaled: T5 with bias_scale=none
 seeds=${SEEDS:-0,1}
 out=${OUT:-outputs/budget_study}
 read -ra budgets <<< "${BUDGETS:-4883 1221 488 122}"  # longest first: the others branch off it
@@ -43,7 +43,7 @@ study() {  # $1: the line's dir under $out; the rest: its overrides
     done
 }
 for enc in $encodings; do
-    study default encoding="$enc"
-    if [ "$enc" = t5 ]; then study t5_unscaled encoding=t5 encoding.bias_scale=none; fi
+    if [ "$enc" = t5_unscaled ]; then study t5_unscaled encoding=t5 encoding.bias_scale=none
+    else study default encoding="$enc"; fi
 done
 python scripts/budget_table.py "$out" --out "${RESULTS:-results/budget_study}"
