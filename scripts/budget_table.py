@@ -11,10 +11,12 @@ else the paired block bootstrap over the scored tokens).
 Writes into --out:
   budget.csv  tidy: line, seed ('mean' for the average over seeds), steps, train_tokens,
               train_len, eval_len, ppl with its interval, the ratio ppl(eval_len) / ppl(train_len) with its
-              paired interval, the interval's method;
-  budget.md   per budget: ppl at train_len per line, their spread (max / min) and the 16x ratios,
-              each with its interval, and the ordering of the lines by the 16x ratio where the
-              intervals of neighbours do not overlap;
+              paired interval, vs_best (ppl over the lowest line's at the same budget and eval_len, with
+              its paired interval), the interval's method;
+  budget.md   per budget: ppl at train_len per line, their spread (the worst line's ppl over the
+              best's, with its paired interval) and whether that interval puts them within 5% of
+              each other, the 16x ratios with their intervals, and the ordering of the lines by the
+              16x ratio where the intervals of neighbours do not overlap;
   budget.png  (and .svg) two panels against training tokens (log x): ppl at train_len, and
               ppl(16x) / ppl(1x); one line per encoding, each point with its 95% interval.
 """
@@ -33,7 +35,8 @@ from posbench.figures import save
 from posbench.report import collect, summarize
 
 COLUMNS = ["line", "seed", "steps", "train_tokens", "train_len", "eval_len", "ppl", "ppl_ci_low", "ppl_ci_high", "ratio",
-           "ratio_ci_low", "ratio_ci_high", "ci_method"]
+           "ratio_ci_low", "ratio_ci_high", "vs_best", "vs_best_ci_low", "vs_best_ci_high", "ci_method"]
+PARITY = 1.05  # "within 5%": the issue's parity criterion for ppl at train_len
 
 
 def place(run: str) -> tuple[str, int, int]:
@@ -52,7 +55,9 @@ def tidy(summary: pd.DataFrame, seed) -> pd.DataFrame:
                          "train_tokens": summary.train_tokens, "train_len": summary.train_len, "eval_len": summary.eval_len, "ppl": summary.ppl_mean,
                          "ppl_ci_low": summary.ppl_ci_low, "ppl_ci_high": summary.ppl_ci_high,
                          "ratio": summary.ratio_mean, "ratio_ci_low": summary.ratio_ci_low,
-                         "ratio_ci_high": summary.ratio_ci_high, "ci_method": summary.ci_method})
+                         "ratio_ci_high": summary.ratio_ci_high, "vs_best": summary.vs_best,
+                         "vs_best_ci_low": summary.vs_best_ci_low, "vs_best_ci_high": summary.vs_best_ci_high,
+                         "ci_method": summary.ci_method})
 
 
 def budget_frame(dirs: list[str]) -> pd.DataFrame:
@@ -64,7 +69,8 @@ def budget_frame(dirs: list[str]) -> pd.DataFrame:
     tokens = {str(steps): n for _, steps, n in placed.values()}
     parts = []
     for seed, rows in [("mean", df), *df.groupby("seed")]:
-        s = summarize(rows)
+        # one budget at a time, so that vs_best compares the lines of one budget, not all of them
+        s = pd.concat([summarize(g) for _, g in rows.groupby("variant")], ignore_index=True)
         parts.append(tidy(s.assign(train_tokens=s.variant.map(tokens)), seed))
     out = pd.concat(parts, ignore_index=True)
     return out.sort_values(["line", "seed", "steps", "eval_len"], key=lambda c: c.astype(str) if c.name == "seed"
@@ -83,19 +89,31 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     mean = frame[frame.seed == "mean"]
     at1, at16 = mean[mean.eval_len == mean.train_len], mean[mean.eval_len == 16 * mean.train_len]
     lines = sorted(mean.line.unique())
-    out = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(1x)" for n in lines) + " | spread at 1x | "
+    out = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(1x)" for n in lines) + " | spread at 1x | within 5%? | "
            + " | ".join(f"{n}: ppl(16x)/ppl(1x)" for n in lines) + " | 16x ratio, lowest first |",
-           "|---|---|" + "---|" * (2 * len(lines) + 2)]
+           "|---|---|" + "---|" * (2 * len(lines) + 3)]
     for steps, g1 in at1.groupby("steps"):
         g16 = at16[at16.steps == steps].set_index("line")
         g1 = g1.set_index("line")
         ppl = [_interval(*g1.loc[n, ["ppl", "ppl_ci_low", "ppl_ci_high"]], 2) if n in g1.index else "" for n in lines]
         ratio = [_interval(*g16.loc[n, ["ratio", "ratio_ci_low", "ratio_ci_high"]], 3) if n in g16.index else ""
                  for n in lines]
-        spread = g1.ppl.max() / g1.ppl.min()
-        out.append(f"| {tokens_text(g1.train_tokens.iloc[0])} | {steps} | " + " | ".join(ppl) + f" | {spread:.3f} | "
-                   + " | ".join(ratio) + f" | {ordering(g16)} |")
+        worst = g1.loc[g1.vs_best.idxmax()]
+        spread = _interval(worst.vs_best, worst.vs_best_ci_low, worst.vs_best_ci_high, 3)
+        out.append(f"| {tokens_text(g1.train_tokens.iloc[0])} | {steps} | " + " | ".join(ppl) + f" | {spread} | "
+                   + f"{parity(worst)} | " + " | ".join(ratio) + f" | {ordering(g16)} |")
     return "\n".join(out)
+
+
+def parity(worst: pd.Series) -> str:
+    """Whether the lines' ppl at train_len are within 5% of each other, from the interval of the
+    spread (the worst line's ppl over the best's, paired): 'yes' where the whole interval is at
+    most 1.05, 'no' where it lies above, 'not distinguishable' where it straddles 1.05 or is unknown."""
+    if worst.vs_best_ci_high <= PARITY:
+        return "yes"
+    if worst.vs_best_ci_low > PARITY:
+        return "no"
+    return "not distinguishable"
 
 
 def tokens_text(n: int) -> str:
@@ -157,7 +175,8 @@ def main(argv: list[str]) -> None:
     atomic_write_text(out / "budget.csv", frame.to_csv(index=False))
     table = summary_markdown(frame)
     atomic_write_text(out / "budget.md", table + "\n\nCells: mean over seeds [95% interval]; spread: the highest "
-                      "ppl at train_len over the lowest; '<' in the ordering where neighbours' intervals are apart, "
+                      "ppl at train_len over the lowest, with its paired 95% interval; within 5%?: 'yes' where that "
+                      "whole interval is at most 1.05, 'no' where it lies above; '<' in the ordering where neighbours' intervals are apart, "
                       "'~' where they overlap.\n\n![budget](budget.png)\n")
     save(figure(frame), out / "budget.png", also_svg=True)
     print(table)

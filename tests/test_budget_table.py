@@ -47,7 +47,12 @@ def test_budget_table_places_runs_and_averages_seeds(tmp_path):
     assert (one.ci_method != "t").all()  # one seed: the token bootstrap
     table = (tmp_path / "out/budget.md").read_text().splitlines()
     assert table[2].startswith("| 1,280 | 10 | 20.10 [")  # alibi at 10 steps
-    assert " | 1.050 | " in table[2]  # spread: t5 unscaled's 21.1 over alibi's 20.1
+    # spread: t5 unscaled's 21.1 over alibi's 20.1; its Welch interval over 3 seeds straddles 1.05
+    low, high = mean.loc[("t5 (unscaled)", 10, 32), ["vs_best_ci_low", "vs_best_ci_high"]]
+    assert low < 1.05 < high and high - low < 0.05
+    assert mean.loc[("t5 (unscaled)", 10, 32), "vs_best"] == pytest.approx(21.1 / 20.1)
+    assert f" | 1.050 [{low:.3f}, {high:.3f}] | not distinguishable | " in table[2]
+    assert " | 1.099 [" in table[3] and " | no | " in table[3]  # at 40 steps: 11.1 over 10.1 (alibi at 40 steps, not at 10)
     assert table[2].endswith(" | alibi < t5 ~ t5 (unscaled) |")
     ids = svg_ids(tmp_path / "out/budget.svg")
     assert {"line:alibi", "line:t5", "line:t5 (unscaled)"} <= set(ids)
