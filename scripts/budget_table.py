@@ -18,7 +18,11 @@ Writes into --out:
               each other, the 16x ratios with their intervals, and the ordering of the lines by the
               16x ratio where the intervals of neighbours do not overlap;
   budget.png  (and .svg) two panels against training tokens (log x): ppl at train_len, and
-              ppl(16x) / ppl(1x); one line per encoding, each point with its 95% interval.
+              ppl(16x) / ppl(1x); one line per encoding through the mean over seeds, with its 95%
+              interval, and each seed's own value as a dash. The line's point is the mean of the
+              seeds' values and the interval is about their geometric mean over the scored tokens,
+              so where two seeds disagree the point can lie outside its interval (the bar then ends
+              at the point): the dashes show why.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ from posbench.report import collect, summarize
 
 COLUMNS = ["line", "seed", "steps", "train_tokens", "train_len", "eval_len", "ppl", "ppl_ci_low", "ppl_ci_high", "ratio",
            "ratio_ci_low", "ratio_ci_high", "vs_best", "vs_best_ci_low", "vs_best_ci_high", "ci_method"]
-PARITY = 1.05  # "within 5%": the issue's parity criterion for ppl at train_len
+PARITY = 1.05  # "within 5%": the parity criterion for ppl at train_len
+NOTE = ("Cells: the mean over seeds [95% interval over the scored tokens] (each seed's value); spread: the "
+        "highest ppl at train_len over the lowest, paired; within 5%?: 'yes' where the spread's whole interval "
+        "and every seed's own spread are at most 1.05, 'no' where all lie above, else 'not distinguishable'; "
+        "in the ordering '<' where neighbours' intervals are apart and their seeds do not overlap, '~' otherwise.")
 
 
 def place(run: str) -> tuple[str, int, int]:
@@ -84,34 +92,49 @@ def _interval(mean, low, high, digits: int) -> str:
 
 
 def summary_markdown(frame: pd.DataFrame) -> str:
-    """Per budget: every line's ppl at train_len and 16x ratio with intervals, the spread at
-    train_len, and the 16x ordering with '<' only where neighbours' intervals are apart."""
-    mean = frame[frame.seed == "mean"]
-    at1, at16 = mean[mean.eval_len == mean.train_len], mean[mean.eval_len == 16 * mean.train_len]
+    """Two tables, one row per budget. In distribution: every line's ppl at train_len, the spread
+    (the worst line over the best) with its interval and each seed's own spread, and the within-5%
+    verdict. Extrapolation: every line's ppl(16x) / ppl(1x) with its interval and each seed's
+    ratio, and the lines ordered by it. With two seeds the intervals are over the scored tokens,
+    which leaves the seed-to-seed spread out, so the seeds are printed beside them and every
+    verdict needs the seeds to agree as well."""
+    mean, seeds = frame[frame.seed == "mean"], frame[frame.seed != "mean"]
     lines = sorted(mean.line.unique())
-    out = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(1x)" for n in lines) + " | spread at 1x | within 5%? | "
-           + " | ".join(f"{n}: ppl(16x)/ppl(1x)" for n in lines) + " | 16x ratio, lowest first |",
-           "|---|---|" + "---|" * (2 * len(lines) + 3)]
-    for steps, g1 in at1.groupby("steps"):
-        g16 = at16[at16.steps == steps].set_index("line")
+    at = {}
+    for name, rows in (("mean", mean), ("seeds", seeds)):
+        at[name, 1] = rows[rows.eval_len == rows.train_len]
+        at[name, 16] = rows[rows.eval_len == 16 * rows.train_len]
+    first = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(1x)" for n in lines)
+             + " | spread at 1x (each seed's) | within 5%? |", "|---|---|" + "---|" * (len(lines) + 2)]
+    second = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(16x)/ppl(1x) (each seed's)" for n in lines)
+              + " | 16x ratio, lowest first |", "|---|---|" + "---|" * (len(lines) + 1)]
+    for steps, g1 in at["mean", 1].groupby("steps"):
+        head = f"| {tokens_text(g1.train_tokens.iloc[0])} | {steps} | "
         g1 = g1.set_index("line")
+        s1 = at["seeds", 1][at["seeds", 1].steps == steps]
+        g16 = at["mean", 16][at["mean", 16].steps == steps].set_index("line")
+        s16 = at["seeds", 16][at["seeds", 16].steps == steps]
         ppl = [_interval(*g1.loc[n, ["ppl", "ppl_ci_low", "ppl_ci_high"]], 2) if n in g1.index else "" for n in lines]
-        ratio = [_interval(*g16.loc[n, ["ratio", "ratio_ci_low", "ratio_ci_high"]], 3) if n in g16.index else ""
-                 for n in lines]
         worst = g1.loc[g1.vs_best.idxmax()]
-        spread = _interval(worst.vs_best, worst.vs_best_ci_low, worst.vs_best_ci_high, 3)
-        out.append(f"| {tokens_text(g1.train_tokens.iloc[0])} | {steps} | " + " | ".join(ppl) + f" | {spread} | "
-                   + f"{parity(worst)} | " + " | ".join(ratio) + f" | {ordering(g16)} |")
-    return "\n".join(out)
+        per_seed = s1.groupby("seed").vs_best.max().sort_index()
+        spread = _interval(worst.vs_best, worst.vs_best_ci_low, worst.vs_best_ci_high, 3) \
+            + f" ({' / '.join(f'{v:.3f}' for v in per_seed)})"
+        first.append(head + " | ".join(ppl) + f" | {spread} | {parity(worst, per_seed)} |")
+        ratio = [_interval(*g16.loc[n, ["ratio", "ratio_ci_low", "ratio_ci_high"]], 3)
+                 + f" ({' / '.join(f'{v:.3f}' for v in s16[s16.line == n].sort_values('seed').ratio)})"
+                 if n in g16.index else "" for n in lines]
+        second.append(head + " | ".join(ratio) + f" | {ordering(g16, s16)} |")
+    return "\n".join(first + [""] + second)
 
 
-def parity(worst: pd.Series) -> str:
-    """Whether the lines' ppl at train_len are within 5% of each other, from the interval of the
-    spread (the worst line's ppl over the best's, paired): 'yes' where the whole interval is at
-    most 1.05, 'no' where it lies above, 'not distinguishable' where it straddles 1.05 or is unknown."""
-    if worst.vs_best_ci_high <= PARITY:
+def parity(worst: pd.Series, per_seed: pd.Series) -> str:
+    """Whether the lines' ppl at train_len are within 5% of each other: 'yes' where the whole
+    interval of the spread (the worst line's ppl over the best's, paired) is at most 1.05 and so is
+    every seed's own spread, 'no' where the interval and every seed's spread lie above 1.05, else
+    'not distinguishable'."""
+    if worst.vs_best_ci_high <= PARITY and (per_seed <= PARITY).all():
         return "yes"
-    if worst.vs_best_ci_low > PARITY:
+    if worst.vs_best_ci_low > PARITY and (per_seed > PARITY).all():
         return "no"
     return "not distinguishable"
 
@@ -121,16 +144,18 @@ def tokens_text(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{int(n):,}"
 
 
-def ordering(at16: pd.DataFrame) -> str:
-    """'alibi < nope ~ t5 < rope': lines by their 16x ratio, '<' where the neighbours' 95% intervals do
-    not overlap, '~' where they do (or one has none)."""
+def ordering(at16: pd.DataFrame, seeds: pd.DataFrame) -> str:
+    """'alibi < nope ~ t5 < rope': lines by their 16x ratio, '<' where the neighbours' 95% intervals
+    are apart and every seed of the lower line is below every seed of the higher, '~' otherwise (or
+    where one has no interval)."""
     g = at16.dropna(subset=["ratio"]).sort_values("ratio")
     text = ""
     for i, (name, r) in enumerate(g.iterrows()):
         if i:
-            prev = g.iloc[i - 1]
+            prev_name, prev = g.index[i - 1], g.iloc[i - 1]
             apart = prev.ratio_ci_high == prev.ratio_ci_high and r.ratio_ci_low == r.ratio_ci_low \
-                and prev.ratio_ci_high < r.ratio_ci_low
+                and prev.ratio_ci_high < r.ratio_ci_low \
+                and seeds[seeds.line == prev_name].ratio.max() < seeds[seeds.line == name].ratio.min()
             text += " < " if apart else " ~ "
         text += str(name)
     return text
@@ -142,7 +167,7 @@ def figure(frame: pd.DataFrame):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mean = frame[frame.seed == "mean"]
+    mean, seeds = frame[frame.seed == "mean"], frame[frame.seed != "mean"]
     panels = [(mean[mean.eval_len == mean.train_len], "ppl", "perplexity at train_len"),
               (mean[mean.eval_len == 16 * mean.train_len], "ratio", "ppl(16x) / ppl(1x)")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
@@ -150,8 +175,13 @@ def figure(frame: pd.DataFrame):
         for i, (line, g) in enumerate(rows.groupby("line")):
             g = g.sort_values("train_tokens")
             low, high = g[f"{col}_ci_low"], g[f"{col}_ci_high"]
-            ax.errorbar(g.train_tokens, g[col], yerr=[(g[col] - low).fillna(0), (high - g[col]).fillna(0)],
+            ax.errorbar(g.train_tokens, g[col], yerr=[(g[col] - low).fillna(0).clip(lower=0),
+                                                      (high - g[col]).fillna(0).clip(lower=0)],
                         marker="o", capsize=3, label=line, color=f"C{i}", gid=f"line:{line}")
+            each = seeds[(seeds.line == line) & seeds.eval_len.isin(rows.eval_len)]
+            each = each[each.eval_len == (each.train_len if col == "ppl" else 16 * each.train_len)]
+            ax.scatter(each.train_tokens, each[col], marker="_", s=60, color=f"C{i}", alpha=0.6,
+                       gid=f"seeds:{line}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
@@ -174,10 +204,7 @@ def main(argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "budget.csv", frame.to_csv(index=False))
     table = summary_markdown(frame)
-    atomic_write_text(out / "budget.md", table + "\n\nCells: mean over seeds [95% interval]; spread: the highest "
-                      "ppl at train_len over the lowest, with its paired 95% interval; within 5%?: 'yes' where that "
-                      "whole interval is at most 1.05, 'no' where it lies above; '<' in the ordering where neighbours' intervals are apart, "
-                      "'~' where they overlap.\n\n![budget](budget.png)\n")
+    atomic_write_text(out / "budget.md", table + "\n\n" + NOTE + "\n\n![budget](budget.png)\n")
     save(figure(frame), out / "budget.png", also_svg=True)
     print(table)
 

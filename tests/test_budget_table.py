@@ -51,8 +51,23 @@ def test_budget_table_places_runs_and_averages_seeds(tmp_path):
     low, high = mean.loc[("t5 (unscaled)", 10, 32), ["vs_best_ci_low", "vs_best_ci_high"]]
     assert low < 1.05 < high and high - low < 0.05
     assert mean.loc[("t5 (unscaled)", 10, 32), "vs_best"] == pytest.approx(21.1 / 20.1)
-    assert f" | 1.050 [{low:.3f}, {high:.3f}] | not distinguishable | " in table[2]
-    assert " | 1.099 [" in table[3] and " | no | " in table[3]  # at 40 steps: 11.1 over 10.1 (alibi at 40 steps, not at 10)
-    assert table[2].endswith(" | alibi < t5 ~ t5 (unscaled) |")
+    assert table[2].endswith(f" | 1.050 [{low:.3f}, {high:.3f}] (1.050 / 1.050 / 1.050) | not distinguishable |")
+    assert " | 1.099 [" in table[3] and table[3].endswith(" | no |")  # 11.1 over 10.1: alibi at 40 steps, not at 10
+    assert table[5].startswith("| training tokens | steps | alibi: ppl(16x)/ppl(1x) (each seed's) |")
+    assert " (1.000 / 1.010 / 1.020) | " in table[7]  # alibi's seeds at 10 steps
+    assert table[7].endswith(" | alibi < t5 ~ t5 (unscaled) |")
     ids = svg_ids(tmp_path / "out/budget.svg")
-    assert {"line:alibi", "line:t5", "line:t5 (unscaled)"} <= set(ids)
+    assert {"line:alibi", "line:t5", "line:t5 (unscaled)", "seeds:alibi"} <= set(ids)
+
+
+def test_an_ordering_needs_the_seeds_apart_as_well_as_the_intervals():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from budget_table import ordering
+
+    # two seeds each: bootstrap intervals over tokens that are narrow and apart...
+    at16 = pd.DataFrame({"ratio": [4.3, 6.1, 1.5], "ratio_ci_low": [4.1, 5.4, 1.4], "ratio_ci_high": [4.5, 6.09, 1.6]},
+                        index=["rope", "nope", "x"])
+    seeds = pd.DataFrame({"line": ["rope", "rope", "nope", "nope", "x", "x"], "ratio": [4.37, 4.25, 3.92, 8.30, 1.45, 1.55]})
+    assert ordering(at16, seeds) == "x < rope ~ nope"  # ...but nope's seeds straddle rope's
+    seeds.loc[2, "ratio"] = 4.6
+    assert ordering(at16, seeds) == "x < rope < nope"

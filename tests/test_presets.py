@@ -1,10 +1,17 @@
 """The named experiment presets compose to what their comments promise."""
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import ROOT, compose
 from posbench.build import build_model
+from posbench.config import config_hash
 from posbench.distributed import World, micro_batches
 
 
@@ -51,3 +58,44 @@ def test_tasks_quick_trains_a_small_model_on_a_task_and_fits_random_positions():
     longest = max(make_task(TaskConfig(name=n)).length(8 * 8) for n in ("copy", "reverse", "duplicate", "sort",
                                                                           "addition", "parity", "recall"))
     assert longest == 197 and "random_positions=256" in (ROOT / "conf/experiment/tasks_quick.yaml").read_text()
+
+
+def study_budgets() -> list[int]:
+    """The budget study's steps, from scripts/budget_study.sh's default BUDGETS."""
+    text = (ROOT / "scripts/budget_study.sh").read_text()
+    return [int(s) for s in re.search(r'BUDGETS:-([\d ]+)\}', text).group(1).split()]
+
+
+def test_reference_is_a_budget_of_the_study_and_pools_with_its_runs():
+    ref = compose("experiment=reference", "encoding=alibi")
+    assert ref.train.steps in study_budgets()
+    assert (ref.model, ref.data, ref.eval) == (compose().model, compose().data, compose().eval)
+    # a study run at that budget, as scripts/budget_study.sh starts it: branched, compiled, another seed
+    study = compose("encoding=alibi", "seed=1", "train.schedule=wsd", "train.decay_frac=0.2", "train.warmup_steps=40",
+                    "train.compile=true", f"train.steps={ref.train.steps}", "train.branch_from=outputs/long")
+    assert config_hash(ref) == config_hash(study)
+    assert config_hash(ref) != config_hash(compose("encoding=alibi", f"train.steps={ref.train.steps}"))  # not cosine
+
+
+def test_reference_script_trains_only_what_the_study_has_not(tmp_path):
+    """scripts/reference.sh with a `posbench` on PATH that records its arguments: an (encoding,
+    seed) the study finished at the preset's budget is read, not trained again."""
+    steps = compose("experiment=reference").train.steps
+    study = tmp_path / "study"
+    for enc, seed in [("alibi", 0), ("alibi", 1), ("rope", 0)]:
+        (study / f"steps={steps}/{enc}/seed={seed}").mkdir(parents=True)
+        (study / f"steps={steps}/{enc}/seed={seed}/results.csv").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "posbench").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
+    (bin_dir / "posbench").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "STUDY": str(study), "SWEEP": str(tmp_path / "ref"), "RESULTS": str(tmp_path / "res"),
+           "ENCODINGS": "alibi,rope,nope"}
+    proc = subprocess.run(["bash", ROOT / "scripts/reference.sh"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    calls = sorted((tmp_path / "calls").read_text().splitlines())
+    trains = sorted(re.search(r"encoding=(\S+) seed=(\S+)", c).groups() for c in calls if c.startswith("-m train"))
+    assert trains == [("alibi", "2"), ("nope", "0,1,2"), ("rope", "1,2")]
+    assert all("experiment=reference" in c for c in calls if c.startswith("-m train"))
+    assert [c for c in calls if c.startswith("report")] == [f"report {study}/steps={steps} --out {tmp_path}/res --log-y"]
