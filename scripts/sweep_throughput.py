@@ -8,6 +8,12 @@ at the same time) and the ratio to the first setting. Same machine, same run, on
 other, so the ratios compare like with like; absolute figures differ between machines.
 
     python scripts/sweep_throughput.py [--steps 30] [--out results/bench/sweep_throughput.md]
+    python scripts/sweep_throughput.py --default-job --settings basic "local_parallel + compile"
+
+`--default-job` runs the default job itself (its 400 steps and its whole-split evaluation) instead
+of a short one, and prints beside each setting the wall time of the default comparison's sweep
+(6 encodings x 3 seeds = 18 jobs, scripts/reference_comparison.sh) that it implies: the measured
+sweep's wall time x 9, as the two jobs here (alibi and rope) stand for a pair of its jobs.
 
 Settings: `basic` (Hydra's sequential launcher, each job with all cores' torch threads),
 `local_parallel` with n_jobs = 2 (each job with cores / 2 threads, see posbench.cli._share_cores),
@@ -40,12 +46,14 @@ SETTINGS = {
 }
 
 
-def sweep(name: str, steps: int, out: Path) -> dict:
+def sweep(name: str, steps: int | None, out: Path) -> dict:
+    """One sweep of ENCODINGS x seed 0 under a setting; ``steps`` None: the default job as it is."""
     sweep_dir = out / name.replace(" + ", "_").replace(", ", "_").replace(" ", "")
     shutil.rmtree(sweep_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "posbench.cli", "-m", "train", f"encoding={ENCODINGS}", "seed=0",
-           f"train.steps={steps}", "train.warmup_steps=5", "train.log_every=5", f"train.ckpt_every={steps}",
-           "eval.multiples=[1]", "eval.max_tokens=4096", f"hydra.sweep.dir={sweep_dir}", *SETTINGS[name]]
+    short = [] if steps is None else [f"train.steps={steps}", "train.warmup_steps=5", "train.log_every=5",
+                                      f"train.ckpt_every={steps}", "eval.multiples=[1]", "eval.max_tokens=4096"]
+    cmd = [sys.executable, "-m", "posbench.cli", "-m", "train", f"encoding={ENCODINGS}", "seed=0", *short,
+           f"hydra.sweep.dir={sweep_dir}", *SETTINGS[name]]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
@@ -61,23 +69,34 @@ def sweep(name: str, steps: int, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="training steps per job")
+    parser.add_argument("--default-job", action="store_true",
+                        help="run the default job (400 steps, whole-split evaluation) and project the 18-job sweep")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), metavar="SETTING",
+                        help=f"which settings, in order (default: all; valid: {', '.join(map(repr, SETTINGS))})")
     parser.add_argument("--out", help="also write the table here (Markdown)")
     args = parser.parse_args()
+    steps = None if args.default_job else args.steps
     out = ROOT / "outputs" / "sweep_throughput"
     # warm the corpus cache so no setting pays for building it
     subprocess.run([sys.executable, "-m", "posbench.cli", "train", "train.steps=1", "eval.multiples=[1]",
                     "eval.max_tokens=1024", f"hydra.run.dir={out / 'warm'}"], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [sweep(name, args.steps, out) for name in SETTINGS]
+    rows = [sweep(name, steps, out) for name in args.settings]
     cores = os.cpu_count()
-    lines = [f"Sweep throughput: encoding={ENCODINGS} seed=0, {args.steps} steps each, {cores} cores, "
-             f"`python scripts/sweep_throughput.py --steps {args.steps}`", "",
-             "| setting | jobs | sweep wall s | training tok/s (summed over concurrent jobs) | vs basic |",
-             "|---|---|---|---|---|"]
+    what = "the default job (400 steps, whole-split evaluation)" if steps is None else f"{steps} steps each"
+    command = " ".join(["python scripts/sweep_throughput.py",
+                        "--default-job" if steps is None else f"--steps {steps}",
+                        *(["--settings", *(repr(n) if " " in n else n for n in args.settings)]
+                          if args.settings != list(SETTINGS) else [])])
+    lines = [f"Sweep throughput: encoding={ENCODINGS} seed=0, {what}, {cores} cores, `{command}`", "",
+             f"| setting | jobs | sweep wall s | training tok/s (summed over concurrent jobs) | vs {args.settings[0]} |"
+             + (" 18-job sweep, min (x 9) |" if steps is None else ""),
+             "|---|---|---|---|---|" + ("---|" if steps is None else "")]
     base = rows[0]
     for r in rows:
         lines.append(f"| {r['setting']} | {r['jobs']} | {r['wall_s']:.0f} | {r['train_tok_s']:.0f} | "
-                     f"{r['train_tok_s'] / base['train_tok_s']:.2f}x tok/s, {base['wall_s'] / r['wall_s']:.2f}x wall |")
+                     f"{r['train_tok_s'] / base['train_tok_s']:.2f}x tok/s, {base['wall_s'] / r['wall_s']:.2f}x wall |"
+                     + (f" {9 * r['wall_s'] / 60:.0f} |" if steps is None else ""))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
