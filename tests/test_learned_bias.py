@@ -103,7 +103,8 @@ def test_bias_by_distance_is_the_encodings_bias(name, params):
         for layer in range(layers):
             full = enc.bias(torch.arange(D + 1), torch.arange(D + 1), layer)  # (H, D+1, D+1)
             rows = table[table.layer == layer]
-            want = full[rows["head"].to_numpy(), D, D - rows.distance.to_numpy()]
+            heads, distances = torch.tensor(rows["head"].to_numpy()), torch.tensor(rows.distance.to_numpy())
+            want = full[heads, D, D - distances]
             assert np.allclose(rows.bias.to_numpy(), want.numpy(), atol=1e-6)
 
 
