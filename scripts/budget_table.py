@@ -91,6 +91,11 @@ def _interval(mean, low, high, digits: int) -> str:
     return f"{mean:.{digits}f}" + ("" if low != low else f" [{low:.{digits}f}, {high:.{digits}f}]")
 
 
+def at_multiple(rows: pd.DataFrame, multiple: int) -> pd.DataFrame:
+    """The rows evaluated at ``multiple`` x train_len."""
+    return rows[rows.eval_len == multiple * rows.train_len]
+
+
 def summary_markdown(frame: pd.DataFrame) -> str:
     """Two tables, one row per budget. In distribution: every line's ppl at train_len, the spread
     (the worst line over the best) with its interval and each seed's own spread, and the within-5%
@@ -100,20 +105,16 @@ def summary_markdown(frame: pd.DataFrame) -> str:
     verdict needs the seeds to agree as well."""
     mean, seeds = frame[frame.seed == "mean"], frame[frame.seed != "mean"]
     lines = sorted(mean.line.unique())
-    at = {}
-    for name, rows in (("mean", mean), ("seeds", seeds)):
-        at[name, 1] = rows[rows.eval_len == rows.train_len]
-        at[name, 16] = rows[rows.eval_len == 16 * rows.train_len]
     first = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(1x)" for n in lines)
              + " | spread at 1x (each seed's) | within 5%? |", "|---|---|" + "---|" * (len(lines) + 2)]
     second = ["| training tokens | steps | " + " | ".join(f"{n}: ppl(16x)/ppl(1x) (each seed's)" for n in lines)
               + " | 16x ratio, lowest first |", "|---|---|" + "---|" * (len(lines) + 1)]
-    for steps, g1 in at["mean", 1].groupby("steps"):
+    for steps, g1 in at_multiple(mean, 1).groupby("steps"):
         head = f"| {tokens_text(g1.train_tokens.iloc[0])} | {steps} | "
         g1 = g1.set_index("line")
-        s1 = at["seeds", 1][at["seeds", 1].steps == steps]
-        g16 = at["mean", 16][at["mean", 16].steps == steps].set_index("line")
-        s16 = at["seeds", 16][at["seeds", 16].steps == steps]
+        budget_mean, budget_seeds = mean[mean.steps == steps], seeds[seeds.steps == steps]
+        s1, s16 = at_multiple(budget_seeds, 1), at_multiple(budget_seeds, 16)
+        g16 = at_multiple(budget_mean, 16).set_index("line")
         ppl = [_interval(*g1.loc[n, ["ppl", "ppl_ci_low", "ppl_ci_high"]], 2) if n in g1.index else "" for n in lines]
         worst = g1.loc[g1.vs_best.idxmax()]
         per_seed = s1.groupby("seed").vs_best.max().sort_index()
@@ -168,18 +169,17 @@ def figure(frame: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     mean, seeds = frame[frame.seed == "mean"], frame[frame.seed != "mean"]
-    panels = [(mean[mean.eval_len == mean.train_len], "ppl", "perplexity at train_len"),
-              (mean[mean.eval_len == 16 * mean.train_len], "ratio", "ppl(16x) / ppl(1x)")]
+    panels = [(1, "ppl", "perplexity at train_len"), (16, "ratio", "ppl(16x) / ppl(1x)")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
-    for ax, (rows, col, title) in zip(axes, panels):
-        for i, (line, g) in enumerate(rows.groupby("line")):
+    for ax, (multiple, col, title) in zip(axes, panels):
+        each_seed = at_multiple(seeds, multiple)
+        for i, (line, g) in enumerate(at_multiple(mean, multiple).groupby("line")):
             g = g.sort_values("train_tokens")
             low, high = g[f"{col}_ci_low"], g[f"{col}_ci_high"]
             ax.errorbar(g.train_tokens, g[col], yerr=[(g[col] - low).fillna(0).clip(lower=0),
                                                       (high - g[col]).fillna(0).clip(lower=0)],
                         marker="o", capsize=3, label=line, color=f"C{i}", gid=f"line:{line}")
-            each = seeds[(seeds.line == line) & seeds.eval_len.isin(rows.eval_len)]
-            each = each[each.eval_len == (each.train_len if col == "ppl" else 16 * each.train_len)]
+            each = each_seed[each_seed.line == line]
             ax.scatter(each.train_tokens, each[col], marker="_", s=60, color=f"C{i}", alpha=0.6,
                        gid=f"seeds:{line}")
         ax.set_xscale("log")
