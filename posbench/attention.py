@@ -39,7 +39,7 @@ them there.
 
 Positions are strictly increasing, shared by the batch: ``arange(T)`` by default, any sorted
 set of distinct positions when the model is given them (randomized positions,
-:mod:`posbench.positions`). Either way the token at index i sees the tokens at indexes <= i,
+:mod:`posbench.encodings.randomized`). Either way the token at index i sees the tokens at indexes <= i,
 so a query chunk [s, e) only sees keys [0, e), and the causal mask compares positions
 (:func:`_future`). The Toeplitz slices need more: a difference of indexes must be a difference
 of positions, which holds for consecutive positions only. The model says which it passes

@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
                   "rows": [r for r in old["rows"] if tuple(r[k] for k in key) not in fresh] + result["rows"]}
     import pandas as pd
 
-    from .checkpoint import atomic_write_text
+    from .runs.rundir import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     text = tables(result)

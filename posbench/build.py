@@ -73,7 +73,7 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 def encoding_options(cfg: DictConfig) -> dict:
     """``cfg.encoding`` as keyword arguments, a saved run's former defaults filled in. Under
-    ``train.random_positions`` = L positions reach L - 1 (:mod:`posbench.positions`): a position
+    ``train.random_positions`` = L positions reach L - 1 (:mod:`posbench.encodings.randomized`): a position
     table (``max_len``, whose YAML default already reads L) set to null gets L entries, and one
     set shorter is a PosbenchError."""
     options = saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))  # older run dirs: former defaults

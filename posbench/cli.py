@@ -22,8 +22,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .config import conf_dir
-from .errors import SWEEP_FAILURES, PosbenchError
-from .runlock import RunDirBusy
+from .errors import SWEEP_FAILURES, PosbenchError, fail
+from .runs.lock import RunDirBusy
 
 HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}
 COMMANDS = {
@@ -49,11 +49,6 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def fail(message: str, code: int = 2) -> None:
-    print(f"posbench: error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
 def check_group_choices(args: list[str]) -> None:
     """`encoding=nope2` -> one line listing the valid encodings (before Hydra composes)."""
     root = conf_dir()
@@ -72,7 +67,7 @@ def check_group_choices(args: list[str]) -> None:
 
 def _rank() -> int:
     """This process's rank under torchrun / Slurm tasks (0 when alone)."""
-    from .distributed import world
+    from .runs.distributed import world
 
     return world().rank
 
@@ -107,7 +102,7 @@ def _verbose() -> bool:
 def _record_failure(job_dir: Path, message: str, details: str = "") -> None:
     """A multirun job failed: one line now, a line in the final summary, and ``FAILED`` in the
     job dir (the message, then any traceback) for ``posbench report``."""
-    from .checkpoint import atomic_write_text
+    from .runs.rundir import atomic_write_text
 
     SWEEP_FAILURES.append(f"{job_dir}: {message}")
     print(f"posbench: error in job {job_dir}: {message}", file=sys.stderr)
@@ -164,9 +159,9 @@ def _share_cores() -> None:
 def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .report import markdown_results
-    from .runlock import hold
-    from .train import train
+    from .report.tables import draw_run, markdown_results
+    from .runs.lock import hold
+    from .train.loop import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _share_cores()
@@ -176,19 +171,20 @@ def _train_task(cfg) -> None:
             return
         (run_dir / "FAILED").unlink(missing_ok=True)  # an earlier attempt's failure is over
         if "exact_match" in result["results"]:  # a task run
-            from .tasks import markdown_tasks
+            from .eval.tasks import markdown_tasks
 
             print(markdown_tasks(result["results"]))
             print(f"\nrun dir: {run_dir}  (tasks.csv, metrics.jsonl, config.yaml)")
             return
+        draw_run(run_dir)
         print(markdown_results(result["results"]))
         print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
 
 
 def _eval_lock(cfg):
     """Evaluations of a run may overlap (their merges are serialised), a training of it may not."""
-    from .checkpoint import RunDir
-    from .runlock import hold
+    from .runs.lock import hold
+    from .runs.rundir import RunDir
 
     if not cfg.get("checkpoint"):
         return nullcontext()  # evaluate() names what is missing
@@ -196,17 +192,18 @@ def _eval_lock(cfg):
 
 
 def _eval_task(cfg) -> None:
-    from .evaluate import evaluate
-    from .report import markdown_results
+    from .eval.ladder import evaluate
+    from .report.tables import draw_run, markdown_results
 
     with user_errors(None), _eval_lock(cfg):
         if cfg.get("probe"):
-            from .probe import markdown_passkey, passkey
+            from .eval.passkey import markdown_passkey, passkey
 
             print(markdown_passkey(passkey(cfg)))
             print(f"\nresults merged into {Path(cfg.checkpoint) / 'passkey.csv'}")
             return
         rows = evaluate(cfg)
+        draw_run(cfg.checkpoint)
         print(markdown_results(rows))
         print(f"\nresults in {Path(cfg.checkpoint) / 'results.csv'} (binned loss by position: positions.csv)")
 
@@ -303,7 +300,7 @@ def run_hydra(command: str, args: list[str]) -> None:
 
 
 def cmd_report(args: list[str]) -> None:
-    from .report import REFERENCE, report
+    from .report.tables import REFERENCE, report
 
     parser = argparse.ArgumentParser(prog="posbench report", description=COMMANDS["report"])
     parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs, results.csv or tasks.csv files")
@@ -354,7 +351,7 @@ def encoding_param_counts() -> dict[str, dict[str, int]]:
 
 def cmd_encodings(args: list[str]) -> None:
     from .encodings import REGISTRY
-    from .report import count_text
+    from .report.tables import count_text
 
     counts = encoding_param_counts()
     width = max(map(len, REGISTRY))

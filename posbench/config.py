@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .errors import PosbenchError
 
-SCHEDULES = ("cosine", "wsd")  # posbench.optim.lr_lambda
+SCHEDULES = ("cosine", "wsd")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("disabled", "offline", "online")
@@ -49,7 +49,7 @@ EMBED_SCALES = ("sqrt_d", "none")
 
 def max_position(random_positions: int | None, train_len: int) -> int:
     """The largest position a model meets in training, plus one: ``train.random_positions`` when
-    set (positions drawn from [0, L), :mod:`posbench.positions`), else ``train.train_len``. A
+    set (positions drawn from [0, L), :mod:`posbench.encodings.randomized`), else ``train.train_len``. A
     position table's YAML default reads it as ``${max_position:${train.random_positions},${train.train_len}}``."""
     return train_len if random_positions is None else random_positions
 
@@ -111,11 +111,11 @@ class TrainConfig:
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool = False  # torch.compile the model for training
     preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
-    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.positions); None: 0..T-1
-    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.optim)
+    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.train.optim)
     decay_frac: float = 0.2  # wsd: the last fraction of the steps that cools the learning rate down
     save_steps: list[int] = field(default_factory=list)  # also keep checkpoints/step_<N>.pt at these steps
-    branch_from: str | None = None  # wsd: start from another run's stable-phase checkpoint (posbench.branch)
+    branch_from: str | None = None  # wsd: start from another run's stable-phase checkpoint (posbench.train.branch)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -312,13 +312,13 @@ def model_config(node) -> ModelConfig:
     return cfg
 
 
-TASK_NAMES = ("lm", "copy", "reverse", "duplicate", "sort", "addition", "parity", "recall")  # posbench.tasks
+TASK_NAMES = ("lm", "copy", "reverse", "duplicate", "sort", "addition", "parity", "recall")  # posbench.data.tasks
 
 
 @dataclass
 class TaskConfig:
     """The ``task`` config group (conf/task/*.yaml); ``lm`` is the language model on the corpus,
-    the others are the algorithmic tasks of :mod:`posbench.tasks`."""
+    the others are the algorithmic tasks of :mod:`posbench.data.tasks`."""
 
     name: str = "lm"
     train_size: int = 16  # training instances have sizes 1 .. train_size

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from .checkpoint import RunDir, atomic_write_text, load_checkpoint, save_checkpoint
 from .config import PAIRINGS, TrainConfig, config_hash, model_config, typed
 from .encodings import REGISTRY
 from .encodings.rotary import Rotary, check_pairing
 from .errors import PosbenchError
+from .runs.rundir import RunDir, atomic_write_text, load_checkpoint, save_checkpoint
 
 
 def pairing_permutation(head_dim: int, source: str, target: str) -> torch.Tensor:
@@ -70,7 +70,7 @@ def _convert_optimizer_state(cfg, model_state: dict, optimizer_state: dict, n_he
     """Permute AdamW's per-parameter tensors of the qkv weights like the weights themselves.
     The optimizer indexes parameters by their order in ``make_optimizer``'s groups."""
     from .build import build_model
-    from .optim import make_optimizer
+    from .train.optim import make_optimizer
 
     vocab_size = model_state["tok_emb.weight"].shape[0]
     model = build_model(cfg, vocab_size)

@@ -14,7 +14,7 @@ seeds in common (different models), so their ratio gets Welch's interval on the 
 means, df from the Welch-Satterthwaite formula.
 
 **Paired block bootstrap** (fewer seeds, or where the t-interval does not apply): every length of
-every run scores the same tokens 1 .. n of the split (:mod:`posbench.evaluate`), so all cells
+every run scores the same tokens 1 .. n of the split (:mod:`posbench.eval.ladder`), so all cells
 share one sample of text. The n scored tokens are cut into :data:`BLOCKS` contiguous blocks of
 n / BLOCKS tokens (rounded); a resample draws BLOCKS block indices with replacement, and a
 cell's resampled mean NLL is
@@ -35,7 +35,7 @@ The two intervals answer different questions. Over seeds: how much would a retra
 differ on this text. Bootstrap: how much would this model's numbers differ on other text like
 it. Each report row says which it used (``ci_method``).
 
-**Scores over instances** (the algorithmic tasks, :mod:`posbench.task_report`): a proportion of
+**Scores over instances** (the algorithmic tasks, :mod:`posbench.report.tasks`): a proportion of
 k successes in n instances gets the Wilson score interval (:func:`wilson_interval`); per-instance
 scores summarized by each run's mean, sd and count are pooled into the mean and sd of the union
 of their instances (:func:`pooled_moments`) and get a t interval over those instances.

@@ -2,7 +2,7 @@
 
 Pre-LN blocks, GELU MLP, tied input/output embeddings, causal attention (nanoGPT-like).
 Positions enter only through the encoding (see ``posbench.encodings.base``): 0 .. T-1, or the
-sorted positions a caller passes (randomized positions, :mod:`posbench.positions`).
+sorted positions a caller passes (randomized positions, :mod:`posbench.encodings.randomized`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from torch import nn
 from .attention import causal_attention
 from .config import ModelConfig
 from .encodings import ModelDims, PositionEncoding
+from .encodings.randomized import check_positions
 from .loss import linear_cross_entropy
-from .positions import check_positions
-
 
 
 class Attention(nn.Module):
@@ -90,7 +89,7 @@ class LanguageModel(nn.Module):
     def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> final hidden states (B, T, D), before the output embedding.
         ``positions``: (T,) strictly increasing integers shared by the batch (randomized
-        positions, :mod:`posbench.positions`); None: 0 .. T-1."""
+        positions, :mod:`posbench.encodings.randomized`); None: 0 .. T-1."""
         cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
         if positions is None:
             positions = torch.arange(idx.shape[1], device=idx.device)
@@ -108,7 +107,7 @@ class LanguageModel(nn.Module):
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab); with ``targets`` (B, T) the mean
         next-token cross-entropy instead, without making the logits (:mod:`posbench.loss`), over the
-        targets >= 0 (a negative target, ``posbench.tasks.IGNORE``, is skipped). ``positions``: see
+        targets >= 0 (a negative target, ``posbench.data.tasks.IGNORE``, is skipped). ``positions``: see
         :meth:`hidden`."""
         hidden = self.hidden(idx, positions)
         if targets is not None:

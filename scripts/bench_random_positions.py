@@ -10,7 +10,7 @@ biases take the Toeplitz slices. Model: ``model=tiny`` (4 layers, d_model 256, 8
 * ``base``: the base commit, checked out in a temporary git worktree;
 * ``head``: this checkout, positions 0..T-1;
 * ``random``: this checkout, sorted random positions from [0, --max-position) (one draw
-  per pass, :func:`posbench.positions.random_positions`).
+  per pass, :func:`posbench.encodings.randomized.random_positions`).
 
 Each measurement runs in its own child process (one torch thread, warm-up first, the median
 of --steps timed repetitions); a round runs every variant of every (encoding, kind) back to
@@ -58,7 +58,7 @@ def child(spec: dict) -> dict:
     x = torch.randint(0, VOCAB, (TRAIN_BATCH if spec["kind"] == "train" else EVAL_BATCH, length))
     extra = {}
     if spec["variant"] == "random":
-        from posbench.positions import random_positions
+        from posbench.data.positions import random_positions
 
         extra = {"positions": random_positions(length, spec["max_position"], torch.Generator().manual_seed(0))}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

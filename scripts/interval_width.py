@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from posbench.intervals import Cell, Estimator, block_sums
-from posbench.results import read_results
-from posbench.token_nll import read_token_nll, row_key
+from posbench.eval.results import read_results
+from posbench.eval.token_nll import read_token_nll, row_key
 
 
 def cell(x: np.ndarray) -> Cell:

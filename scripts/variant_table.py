@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from posbench.config import conf_dir
-from posbench.report import collect, summarize
+from posbench.report.tables import collect, summarize
 
 
 def variant(encoding: dict) -> str:

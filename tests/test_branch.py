@@ -10,8 +10,8 @@ import torch
 from conftest import SMOKE, compose, posbench
 from posbench.config import TrainConfig, config_hash
 from posbench.errors import PosbenchError
-from posbench.optim import lr_lambda
-from posbench.train import train
+from posbench.train.optim import lr_lambda
+from posbench.train.loop import train
 
 
 def test_wsd_holds_the_peak_then_cools_down_along_one_minus_sqrt():

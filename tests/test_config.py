@@ -107,7 +107,7 @@ def test_readme_set_up_commands_match_ci():
                                          ("probe", "multiples"), ("probe", "depths")])
 def test_an_empty_list_of_lengths_is_an_error_naming_the_valid_forms(schema, key):
     from posbench.errors import PosbenchError
-    from posbench.probe import PasskeyConfig
+    from posbench.eval.passkey import PasskeyConfig
 
     with pytest.raises(PosbenchError, match=rf"^probe.depths is empty|^{schema}.{key}=\[\] is empty; valid: "):
         (EvalConfig if schema == "eval" else PasskeyConfig)(**{key: []})

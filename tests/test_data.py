@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-import posbench.data
-from posbench.data import load_corpus, load_documents, sotu_files, split_documents
+import posbench.data.corpus
+from posbench.data.corpus import load_corpus, load_documents, sotu_files, split_documents
 from posbench.errors import PosbenchError
 
 
@@ -46,7 +46,7 @@ def test_corpus_cache_is_reused(tmp_path, monkeypatch):
     stamp = (cache / "tokenizer.json").stat().st_mtime_ns
     messages = []
     with monkeypatch.context() as patch:  # reused, not rebuilt (no wall-clock bound needed)
-        patch.setattr(posbench.data, "build_cache", lambda *a, **k: pytest.fail("the cache was built again"))
+        patch.setattr(posbench.data.corpus, "build_cache", lambda *a, **k: pytest.fail("the cache was built again"))
         second = load_corpus(cfg, cache_dir=tmp_path, log=messages.append)
     assert messages == []
     assert (cache / "tokenizer.json").stat().st_mtime_ns == stamp
@@ -102,7 +102,7 @@ STUCK_BUILD = r'''
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
-import posbench.data as data
+import posbench.data.corpus as data
 
 def tokenize(*args, **kwargs):
     Path(sys.argv[2]).touch()

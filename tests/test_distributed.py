@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import SMOKE, posbench
-from posbench.distributed import World, micro_batches, shard
+from posbench.runs.distributed import World, micro_batches, shard
 from posbench.errors import PosbenchError
 
 # Ten fp32 steps of the smoke preset, a loss logged at every step.

@@ -9,8 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import SMOKE, compose, posbench
-from posbench import train as train_module
-from posbench.train import train
+from posbench.train import loop as train_module
+from posbench.train.loop import train
 
 pytestmark = pytest.mark.slow
 

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import SMOKE, posbench
-from posbench.checkpoint import RunDir
+from posbench.runs.rundir import RunDir
 from posbench.config import EvalConfig
-from posbench.data import EOS, tokenize, train_tokenizer
+from posbench.data.corpus import EOS, tokenize, train_tokenizer
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import perplexity_ladder, position_bins, scored_tokens, text_size
-from posbench.results import COLUMNS, KEY, POSITION_COLUMNS, write_results
+from posbench.eval.ladder import perplexity_ladder, position_bins, scored_tokens, text_size
+from posbench.eval.results import COLUMNS, KEY, POSITION_COLUMNS, write_results
 from posbench.model import LanguageModel, ModelConfig
 
 CPU = torch.device("cpu")
@@ -249,7 +249,7 @@ def smoke_run(tmp_path_factory):
 def test_training_run_writes_new_columns_positions_and_text_metrics(smoke_run):
     from omegaconf import OmegaConf
 
-    from posbench.data import load_corpus, load_documents
+    from posbench.data.corpus import load_corpus, load_documents
 
     df = pd.read_csv(smoke_run / "results.csv")
     assert df.columns.tolist() == COLUMNS

@@ -32,9 +32,9 @@ DRIVER = r'''
 import io, os, sys, time
 from pathlib import Path
 
-import posbench.checkpoint as checkpoint
-import posbench.data as data
-import posbench.train as train
+import posbench.runs.rundir as checkpoint
+import posbench.data.corpus as data
+import posbench.train.loop as train
 
 if "TEAR" in os.environ:  # die, as by SIGKILL, halfway through writing the temp file of TEAR
     real_atomic_write, left = checkpoint.atomic_write, [int(os.environ.get("TEAR_AFTER", "0"))]
@@ -388,7 +388,7 @@ def test_two_runs_building_the_corpus_cache_at_once(tmp_path, driver):
     assert all("preparing corpus" in out for out, _ in outs)  # both built it, both published it
     (entry,) = (cache / "posbench").iterdir()  # one cache entry, no temp dirs left
     assert entry.name.startswith("sotu-")
-    from posbench.data import load_corpus
+    from posbench.data.corpus import load_corpus
 
     corpus = load_corpus(compose(*SMOKE).data, cache_dir=cache / "posbench", log=pytest.fail)  # reused
     assert all(corpus.splits[s].size == corpus.meta["splits"][s]["tokens"] for s in corpus.splits)
@@ -509,8 +509,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(bad_input_runs, case):
 
 
 def test_torn_metrics_line_is_dropped_on_resume(tmp_path):
-    from posbench.checkpoint import RunDir
-    from posbench.logger import MetricsLogger
+    from posbench.runs.rundir import RunDir
+    from posbench.train.logger import MetricsLogger
 
     run = RunDir(tmp_path)
     run.metrics.write_text('{"step": 5, "loss": 1.0}\n{"step": 10, "loss": 0.9}\n{"step": 15, "lo')

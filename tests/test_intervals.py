@@ -13,8 +13,8 @@ import pytest
 from conftest import ROOT, SMOKE, posbench
 from posbench.intervals import (BLOCKS, Cell, Estimator, block_sums, bootstrap_means, percentile_interval,
                                 resample_indices, t_interval, t_quantile, welch_interval)
-from posbench.results import read_results
-from posbench.token_nll import read_token_nll, row_key
+from posbench.eval.results import read_results
+from posbench.eval.token_nll import read_token_nll, row_key
 
 
 def test_t_quantiles_match_the_printed_tables():

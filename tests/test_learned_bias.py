@@ -9,10 +9,10 @@ import torch
 from conftest import SMOKE, compose, posbench
 from posbench.build import build_model
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
-from posbench.learned_bias import (bias_by_distance, has_learned_bias, learned_bias_figure, write_report_figure,
+from posbench.report.learned_bias import (bias_by_distance, has_learned_bias, learned_bias_figure, write_report_figure,
                                    write_run_figure)
-from posbench.optim import make_optimizer
-from posbench.train import WindowSampler
+from posbench.train.optim import make_optimizer
+from posbench.train.loop import WindowSampler
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16)
 TINY = ["model.d_model=32", "model.n_heads=4", "model.n_layers=2", "model.d_ff=64"]
@@ -46,7 +46,7 @@ STEPS, LR = 40, 1e-3
 
 @pytest.fixture(scope="module")
 def corpus():
-    from posbench.data import load_corpus
+    from posbench.data.corpus import load_corpus
 
     return load_corpus(compose(*SMOKE).data)
 
@@ -132,7 +132,7 @@ def test_run_figure_draws_every_layer_and_head(tmp_path):
 def test_train_eval_and_report_draw_the_learned_bias(tmp_path):
     """End to end on the smoke preset: train and eval write learned_bias.png/.svg into the run
     dir, report draws every run's bias into the report dir; a run without one adds nothing."""
-    from posbench.report import report
+    from posbench.report.tables import report
 
     run = tmp_path / "kerple_log"
     posbench("train", *SMOKE, "encoding=kerple_log", *TINY, "train.steps=4", "eval.lengths=[32]",

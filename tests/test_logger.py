@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from conftest import SMOKE, compose, posbench
-from posbench.checkpoint import RunDir
+from posbench.runs.rundir import RunDir
 from posbench.config import config_hash
-from posbench.logger import MetricsLogger
+from posbench.train.logger import MetricsLogger
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ import json, math, os, sys
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from posbench import bench, preflight
+from posbench import bench
+from posbench import preflight
 from posbench.build import autocast, autocast_dtype, build_model, keep_freed_memory
 from posbench.config import conf_dir
 from posbench.config import TrainConfig, typed
-from posbench.optim import make_optimizer
+from posbench.train.optim import make_optimizer
 
 kind, T, n, *overrides = sys.argv[1:]
 T, n, V = int(T), int(n), 8192

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, compose
 from posbench.build import build_model
 from posbench.config import config_hash
-from posbench.distributed import World, micro_batches
+from posbench.runs.distributed import World, micro_batches
 
 
 def test_cpu_quick_is_the_default_comparison():
@@ -48,7 +48,7 @@ def test_alibi_paper_matches_the_papers_wikitext103_setting():
 
 
 def test_tasks_quick_trains_a_small_model_on_a_task_and_fits_random_positions():
-    from posbench.tasks import make_task
+    from posbench.data.tasks import make_task
     from posbench.config import TaskConfig
 
     cfg = compose("experiment=tasks_quick", "task=duplicate")

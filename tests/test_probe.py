@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from conftest import SMOKE, posbench
-from posbench.data import train_tokenizer
+from posbench.data.corpus import train_tokenizer
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig
-from posbench.probe import COLUMNS, FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, passkey_probe, passkey_prompt
+from posbench.eval.passkey import COLUMNS, FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, passkey_probe, passkey_prompt
 
 CPU = torch.device("cpu")
 TEXT = [" ".join(FILLER) * 3, KEY_SENTENCE.format(key=12345), QUESTION, "Numbers 0 1 2 3 4 5 6 7 8 9 and 2024."]

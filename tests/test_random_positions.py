@@ -1,4 +1,5 @@
-"""Randomized positions (Ruoss et al. 2023; posbench/positions.py): the sampler, every encoding and
+"""Randomized positions (Ruoss et al. 2023; posbench/data/positions.py and
+posbench/encodings/randomized.py): the sampler, every encoding and
 kernel under sorted positions with gaps, and the ordinary path (0 .. T-1) left as it was."""
 
 import pytest
@@ -13,7 +14,8 @@ from posbench.config import TrainConfig, config_hash, hashed_part
 from posbench.encodings import REGISTRY, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig
-from posbench.positions import check_random_positions, random_positions
+from posbench.data.positions import random_positions
+from posbench.encodings.randomized import check_random_positions
 
 T, L = 40, 200  # window longer than the chunk below; positions drawn from [0, L)
 READERS = sorted(name for name, cls in REGISTRY.items() if cls.reads_positions)

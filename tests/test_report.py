@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, SMOKE, posbench
 from posbench.errors import PosbenchError
-from posbench.figures import DPI, INTERVAL_LABEL, passkey_figure, positions_figure, ppl_figure
-from posbench.report import (REFERENCE, collect, extrapolation_summary, latex_table, markdown_table, read_reference,
+from posbench.report.figures import DPI, INTERVAL_LABEL, passkey_figure, positions_figure, ppl_figure
+from posbench.report.tables import (REFERENCE, collect, extrapolation_summary, latex_table, markdown_table, read_reference,
                              report, summarize)
-from posbench.results import read_results
-from posbench.token_nll import merge_token_nll, row_key
+from posbench.eval.results import read_results
+from posbench.eval.token_nll import merge_token_nll, row_key
 
 COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
            "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model", "data", "steps",
@@ -301,7 +301,7 @@ def test_positions_figure_weights_seeds_by_tokens_at_the_longest_window():
                     positions_rows("alibi", 1, 64, [7.0, 6.0, 5.0, 3.0], tokens=300),
                     positions_rows("alibi", 0, 32, [9.0, 9.0, 9.0]),  # a shorter window: not drawn
                     positions_rows("nope", 0, 32, [6.0, 5.0, 5.5])], ignore_index=True)
-    from posbench.results import with_labels
+    from posbench.eval.results import with_labels
 
     fig = positions_figure(with_labels(df))
     (ax,) = fig.axes
@@ -322,7 +322,7 @@ def passkey_rows(encoding, seed, correct, scaling="none", status=None):
 
 
 def test_passkey_figure_one_heat_map_per_line():
-    from posbench.results import with_labels
+    from posbench.eval.results import with_labels
 
     learned = passkey_rows("learned", 0, [4, 0, 0, 4, 0, 0])
     learned.loc[learned.length > 32, "status"] = "n/a: past the table"

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import SMOKE, posbench
-from posbench.checkpoint import RunDir
+from posbench.runs.rundir import RunDir
 from posbench.config import EvalConfig
 from posbench.encodings import ModelDims, build_encoding
 from posbench.encodings.rotary import check_scalable, ntk_base, xpos_scale, yarn_attention_factor, yarn_inv_freq
 from posbench.errors import PosbenchError
-from posbench.evaluate import perplexity_ladder
-from posbench.results import KEY, read_results, write_results
+from posbench.eval.ladder import perplexity_ladder
+from posbench.eval.results import KEY, read_results, write_results
 from posbench.model import LanguageModel, ModelConfig
 
 HS, TRAIN_LEN, BASE = 16, 64, 10000.0

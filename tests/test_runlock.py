@@ -1,4 +1,4 @@
-"""One process per run dir (posbench.runlock): real locks held by real processes."""
+"""One process per run dir (posbench.runs.lock): real locks held by real processes."""
 
 import json
 import signal
@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from posbench.runlock import LOCK_NAME, RunDirBusy, boot_id, hold, is_alive, process_start
+from posbench.runs.lock import LOCK_NAME, RunDirBusy, boot_id, hold, is_alive, process_start
 
 # Holds the run dir's lock as `posbench train` does, says so, and waits to be killed.
 HOLDER = r'''
 import sys, time
 from pathlib import Path
-from posbench.runlock import hold
+from posbench.runs.lock import hold
 with hold(sys.argv[1], "train"):
     Path(sys.argv[2]).touch()
     time.sleep(600)

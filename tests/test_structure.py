@@ -47,7 +47,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_import_graph_sees_known_edges():
     graph = import_graph()
-    assert "posbench.config" in graph["posbench.train"] and "posbench.results" in graph["posbench.report"]
+    assert "posbench.config" in graph["posbench.train.loop"] and "posbench.eval.results" in graph["posbench.report.tables"]
     assert "posbench.encodings.base" in graph["posbench.encodings.rotary"]  # relative imports resolved
 
 
@@ -91,3 +91,43 @@ def test_no_function_longer_than_80_lines():
                 if lines > 80:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+# The pipeline's stages in the order data flows through them (see posbench/__init__.py).
+# A module may import modules of its own stage or an earlier one, never a later one.
+STAGES = {
+    "base": ("posbench", "posbench.errors", "posbench.config", "posbench.intervals", "posbench.runs"),
+    "data": ("posbench.data",),
+    "model": ("posbench.encodings", "posbench.attention", "posbench.model", "posbench.loss", "posbench.build",
+              "posbench.preflight"),
+    "eval": ("posbench.eval",),
+    "train": ("posbench.train",),
+    "report": ("posbench.report",),
+    "app": ("posbench.cli", "posbench.bench", "posbench.convert", "posbench.testing"),
+}
+
+
+def stage_of(module: str) -> int:
+    """Index in STAGES of the longest prefix that names ``module`` or a package above it."""
+    best, index = "", None
+    for i, prefixes in enumerate(STAGES.values()):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, index = prefix, i
+    assert index is not None, f"{module} belongs to no stage: add it to STAGES"
+    return index
+
+
+def test_every_module_has_a_stage():
+    for module in import_graph():
+        stage_of(module)
+
+
+def test_no_import_from_a_later_stage():
+    """Data flows one way: config -> data -> model -> eval -> train -> report -> commands.
+    Drawing is called last by the command that asked for it, never by train or eval."""
+    names = list(STAGES)
+    backward = [f"{m} ({names[stage_of(m)]}) imports {d} ({names[stage_of(d)]})"
+                for m, deps in sorted(import_graph().items()) for d in sorted(deps)
+                if d != "posbench" and stage_of(d) > stage_of(m)]
+    assert backward == []

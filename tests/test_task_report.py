@@ -13,9 +13,9 @@ import pytest
 from conftest import posbench
 from posbench.errors import PosbenchError
 from posbench.intervals import pooled_moments, pooled_t_interval, t_quantile, wilson_interval
-from posbench.report import report
-from posbench.results import TASK_COLUMNS
-from posbench.task_report import read_tasks, summarize_tasks, task_labels, task_report, task_verdicts
+from posbench.report.tables import report
+from posbench.eval.results import TASK_COLUMNS
+from posbench.report.tasks import read_tasks, summarize_tasks, task_labels, task_report, task_verdicts
 
 Z = 1.959963984540054  # the 0.975 quantile of the standard normal
 

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from posbench.config import TASK_NAMES, TaskConfig, config_hash
 from posbench.errors import PosbenchError
 from posbench.intervals import wilson_interval
-from posbench.results import TASK_COLUMNS
-from posbench.tasks import (BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, encode, make_task, markdown_tasks, score_size,
-                            size_row)
+from posbench.eval.results import TASK_COLUMNS
+from posbench.data.tasks import BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, encode, make_task
+from posbench.eval.tasks import markdown_tasks, score_size, size_row
 
 from conftest import compose, posbench
 
@@ -167,7 +167,7 @@ def test_bad_task_settings_are_one_line_errors():
 def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch, random_positions):
     """A task run killed right after its step-5 checkpoint resumes to the same weights and accuracies
     (with randomized positions too: their draws are part of the sampler's saved state)."""
-    import posbench.train as train_module
+    import posbench.train.loop as train_module
 
     extra = [] if random_positions is None else [f"train.random_positions={random_positions}"]
     cfg = compose("task=reverse", "encoding=rope", *TINY_TASK, "train.steps=10", "train.ckpt_every=5", *extra)

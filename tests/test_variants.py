@@ -234,10 +234,10 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
     """Stop a 12-step run at its step-6 checkpoint, convert it to the interleaved pairing,
     evaluate both at the same lengths, then let both finish: AdamW's moments were permuted with
     the weights, so the two runs stay one function to the end."""
-    from posbench import train as train_module
+    from posbench.train import loop as train_module
     from posbench.convert import convert_run
-    from posbench.evaluate import evaluate
-    from posbench.train import train
+    from posbench.eval.ladder import evaluate
+    from posbench.train.loop import train
 
     shape = ["model.d_model=64", "model.n_heads=4", "model.n_layers=2", "model.d_ff=128"]
     common = [*SMOKE, "encoding=rope", "train.steps=12", "train.ckpt_every=6", "eval.lengths=[32,128]", *shape]

@@ -31,7 +31,7 @@ hook           what it changes                                 examples
 a kernel may call it on a query chunk (``q_pos`` of shape (Tq,)) against all
 keys, and a score-modifier kernel may call it on index tensors. Positions are
 strictly increasing integers, ``arange(T)`` unless the model was given others
-(randomized positions, :mod:`posbench.positions`), so hooks must use the position
+(randomized positions, :mod:`posbench.encodings.randomized`), so hooks must use the position
 values, not the length of the position tensors. Content hooks
 are always called on query chunks, so their memory stays linear in length.
 
@@ -92,7 +92,7 @@ class PositionEncoding(nn.Module):
     relative_bias: ClassVar[bool] = False
     # False when the output does not depend on the position values, only on the tokens' order
     # (NoPE, and schemes that count positions from the context or a causal layer): randomized
-    # positions (``train.random_positions``, :mod:`posbench.positions`) then change nothing.
+    # positions (``train.random_positions``, :mod:`posbench.encodings.randomized`) then change nothing.
     # ``tests/test_random_positions.py`` checks the flag of every registered encoding.
     reads_positions: ClassVar[bool] = True
     # Options whose default changed, with the value a config written before the option existed

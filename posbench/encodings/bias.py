@@ -183,7 +183,7 @@ def by_distance(table_fn, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Ten
     ``table_fn``: (N,) float distances -> (H, N). Returns (H, Tq, Tk). The table covers every
     causal distance, max(q_pos) - min(k_pos) at most: N = Tk when the positions are consecutive
     (a query chunk [s, e) sees keys [0, e), so distances lie in 0 .. Tk-1), more when they have
-    gaps (randomized positions, :mod:`posbench.positions`).
+    gaps (randomized positions, :mod:`posbench.encodings.randomized`).
     """
     n = max(k_pos.shape[0], int(q_pos.max() - k_pos.min()) + 1)
     distances = torch.arange(n, device=k_pos.device, dtype=torch.float32)

@@ -9,8 +9,8 @@ sweep dirs. Files written before a column existed read with its neutral value
 same time keep each other's rows. Each row belongs to one figure/table line, named by
 :func:`line_label`.
 
-The evaluator computes rows and hands them here; drawing is the caller's (``draw`` in
-:func:`write_results`).
+The evaluator computes rows and hands them here; drawing is the report stage's, called last by
+the command that asked (:func:`posbench.report.tables.draw_run`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .checkpoint import RunDir, atomic_write_text
-from .errors import PosbenchError
-from .token_nll import FILE as TOKEN_NLL, merge_token_nll
+from ..errors import PosbenchError
+from ..runs.rundir import RunDir, atomic_write_text
+from .token_nll import FILE as TOKEN_NLL
+from .token_nll import merge_token_nll
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
@@ -192,12 +193,11 @@ def merge_csv(path: Path, new: pd.DataFrame, key: list[str], replace: pd.DataFra
 
 
 def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None = None,
-                  token_nll: dict[str, np.ndarray] | None = None, draw=None) -> pd.DataFrame:
+                  token_nll: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """Merge rows into the run's results.csv (new rows replace old ones of the same key), their
     binned positions (``positions``, default ``new.attrs["positions"]``) into positions.csv, replacing
     every bin of those keys, and their per-token NLL (``token_nll``, default ``new.attrs["token_nll"]``)
-    into token_nll.npz. Files are replaced atomically, under one lock; ``draw(merged rows)``, the
-    caller's figure of the run, runs under the same lock, so it shows the table as written."""
+    into token_nll.npz. Files are replaced atomically, under one lock."""
     positions = new.attrs.pop("positions", None) if positions is None else positions
     token_nll = new.attrs.pop("token_nll", None) if token_nll is None else token_nll
     new = backfill(new)
@@ -210,6 +210,4 @@ def write_results(run: RunDir, new: pd.DataFrame, positions: list[dict] | None =
                       order=KEY + ["bin_start"])
         old = backfill(read_results(run.results)) if run.results.exists() else None
         new = merge_csv(run.results, new, KEY, old=old)
-        if draw is not None:
-            draw(new)
     return new

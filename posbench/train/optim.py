@@ -6,7 +6,7 @@ Laws and Compute-Optimal Training Beyond Fixed Training Durations") holds the pe
 until the last ``decay_frac`` of the steps, then cools it down to ``min_lr_ratio`` of the peak
 along 1 - sqrt(progress), the cooldown Hägele et al. found best. Its point for posbench: runs of
 different lengths share every step before their decay, so a short run can branch off a long
-one's stable phase (:mod:`posbench.branch`) and a budget study costs the longest run plus the
+one's stable phase (:mod:`posbench.train.branch`) and a budget study costs the longest run plus the
 short decays, not the sum of all runs.
 
 Its own module because training builds them and ``posbench convert`` rebuilds the optimizer to
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 
 def lr_lambda(tcfg: TrainConfig):

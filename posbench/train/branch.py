@@ -1,6 +1,6 @@
 """Branch a warmup-stable-decay run off a longer one: the same numbers for a fraction of the cost.
 
-Under ``train.schedule=wsd`` (:mod:`posbench.optim`) two runs that differ only in
+Under ``train.schedule=wsd`` (:mod:`posbench.train.optim`) two runs that differ only in
 ``train.steps`` take the same learning rate at every step before the shorter one's decay
 starts, and draw the same batches (the sampler's stream depends on the seed alone). So the
 shorter run's state at its decay start *is* the longer run's state at that step. A run with
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint import RunDir, load_checkpoint
-from .config import RunConfig, flat_items, hashed_part
-from .errors import PosbenchError
+from ..config import RunConfig, flat_items, hashed_part
+from ..errors import PosbenchError
+from ..runs.rundir import RunDir, load_checkpoint
 
 
 def _comparable(config: dict) -> dict:

@@ -3,7 +3,7 @@
 Two ``posbench train`` processes in one run dir would both write its checkpoint, metrics
 and results. So ``posbench train`` holds an exclusive ``fcntl.flock`` on the lock file for
 as long as it works in the run dir, and ``posbench eval`` a shared one: evaluations of one
-run may overlap (their results.csv merges are serialised by :func:`posbench.results.locked`),
+run may overlap (their results.csv merges are serialised by :func:`posbench.eval.results.locked`),
 but not with training it. A process that cannot get the lock refuses at once, naming the
 holder from the lock file's contents (pid, host, start time), and touches nothing else.
 
@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import PosbenchError
+from ..errors import PosbenchError
 
 LOCK_NAME = ".posbench.lock"
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)

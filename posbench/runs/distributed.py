@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import PosbenchError
+from ..errors import PosbenchError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ key joins its label, ``t5 [bias_scale=none]`` for ``--by encoding.bias_scale``, 
 a line of its own.
 
 results.csv files written before a column existed read with its neutral value
-(:func:`posbench.results.backfill`). The figures are drawn by :mod:`posbench.figures`.
+(:func:`posbench.eval.results.backfill`). The figures are drawn by :mod:`posbench.report.figures`.
 
 Every cell, every ratio ppl(L) / ppl(train_len) and every comparison between lines gets a 95%
 interval (:mod:`posbench.intervals`: t over seeds where there are at least 3, else a paired
@@ -38,15 +38,28 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checkpoint import atomic_write_text
-from .errors import PosbenchError
+from ..errors import PosbenchError
+from ..eval.results import (
+    LINE,
+    RESULTS,
+    TASKS,
+    backfill,
+    find_files,
+    line_names,
+    locked,
+    read_results,
+    report_dir,
+    sort_rows,
+    variant_text,
+    with_labels,
+)
+from ..eval.token_nll import FILE as TOKEN_NLL
+from ..eval.token_nll import read_token_nll, row_key
+from ..intervals import Cell, Estimator, block_sums
+from ..runs.rundir import RunDir, atomic_write_text
 from .figures import passkey_figure, positions_figure, ppl_figure, run_figure, save
-from .intervals import Cell, Estimator, block_sums
-from .learned_bias import write_report_figure
-from .results import (LINE, RESULTS, TASKS, backfill, find_files, line_names, report_dir, sort_rows, variant_text,
-                      with_labels)
-from .task_report import TaskReport, read_tasks, write_task_report
-from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
+from .learned_bias import trained_encoding, write_report_figure, write_run_figure
+from .tasks import TaskReport, read_tasks, write_task_report
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
@@ -61,7 +74,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "ali
 def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = ()) -> pd.DataFrame:
     """Every ``name`` (results.csv, positions.csv, passkey.csv) under ``paths`` (run dirs or
     sweep dirs), concatenated, with each row's ``run`` dir and its ``variant``: the values of the
-    config keys ``by`` (:func:`posbench.results.variant_text`), empty without ``by``. Empty for no
+    config keys ``by`` (:func:`posbench.eval.results.variant_text`), empty without ``by``. Empty for no
     positions/passkey files."""
     files = find_files(paths, name)
     if not files:
@@ -70,7 +83,7 @@ def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = 
         where = ", ".join(map(str, paths))
         if find_files(paths, TASKS):
             raise PosbenchError(f"report: no results.csv under {where}, only tasks.csv (algorithmic tasks, "
-                                "read by posbench.task_report)")
+                                "read by posbench.report.tasks)")
         raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
     variants = _variants([f.parent for f in files], by)
@@ -107,7 +120,7 @@ def _hashed_config(run: str) -> dict | None:
     """The keys of a run's config.yaml that its config_hash covers, flattened ('train.lr')."""
     from omegaconf import OmegaConf
 
-    from .config import flat_items, hashed_part
+    from ..config import flat_items, hashed_part
 
     path = Path(run) / "config.yaml"
     if not path.is_file():
@@ -458,14 +471,23 @@ class Report(NamedTuple):
 
 
 def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
-    """One run's figure (:func:`posbench.figures.run_figure`), written to ``path``."""
+    """One run's figure (:func:`posbench.report.figures.run_figure`), written to ``path``."""
     save(run_figure(summarize(df) if "ppl_mean" not in df else df, title), Path(path))
 
 
-def draw_run(run, rows: pd.DataFrame) -> None:
-    """A run dir's ppl_vs_length.png from its merged results rows (intervals from its token_nll.npz);
-    the ``draw`` that train and eval hand to :func:`posbench.results.write_results`."""
-    plot_ppl_vs_length(rows.assign(run=str(run.path)), run.plot)
+def draw_run(run_dir: str | Path) -> None:
+    """A run dir's own figures, drawn from its files by the command that trained or evaluated it,
+    last: ppl_vs_length.png from results.csv (intervals from token_nll.npz), under the results
+    lock so it shows the table as written, and learned_bias.png/.svg from the checkpoint where
+    the encoding learns a bias."""
+    run = RunDir(run_dir)
+    with locked(run.path):
+        if run.results.is_file():
+            rows = backfill(read_results(run.results))
+            plot_ppl_vs_length(rows.assign(run=str(run.path)), run.plot)
+    found = trained_encoding(run.path)
+    if found is not None:
+        write_run_figure(found[1], run.path)
 
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
@@ -476,7 +498,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
     and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv.
     ``by``: config keys whose values tell lines apart (see the module docstring).
-    Where runs have tasks.csv, also the task report (:func:`posbench.task_report.write_task_report`:
+    Where runs have tasks.csv, also the task report (:func:`posbench.report.tasks.write_task_report`:
     tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
         raise PosbenchError(f"report: --format {fmt!r} is not valid; valid choices: md, latex")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .encodings import PositionEncoding
+from ..encodings import PositionEncoding
 
 COLUMNS = ["layer", "head", "distance", "bias"]
 FILE = "learned_bias.png"
@@ -98,15 +98,15 @@ def write_run_figure(encoding: PositionEncoding, run_dir: str | Path, max_distan
     return save(fig, Path(run_dir) / FILE, also_svg=True)
 
 
-def run_bias(run_dir: str | Path) -> tuple[dict, pd.DataFrame] | None:
-    """A trained run's encoding config and its bias by distance, or None when it has no learned
-    bias (or no checkpoint). Only the encoding is rebuilt, from the checkpoint's weights."""
+def trained_encoding(run_dir: str | Path) -> tuple[dict, PositionEncoding] | None:
+    """A trained run's encoding options and its encoding with the checkpoint's weights (only the
+    encoding is rebuilt), or None when the run has no config or checkpoint."""
     from omegaconf import OmegaConf
 
-    from .checkpoint import RunDir, load_checkpoint
-    from .config import model_config
-    from .encodings import build_encoding, saved_options
-    from .model import LanguageModel
+    from ..config import model_config
+    from ..encodings import build_encoding, saved_options
+    from ..model import LanguageModel
+    from ..runs.rundir import RunDir, load_checkpoint
 
     run = RunDir(run_dir)
     if not (run.config.is_file() and run.checkpoint.is_file()):
@@ -116,9 +116,17 @@ def run_bias(run_dir: str | Path) -> tuple[dict, pd.DataFrame] | None:
     weights = load_checkpoint(run.checkpoint)["model"]
     dims = LanguageModel.dims(model_config(cfg.model), int(cfg.train.train_len), weights["tok_emb.weight"].shape[0])
     encoding = build_encoding(options, dims)
-    if not has_learned_bias(encoding):
-        return None
     encoding.load_state_dict({k.removeprefix("encoding."): v for k, v in weights.items() if k.startswith("encoding.")})
+    return options, encoding
+
+
+def run_bias(run_dir: str | Path) -> tuple[dict, pd.DataFrame] | None:
+    """A trained run's encoding config and its bias by distance, or None when it has no learned
+    bias (or no checkpoint)."""
+    found = trained_encoding(run_dir)
+    if found is None or not has_learned_bias(found[1]):
+        return None
+    options, encoding = found
     return options, bias_by_distance(encoding, _default_distance(encoding))
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .checkpoint import atomic_write
-from .results import line_names
+from ..eval.results import line_names
+from ..runs.rundir import atomic_write
 
 DPI = 120
 
@@ -266,7 +266,7 @@ def tasks_figure(summary: pd.DataFrame):
     """Accuracy (%) vs eval size as a multiple of the train size (log2 x), one panel per task:
     exact match in the upper panels, per-token accuracy in the lower ones (beyond the training
     size exact match is often 0 for every line, and token accuracy still tells them apart). One
-    line per label (:mod:`posbench.task_report`) with its 95% interval shaded. A label has one
+    line per label (:mod:`posbench.report.tasks`) with its 95% interval shaded. A label has one
     colour in every panel; lines trained on randomized positions are dashed with squares; the
     dashed grey line marks the train size (1x). One legend for all panels."""
     from matplotlib.lines import Line2D

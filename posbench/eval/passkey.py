@@ -42,14 +42,14 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from .build import autocast
-from .checkpoint import RunDir
-from .config import choice, positive, code_version, config_hash, ladder_lengths, not_empty, typed
-from .data import load_corpus
-from .encodings import PositionRangeError
-from .encodings.rotary import rope_scaling, scaling_factor
-from .errors import PosbenchError
-from .evaluate import load_model, open_run
+from ..build import autocast
+from ..config import choice, code_version, config_hash, ladder_lengths, not_empty, positive, typed
+from ..data.corpus import load_corpus
+from ..encodings import PositionRangeError
+from ..encodings.rotary import rope_scaling, scaling_factor
+from ..errors import PosbenchError
+from ..runs.rundir import RunDir
+from .ladder import load_model, open_run
 from .results import locked, merge_csv
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")

@@ -6,7 +6,7 @@ restored (:class:`TrainingState`, whose ``state_dict`` and ``load_state_dict`` m
 other), so a resumed run ends with the same numbers as an uninterrupted one.
 
 The same function runs under torchrun or a multi-task Slurm job as data-parallel
-training (see :mod:`posbench.distributed`): one global batch of ``train.batch_size``
+training (see :mod:`posbench.runs.distributed`): one global batch of ``train.batch_size``
 windows per step, sharded over ranks and split into ``train.micro_batch_size``
 micro-batches with gradient accumulation; files are written by rank 0.
 
@@ -35,22 +35,23 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
-from . import distributed, preflight
-from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from .. import preflight
+from ..build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from ..config import RunConfig, run_config
+from ..data.corpus import load_corpus
+from ..data.positions import draw_positions
+from ..encodings import PositionRangeError
+from ..encodings.randomized import check_random_positions
+from ..encodings.rotary import check_scalable
+from ..errors import PosbenchError
+from ..eval.ladder import perplexity_ladder, result_rows, scored_tokens
+from ..eval.results import write_results
+from ..runs import distributed
+from ..runs.distributed import print0
+from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .branch import read_branch_state
-from .checkpoint import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
-from .config import RunConfig, run_config
-from .data import load_corpus
-from .distributed import print0
-from .encodings import PositionRangeError
-from .encodings.rotary import check_scalable
-from .errors import PosbenchError
-from .evaluate import perplexity_ladder, result_rows, scored_tokens
-from .learned_bias import write_run_figure
 from .logger import open_logger
 from .optim import lr_lambda, make_optimizer
-from .results import write_results
-from .positions import check_random_positions, draw_positions
 
 
 def seed_everything(seed: int) -> None:
@@ -257,7 +258,7 @@ def training_data(rc: RunConfig, world) -> SimpleNamespace:
     evaluation lengths. Every rank draws the same global batch (same seed) and keeps its shard."""
     tcfg = rc.train
     if rc.task.name != "lm":
-        from .tasks import TaskSampler, make_task
+        from ..data.tasks import TaskSampler, make_task
 
         task = make_task(rc.task)
         return SimpleNamespace(corpus=None, vocab_size=task.vocab_size, key=f"task:{rc.task.name}",
@@ -277,8 +278,8 @@ def fit_task_length(cfg: DictConfig) -> None:
     task = cfg.get("task")
     if task is None or task.get("name", "lm") == "lm":
         return
-    from .config import TaskConfig, typed
-    from .tasks import make_task
+    from ..config import TaskConfig, typed
+    from ..data.tasks import make_task
 
     tc = typed(TaskConfig, task, "task")
     with open_dict(cfg):
@@ -388,24 +389,21 @@ def announce(s: SimpleNamespace) -> None:
 
 def finish(s: SimpleNamespace, logger):
     """Rank 0: evaluate at every length, merge the rows into results.csv (and positions.csv,
-    token_nll.npz), draw the run's figures, log the evaluation."""
-    from .report import draw_run
-
+    token_nll.npz), log the evaluation (the command that called :func:`train` draws the figures)."""
     if s.rc.task.name != "lm":
         return finish_task(s)
     ecfg = s.rc.eval
     ladder = perplexity_ladder(s.model, s.corpus.splits[ecfg.split], s.lengths, ecfg, s.device, s.dtype,
                                tokenizer=s.corpus.tokenizer, random_positions=s.rc.train.random_positions)
-    rows = write_results(s.run, result_rows(s.cfg, ladder, s.state.step), draw=lambda merged: draw_run(s.run, merged))
-    write_run_figure(s.model.encoding, s.run.path)  # learned_bias.png/.svg where the bias is learned
+    rows = write_results(s.run, result_rows(s.cfg, ladder, s.state.step))
     logger.finish(rows)
     return rows
 
 
 def finish_task(s: SimpleNamespace):
     """Rank 0 of a task run: exact match and per-token accuracy at every evaluated size ->
-    tasks.csv (:func:`posbench.tasks.evaluate_task`)."""
-    from .tasks import evaluate_task
+    tasks.csv (:func:`posbench.eval.tasks.evaluate_task`)."""
+    from ..eval.tasks import evaluate_task
 
     meta = {"encoding": s.rc.encoding, "seed": s.rc.seed, "step": s.state.step, "config_hash": s.rc.config_hash}
     rows = evaluate_task(s.model, s.rc.task, meta, s.device, s.dtype, s.rc.train.random_positions)

@@ -3,7 +3,7 @@
     posbench report outputs/tasks_sweep          # tasks_report.md/.csv, tasks.png/.svg in that dir
 
 A task run (copy, reverse, addition, sort, parity, associative recall, duplicate; Kazemnejad et
-al. 2023, Ruoss et al. 2023) writes tasks.csv (:data:`posbench.results.TASK_COLUMNS`): per
+al. 2023, Ruoss et al. 2023) writes tasks.csv (:data:`posbench.eval.results.TASK_COLUMNS`): per
 evaluated instance size, the fraction of instances answered exactly (``exact_match``) and the
 mean, over instances, of the fraction of answer tokens right (``token_acc``, with its sd).
 
@@ -38,11 +38,11 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .checkpoint import atomic_write_text
-from .errors import PosbenchError
+from ..errors import PosbenchError
+from ..eval.results import TASK_COLUMNS, TASKS, find_files, report_dir
+from ..intervals import MIN_SEEDS, Interval, pooled_t_interval, t_interval, wilson_interval
+from ..runs.rundir import atomic_write_text
 from .figures import save, tasks_figure
-from .intervals import MIN_SEEDS, Interval, pooled_t_interval, t_interval, wilson_interval
-from .results import TASK_COLUMNS, TASKS, find_files, report_dir
 
 GROUP = ["task", "label", "train_size", "eval_size", "multiple"]  # one cell
 SUMMARY_COLUMNS = GROUP + ["encoding", "random_positions", "basis", "seeds", "instances",
@@ -225,7 +225,7 @@ def tasks_markdown(summary: pd.DataFrame) -> str:
 # ---------------------------------------------------------------- files
 def write_task_report(tasks: pd.DataFrame, out: str | Path, footer: str = "") -> TaskReport:
     """tasks_report.csv (the summary), tasks_report.md (tables, verdicts, ``footer``) and
-    tasks.png/.svg (:func:`posbench.figures.tasks_figure`) in ``out``, from :func:`read_tasks` rows."""
+    tasks.png/.svg (:func:`posbench.report.figures.tasks_figure`) in ``out``, from :func:`read_tasks` rows."""
     out = Path(out)
     summary = summarize_tasks(tasks)
     table = tasks_markdown(summary)

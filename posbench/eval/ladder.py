@@ -18,7 +18,7 @@ sliding, leaves a whole number of strides after the first window
 Beside token perplexity each row has the tokenizer-independent bits per byte and word-level
 perplexity of the scored text (as LM evaluation harnesses report them), and the mean NLL by
 position inside the window, in bins, goes to ``positions.csv``; the NLL of every scored token
-goes to ``token_nll.npz`` (:mod:`posbench.token_nll`), for the report's paired bootstrap
+goes to ``token_nll.npz`` (:mod:`posbench.eval.token_nll`), for the report's paired bootstrap
 intervals. ``docs/evaluation.md`` gives the formulas and the file formats.
 
 A rotary model can be evaluated under a RoPE scaling (``eval.rope_scaling``, see
@@ -38,20 +38,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from .build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
-from .checkpoint import RunDir, load_checkpoint
-from .config import EvalConfig, code_version, config_hash, typed
-from .data import load_corpus
-from .encodings import PositionRangeError
-from .encodings.rotary import check_scalable, rope_scaling, scaling_factor
-from .errors import PosbenchError
-from .model import LanguageModel
-from .positions import check_random_positions, draw_positions
-from .preflight import check_evaluation
-from .learned_bias import write_run_figure
+from ..build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from ..config import EvalConfig, code_version, config_hash, typed
+from ..data.corpus import load_corpus
+from ..data.positions import draw_positions
+from ..encodings import PositionRangeError
+from ..encodings.randomized import check_random_positions
+from ..encodings.rotary import check_scalable, rope_scaling, scaling_factor
+from ..errors import PosbenchError
+from ..model import LanguageModel
+from ..preflight import check_evaluation
+from ..runs.rundir import RunDir, load_checkpoint
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
-from .token_nll import FILE as TOKEN_NLL, read_token_nll, row_key
-
+from .token_nll import FILE as TOKEN_NLL
+from .token_nll import read_token_nll, row_key
 
 
 def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split: str,
@@ -192,7 +192,7 @@ def text_metrics(nll: float, tokens: int, nbytes: int | None, words: int | None)
 def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame:
     """results.csv rows of a ladder (columns ``COLUMNS``); the binned positions ride along in
     ``rows.attrs["positions"]`` and the per-token NLL in ``rows.attrs["token_nll"]`` (by
-    :func:`posbench.token_nll.row_key`) for :func:`posbench.results.write_results`."""
+    :func:`posbench.eval.token_nll.row_key`) for :func:`posbench.eval.results.write_results`."""
     meta = {"split": cfg.eval.split, "encoding": cfg.encoding.name, "model": cfg.model.name, "data": cfg.data.name,
             "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
             "config_hash": config_hash(cfg), "code_version": code_version(),
@@ -262,8 +262,6 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
 def evaluate(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
     whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
-    from .report import draw_run
-
     run, state, train_cfg, ecfg = open_run(cfg)
     corpus = load_corpus(train_cfg.data)
     tokens = corpus.splits[ecfg.split]
@@ -281,9 +279,8 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     check_random_positions(str(train_cfg.encoding.name), random_positions, max(todo), ecfg.rope_scaling)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
     check_evaluation(model, ecfg, todo, device, dtype)
-    write_run_figure(model.encoding, run.path)  # learned_bias.png/.svg where the bias is learned
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n,
                                random_positions=random_positions)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
-    write_results(run, rows, draw=lambda merged: draw_run(run, merged))
+    write_results(run, rows)
     return sort_rows(pd.concat([done, rows], ignore_index=True), KEY) if len(done) else rows

@@ -9,7 +9,7 @@ training covered, only spaced differently. The reference is deepmind/randomized_
 ``models/positional_encodings.py`` (``noisy_fixed_positional_encodings``), which samples
 ``sequence_length`` indexes of ``arange(max_time)`` without replacement and sorts them.
 
-:func:`random_positions` draws the positions; :meth:`posbench.model.LanguageModel.forward` takes
+:func:`posbench.data.positions.random_positions` draws the positions (a sampler, in the data stage); :meth:`posbench.model.LanguageModel.forward` takes
 them (``positions=``); :func:`check_random_positions` says whether a run can use them at all.
 
 Cost: with gaps, a relative bias past one query chunk is built per chunk and layer instead of
@@ -22,30 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .encodings import REGISTRY, PositionEncoding
-from .errors import PosbenchError
-
-
-def random_positions(length: int, max_position: int, generator: torch.Generator,
-                     device: torch.device | str | None = None) -> torch.Tensor:
-    """A sorted random subset of [0, ``max_position``) of size ``length``, drawn without
-    replacement with ``generator`` -> LongTensor (length,) on ``device``.
-
-    Ruoss et al. 2023: positions for one forward pass (the whole batch), at training and at test
-    time alike; ``max_position`` is L, at least the longest test length."""
-    if not 0 < length <= max_position:
-        raise PosbenchError(f"cannot draw {length} distinct positions from [0, {max_position}); "
-                            f"valid: 1 <= length <= {max_position} (train.random_positions)")
-    draw = torch.randperm(max_position, generator=generator, device=generator.device)[:length]
-    return draw.sort().values.to(device or generator.device)
-
-
-def draw_positions(length: int, max_position: int | None, generator: torch.Generator) -> torch.Tensor | None:
-    """A batch's positions: None (0 .. length-1, nothing drawn from ``generator``) when
-    ``max_position`` is None, else :func:`random_positions`."""
-    if max_position is None:
-        return None
-    return random_positions(length, max_position, generator)
+from ..errors import PosbenchError
+from . import REGISTRY, PositionEncoding
 
 
 def check_positions(positions: torch.Tensor, length: int) -> None:

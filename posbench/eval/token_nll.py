@@ -2,7 +2,7 @@
 
 The report's bootstrap intervals (:mod:`posbench.intervals`) resample blocks of scored tokens,
 so they need each token's loss, not only the row's mean. Every length of a ladder scores the
-same tokens 1 .. n of the split in the same order (:mod:`posbench.evaluate`), so entry t of
+same tokens 1 .. n of the split in the same order (:mod:`posbench.eval.ladder`), so entry t of
 every array of one run, and of every run scored on the same split with the same n, is the loss
 of the same token: that is what makes the bootstrap paired.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import atomic_write
+from ..runs.rundir import atomic_write
 
 FILE = "token_nll.npz"
 
@@ -46,7 +46,7 @@ def read_token_nll(path: str | Path) -> dict[str, np.ndarray]:
 
 def merge_token_nll(path: str | Path, new: dict[str, np.ndarray]) -> None:
     """Write ``new`` into the file at ``path``, replacing arrays of the same key, atomically.
-    Call under the run directory's lock (:func:`posbench.results.write_results` does)."""
+    Call under the run directory's lock (:func:`posbench.eval.results.write_results` does)."""
     arrays = {**read_token_nll(path), **{k: np.asarray(v, dtype=np.float32) for k, v in new.items()}}
     buffer = io.BytesIO()
     np.savez(buffer, **dict(sorted(arrays.items())))

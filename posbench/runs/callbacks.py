@@ -2,7 +2,7 @@
 
 :class:`BusyRunDir`: a single ``posbench train`` whose run dir another process holds is refused
 before Hydra writes its ``.hydra/`` files and job log there (the task then takes the run dir's
-lock itself, :func:`posbench.runlock.hold`).
+lock itself, :func:`posbench.runs.lock.hold`).
 
 :class:`SweepFailures`: a failing sweep job writes ``FAILED`` (its error) in its job dir and the sweep goes on
 (see ``posbench.cli.user_errors``). With the basic launcher the jobs run in this process,
@@ -19,15 +19,14 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .errors import SWEEP_FAILURES
+from ..errors import SWEEP_FAILURES, fail
 
 
 class BusyRunDir(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        from .cli import fail
-        from .runlock import RunDirBusy, probe
+        from .lock import RunDirBusy, probe
 
         HydraConfig.instance().set_config(config)  # what run_job does first: resolves ${hydra:...}
         try:

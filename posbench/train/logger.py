@@ -20,9 +20,9 @@ import math
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint import RunDir, atomic_write_text, disk_full, no_space
-from .config import WANDB_MODES, choice, config_hash
-from .results import with_labels
+from ..config import WANDB_MODES, choice, config_hash
+from ..eval.results import with_labels
+from ..runs.rundir import RunDir, atomic_write_text, disk_full, no_space
 
 
 def _step(line: str) -> float:

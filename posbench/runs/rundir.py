@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import PosbenchError
+from ..errors import PosbenchError
 
 FORMAT = "posbench-checkpoint-1"
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import DataConfig, typed
-from .errors import PosbenchError
+from ..config import DataConfig, typed
+from ..errors import PosbenchError
 
 SPLITS = ("train", "validation", "test")
 EOS = "<|endoftext|>"

@@ -1,0 +1,5 @@
+"""Where a run lives and who owns it: the run directory's files (atomic writes, checkpoints),
+its lock, the processes of a distributed job, and the Hydra callbacks of a sweep.
+
+Every stage writes into a run directory, so this package sits below all of them and imports
+none of them."""

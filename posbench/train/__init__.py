@@ -1,0 +1,3 @@
+"""Stage 4, training: the loop (:mod:`.loop`), optimizer and schedule (:mod:`.optim`),
+branching a run off a longer one (:mod:`.branch`) and the metrics logger (:mod:`.logger`).
+The trainer evaluates its model when it finishes, so it imports the evaluation stage."""
