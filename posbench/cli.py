@@ -30,7 +30,8 @@ COMMANDS = {
     "train": "train a model with one encoding on short windows, then evaluate it at growing lengths",
     "eval": "evaluate a trained run (checkpoint=<run dir>) at any lengths, without retraining",
     "report": "gather results.csv (and tasks.csv) files under run/sweep dirs into tables and figures",
-    "encodings": "list the available position encodings",
+    "encodings": "list the available position encodings (built-in and plugins)",
+    "check": "run the conformance checks on an encoding (a name or pkg.module:Class), as the zoo's tests do",
     "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
     "bench": "training and evaluation speed and memory of every encoding, beside x-transformers",
 }
@@ -49,20 +50,103 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def check_group_choices(args: list[str]) -> None:
-    """`encoding=nope2` -> one line listing the valid encodings (before Hydra composes)."""
+def _flag_value(args: list[str], *flags: str) -> str | None:
+    """The value of ``--flag VALUE`` or ``--flag=VALUE`` in ``args`` (the last one given)."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return found
+
+
+def user_config_dirs(args: list[str]) -> list[Path]:
+    """The config dirs a command line adds: ``--config-dir DIR`` / ``-cd DIR`` and
+    ``hydra.searchpath=[file://DIR]``; a missing one is a one-line error."""
+    from .plugins import config_dirs
+
+    dirs = [Path(d) for d in config_dirs(args, _flag_value(args, "--config-dir", "-cd"))]
+    for d in dirs:
+        if not d.is_dir():
+            fail(f"config dir {str(d)!r} does not exist; valid: a directory holding group folders such as "
+                 "encoding/NAME.yaml")
+    return dirs
+
+
+def group_choices(group: str, dirs: list[Path]) -> dict[str, Path | None]:
+    """The choices of config group ``group`` -> their YAML file (None: an installed
+    ``posbench.encodings`` entry point, which needs none). A user config dir's file whose name
+    is one of posbench's own is refused: it would silently replace the built-in."""
+    from .plugins import entry_points
+
+    builtin = {p.stem: p for p in sorted((conf_dir() / group).glob("*.yaml"))}
+    choices: dict[str, Path | None] = dict(builtin)
+    for d in dirs:
+        for path in sorted((d / group).glob("*.yaml")):
+            if path.stem in builtin:
+                fail(f"{path} has the name of posbench's built-in {group} {path.stem!r}; valid: another file name")
+            choices.setdefault(path.stem, path)
+    if group == "encoding":
+        for name in entry_points("posbench.encodings"):
+            choices.setdefault(name, None)
+    return choices
+
+
+def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, list[str]]:
+    """`encoding=nope2` -> one line listing the valid encodings (before Hydra composes), counting
+    user config dirs and installed plugins. -> the choices asked for in each group."""
     root = conf_dir()
+    asked: dict[str, list[str]] = {}
     for arg in args:
         if arg.startswith(("-", "+", "~", "hydra")) or "=" not in arg:
             continue
         key, value = arg.split("=", 1)
-        group = root / key.replace(".", "/")
-        if not group.is_dir() or value in ("null", ""):
+        group = key.replace(".", "/")
+        if not (root / group).is_dir() or value in ("null", ""):
             continue
-        choices = sorted(p.stem for p in group.glob("*.yaml"))
+        choices = group_choices(group, list(dirs))
         for choice in value.split(","):
             if choice not in choices:
-                fail(f"unknown {key} {choice!r}; valid choices: {', '.join(choices)}")
+                fail(f"unknown {key} {choice!r}; valid choices: {', '.join(sorted(choices))}")
+            path = choices[choice]
+            if path is not None and path.parent.parent != root and group == "encoding":
+                _check_plugin_yaml(path)
+            asked.setdefault(group, []).append(choice)
+    return asked
+
+
+def _check_plugin_yaml(path: Path) -> None:
+    """A user's ``encoding/NAME.yaml`` either names its class (``_target_``) and itself
+    (``name: NAME``), or sets options of a built-in encoding (``name: alibi``, no ``_target_``)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    if cfg.get("_target_"):
+        if cfg.get("name") != path.stem:
+            fail(f"{path} must say name: {path.stem} (its file name), found name: {cfg.get('name')}")
+    elif not (conf_dir() / "encoding" / f"{cfg.get('name')}.yaml").is_file():
+        fail(f"{path} names no class and no built-in encoding (name: {cfg.get('name')}); valid: "
+             "_target_: pkg.module.Class (a subclass of posbench.encodings.PositionEncoding) with "
+             f"name: {path.stem}, or name: <a built-in encoding> with its options")
+
+
+def store_plugin_configs(encodings: list[str]) -> None:
+    """Give Hydra a config for each installed entry-point encoding asked for (which has no YAML):
+    its constructor's keyword defaults, and how to import it (:func:`posbench.encodings.plugin_config`).
+    Hydra's ConfigStore travels to the workers of every launcher with Hydra's own state."""
+    from .plugins import entry_points
+
+    wanted = [name for name in encodings if name in entry_points("posbench.encodings")
+              and not (conf_dir() / "encoding" / f"{name}.yaml").is_file()]
+    if not wanted:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    from .encodings import encoding_class, plugin_config
+
+    for name in wanted:
+        encoding_class({"name": name})  # a plugin that failed to load: its one-line error
+        ConfigStore.instance().store(group="encoding", name=name, node=plugin_config(name))
 
 
 def _rank() -> int:
@@ -283,7 +367,8 @@ def run_hydra(command: str, args: list[str]) -> None:
         OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
     args = check_hydra_flags(command, args)
     if "--help" not in args and "-h" not in args:
-        check_group_choices(args)
+        asked = check_group_choices(args, user_config_dirs(args))
+        store_plugin_configs(asked.get("encoding", []))
     task = {"train": _train_task, "eval": _eval_task}[command]
     if command == "train" and _rank() > 0:  # one set of Hydra files and logs: rank 0's
         args = args + ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
@@ -328,7 +413,7 @@ def cmd_report(args: list[str]) -> None:
     print(f"\nwrote {', '.join(map(str, done.files))}")
 
 
-def encoding_param_counts() -> dict[str, dict[str, int]]:
+def encoding_param_counts(names: list[str]) -> dict[str, dict[str, int]]:
     """Encoding name -> {'params', 'pos_params'} of the default model (``posbench train`` with no
     overrides but ``encoding=``: model tiny, the default corpus's vocabulary size data.vocab_size,
     train.train_len), built on the CPU without loading any data. (The meta device would allocate
@@ -337,30 +422,84 @@ def encoding_param_counts() -> dict[str, dict[str, int]]:
     from omegaconf import OmegaConf, open_dict
 
     from .build import build_model
-    from .encodings import REGISTRY
+    from .encodings import PLUGINS, plugin_config
 
     with initialize_config_dir(str(conf_dir()), version_base=None):
         cfg = compose(HYDRA_APPS["train"])
     counts = {}
-    for name in sorted(REGISTRY):
+    for name in names:
+        yaml = conf_dir() / "encoding" / f"{name}.yaml"
         with open_dict(cfg):
-            cfg.encoding = OmegaConf.load(conf_dir() / "encoding" / f"{name}.yaml")
+            cfg.encoding = OmegaConf.load(yaml) if name not in PLUGINS else OmegaConf.create(plugin_config(name))
         counts[name] = build_model(cfg, int(cfg.data.vocab_size)).param_counts()
     return counts
 
 
+def _register_config_dir_encodings(dirs: list[Path]) -> None:
+    """Import and register the ``_target_`` encodings of user config dirs, for listings."""
+    from omegaconf import OmegaConf
+
+    from .encodings import encoding_class
+
+    for d in dirs:
+        for path in sorted((d / "encoding").glob("*.yaml")):
+            _check_plugin_yaml(path)
+            cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            if cfg.get("_target_"):
+                encoding_class(cfg)
+
+
 def cmd_encodings(args: list[str]) -> None:
-    from .encodings import REGISTRY
+    from .encodings import PLUGINS, REGISTRY, check_plugins
     from .report.tables import count_text
 
-    counts = encoding_param_counts()
+    parser = argparse.ArgumentParser(prog="posbench encodings", description=COMMANDS["encodings"])
+    parser.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                        help="also list the _target_ encodings of DIR/encoding/*.yaml")
+    ns = parser.parse_args(args)
+    check_plugins()
+    _register_config_dir_encodings(user_config_dirs(sum((["--config-dir", d] for d in ns.config_dir), [])))
+    counts = encoding_param_counts(sorted(REGISTRY))
     width = max(map(len, REGISTRY))
     print(f"{'encoding':<{width}}  {'hook':<6}  {'params':>6}  {'position':>8}  description  [paper]")
     for name, cls in sorted(REGISTRY.items()):
         total, pos = count_text(counts[name]["params"]), count_text(counts[name]["pos_params"])
-        print(f"{name:<{width}}  {cls.hook_kind():<6}  {total:>6}  {pos:>8}  {cls.description}  [{cls.paper}]")
+        plugin = f"  (plugin: {PLUGINS[name]})" if name in PLUGINS else ""
+        print(f"{name:<{width}}  {cls.hook_kind():<6}  {total:>6}  {pos:>8}  {cls.description}  [{cls.paper}]{plugin}")
     print("(params: all parameters of the default model, model=tiny with the default corpus's vocabulary; "
           "position: those of the position encoding)")
+
+
+def cmd_check(args: list[str]) -> None:
+    from .testing import CHECKS, ConformanceError, check_encoding, resolve
+
+    parser = argparse.ArgumentParser(prog="posbench check", description=COMMANDS["check"],
+                                     epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")
+    parser.add_argument("encoding", help="a registered name, or the class as pkg.module:Class")
+    parser.add_argument("options", nargs="*", metavar="KEY=VALUE", help="constructor options (YAML values)")
+    parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run (default: all)")
+    ns = parser.parse_args(args)
+    import yaml
+
+    options = {}
+    for item in ns.options:
+        key, eq, value = item.partition("=")
+        if not eq:
+            fail(f"option {item!r} is not KEY=VALUE; valid: e.g. base=500000.0")
+        options[key] = yaml.safe_load(value)  # 2.0 -> float, true -> bool, as in a config file
+    cls = resolve(ns.encoding)
+    checks = [c for c in ns.only.split(",") if c]
+    failed = 0
+    for check in checks:
+        try:
+            check_encoding(cls, options, [check])
+            print(f"ok    {check}")
+        except ConformanceError as e:
+            failed += 1
+            print(f"FAIL  {check}: {e}")
+    print(f"{cls.name or cls.__name__}: {len(checks) - failed} of {len(checks)} checks passed")
+    if failed:
+        raise SystemExit(1)
 
 
 def cmd_convert(args: list[str]) -> None:
@@ -400,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
         elif multirun:
             fail(f"-m/--multirun applies to train and eval, not {command}")
         else:
-            {"report": cmd_report, "encodings": cmd_encodings, "convert": cmd_convert,
+            {"report": cmd_report, "encodings": cmd_encodings, "check": cmd_check, "convert": cmd_convert,
              "bench": cmd_bench}[command](after)
     except PosbenchError as e:
         fail(str(e))

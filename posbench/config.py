@@ -24,6 +24,7 @@ from typing import Any, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import PosbenchError
+from .plugins import META_KEYS
 
 SCHEDULES = ("cosine", "wsd")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -382,12 +383,15 @@ def flat_items(d: dict, prefix: str = ""):
 
 def hashed_part(data: dict) -> dict:
     """The part of a config (plain containers) that :func:`config_hash` covers: without
-    ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN`` and the ``HASHED_UNLESS_NULL_TRAIN``
-    keys at null. The one place that says which keys shape the trained model (the report's
+    ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN``, the ``HASHED_UNLESS_NULL_TRAIN``
+    keys at null and a plugin encoding's import information (``encoding._target_``,
+    ``encoding._package_``: moving or upgrading the plugin's code keeps its runs). The one place that says which keys shape the trained model (the report's
     config diff reads it too)."""
     kept = {k: v for k, v in data.items() if k not in NOT_HASHED}
     if "data" in kept:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
+    if isinstance(kept.get("encoding"), dict):
+        kept["encoding"] = {k: v for k, v in kept["encoding"].items() if k not in META_KEYS}
     if "train" in kept:
         train = kept["train"]
         cosine = train.get("schedule", "cosine") == "cosine"  # runs before train.schedule keep their hash

@@ -31,9 +31,16 @@ def _threads():
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
 
 
-def posbench(*args, cwd=None, check=True):
-    """Run the installed console script like a user would."""
-    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *map(str, args)], cwd=cwd,
+def posbench(*args, cwd=None, check=True, env=None):
+    """Run the installed console script like a user would (``env``: variables to set or, with
+    None, to remove)."""
+    environ = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = str(value)
+    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *map(str, args)], cwd=cwd, env=environ,
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"posbench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

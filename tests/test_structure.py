@@ -96,7 +96,7 @@ def test_no_function_longer_than_80_lines():
 # The pipeline's stages in the order data flows through them (see posbench/__init__.py).
 # A module may import modules of its own stage or an earlier one, never a later one.
 STAGES = {
-    "base": ("posbench", "posbench.errors", "posbench.config", "posbench.intervals", "posbench.runs"),
+    "base": ("posbench", "posbench.errors", "posbench.config", "posbench.intervals", "posbench.plugins", "posbench.runs"),
     "data": ("posbench.data",),
     "model": ("posbench.encodings", "posbench.attention", "posbench.model", "posbench.loss", "posbench.build",
               "posbench.preflight"),

@@ -21,6 +21,7 @@ Reading order: :func:`train` calls :func:`setup` (config, corpus, model, checks,
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import signal
 import sys
@@ -37,7 +38,7 @@ from tqdm.auto import tqdm
 
 from .. import preflight
 from ..build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
-from ..config import RunConfig, run_config
+from ..config import RunConfig, code_version, run_config
 from ..data.corpus import load_corpus
 from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
@@ -411,6 +412,22 @@ def finish_task(s: SimpleNamespace):
     return rows
 
 
+def versions(encoding) -> dict:
+    """What made a run, for ``versions.json`` beside its config.yaml: posbench, torch and Python,
+    and for an encoding from outside the package, its class and the distribution that holds it."""
+    import platform
+
+    from ..encodings import PLUGINS
+    from ..plugins import distribution_of, target_of
+
+    found = {"posbench": code_version(), "torch": torch.__version__, "python": platform.python_version()}
+    if encoding.name in PLUGINS:
+        cls = type(encoding)
+        found["encoding_plugin"] = {"name": encoding.name, "class": target_of(cls), "origin": PLUGINS[encoding.name],
+                                    "package": distribution_of(cls)}
+    return found
+
+
 def train(cfg: DictConfig, run_dir) -> dict:
     """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results.
 
@@ -422,6 +439,7 @@ def train(cfg: DictConfig, run_dir) -> dict:
         s = setup(cfg, rc, run_dir)
         if s.world.is_main:
             atomic_write_text(s.run.config, OmegaConf.to_yaml(cfg, resolve=True))
+            atomic_write_text(s.run.path / "versions.json", json.dumps(versions(s.model.encoding), indent=1) + "\n")
         logger = open_logger(s.run, cfg, s.state.step, s.world.is_main)
         try:
             rows = train_and_finish(s, logger)

@@ -1,0 +1,114 @@
+"""Encodings from outside the package (examples/): found by an installed package's entry point
+and by a user config dir's ``_target_``; they train, evaluate in a fresh process and report,
+under every launcher, and a missing or clashing plugin is one line."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, SMOKE, posbench
+from posbench.config import config_hash
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = ROOT / "examples" / "posbench-example"
+CONFIG_DIR = ROOT / "examples" / "config"
+QUICK = SMOKE + ["train.steps=6", "train.log_every=3", "train.ckpt_every=6", "eval.multiples=[1,4]",
+                 "eval.max_tokens=256"]
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """The example package installed by pip into a directory of its own (put on PYTHONPATH by
+    each command), as `pip install examples/posbench-example` would install it into a venv."""
+    target = tmp_path_factory.mktemp("site")
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation, "--target",
+                    str(target), str(EXAMPLE)], check=True, capture_output=True, timeout=300)
+    assert (target / "posbench_example" / "encodings.py").is_file()
+    return {"PYTHONPATH": str(target)}
+
+
+def test_an_entry_point_encoding_trains_evaluates_in_a_new_process_and_reports(tmp_path, installed):
+    run = tmp_path / "run"
+    proc = posbench("train", *QUICK, "encoding=logdist", "encoding.init_scale=0.5", f"hydra.run.dir={run}",
+                    env=installed)
+    assert "| logdist | 32 | 128 |" in proc.stdout
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.encoding == {"name": "logdist", "_target_": "posbench_example.encodings.LogDistanceBias",
+                              "_package_": "posbench-example==0.1.0", "init_scale": 0.5, "learned": True}
+    plain = OmegaConf.to_container(saved, resolve=True)
+    del plain["encoding"]["_target_"], plain["encoding"]["_package_"]
+    assert config_hash(saved) == config_hash(OmegaConf.create(plain))  # import information is not hashed
+    versions = json.loads((run / "versions.json").read_text())
+    assert versions["encoding_plugin"]["package"] == "posbench-example==0.1.0" and versions["posbench"]
+    rows = pd.read_csv(run / "results.csv")
+    assert (rows.status == "ok").all() and rows.config_hash.nunique() == 1
+    posbench("eval", f"checkpoint={run}", "device=cpu", "eval.lengths=[32,256]", "eval.max_tokens=256", env=installed)
+    again = pd.read_csv(run / "results.csv").set_index("eval_len")
+    assert again.loc[256, "status"] == "ok" and again.loc[32, "ppl"] == rows.set_index("eval_len").loc[32, "ppl"]
+    report = posbench("report", run, "--out", tmp_path / "report", env=installed)
+    assert "logdist" in report.stdout and (tmp_path / "report" / "report.png").is_file()
+    # without the plugin: one line naming the module and what to do
+    missing = posbench("eval", f"checkpoint={run}", "device=cpu", "eval.lengths=[64]", check=False,
+                       env={"PYTHONPATH": None})
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [missing.stderr.strip()]
+    assert "encoding 'logdist' needs module 'posbench_example'" in missing.stderr
+    assert "install the package that provides it" in missing.stderr
+
+
+@pytest.mark.parametrize("how", ["--config-dir", "hydra.searchpath"])
+def test_a_config_dir_encoding_named_by_target_trains_and_evaluates(tmp_path, installed, how):
+    run = tmp_path / "run"
+    where = ["--config-dir", CONFIG_DIR] if how == "--config-dir" else [f"hydra.searchpath=[file://{CONFIG_DIR}]"]
+    posbench("train", *where, *QUICK, "encoding=scaled_sinusoidal", f"hydra.run.dir={run}", env=installed)
+    assert OmegaConf.load(run / "config.yaml").encoding._target_ == "posbench_example.encodings.ScaledSinusoidal"
+    posbench("eval", f"checkpoint={run}", "device=cpu", "eval.lengths=[64]", "eval.max_tokens=256", env=installed)
+    assert 64 in set(pd.read_csv(run / "results.csv").eval_len)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "local_parallel", "submitit_local"])
+def test_plugins_run_under_every_launcher(tmp_path, installed, launcher):
+    sweep = tmp_path / "sweep"
+    extra = ["hydra.launcher.timeout_min=10"] if launcher == "submitit_local" else []
+    posbench("-m", "train", "--config-dir", CONFIG_DIR, *QUICK, "eval.multiples=[1]", "encoding=logdist,scaled_sinusoidal",
+             f"hydra/launcher={launcher}", *extra, f"hydra.sweep.dir={sweep}", env=installed)
+    assert sorted(p.parent.parent.name for p in sweep.rglob("results.csv")) == ["logdist", "scaled_sinusoidal"]
+
+
+def test_listing_and_the_conformance_command(installed):
+    listing = posbench("encodings", "--config-dir", CONFIG_DIR, env=installed).stdout
+    assert "(plugin: entry point of posbench-example==0.1.0)" in listing
+    assert "(plugin: _target_ posbench_example.encodings.ScaledSinusoidal)" in listing
+    assert "alibi " in listing and "(plugin" not in listing.split("alibi ")[1].splitlines()[0]
+    check = posbench("check", "posbench_example.encodings:LogDistanceBias", env=installed)
+    assert check.stdout.strip().splitlines()[-1] == "logdist: 7 of 7 checks passed"
+    one = posbench("check", "logdist", "init_scale=2.0", "--only", "causality,relative", env=installed)
+    assert one.stdout.splitlines() == ["ok    causality", "ok    relative", "logdist: 2 of 2 checks passed"]
+
+
+def test_a_plugin_with_a_builtin_name_is_one_line(tmp_path, installed):
+    """An entry point named like a built-in, and a config-dir file named like one, are refused."""
+    site = tmp_path / "site"
+    dist = site / "clash-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[posbench.encodings]\nalibi = posbench_example.encodings:LogDistanceBias\n")
+    env = {"PYTHONPATH": f"{site}:{installed['PYTHONPATH']}"}
+    for args in (["train", *QUICK, "encoding=alibi", f"hydra.run.dir={tmp_path / 'run'}"], ["encodings"]):
+        proc = posbench(*args, check=False, env=env)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "encoding plugin 'alibi' (posbench_example.encodings.LogDistanceBias, entry point of clash==0.1) " \
+               "has the name of the built-in encoding 'alibi'" in proc.stderr
+    assert not (tmp_path / "run").exists()
+    configs = tmp_path / "configs" / "encoding"
+    configs.mkdir(parents=True)
+    (configs / "rope.yaml").write_text("name: rope\n_target_: posbench_example.encodings.LogDistanceBias\n")
+    proc = posbench("train", "--config-dir", configs.parent, *QUICK, "encoding=rope", check=False, env=installed)
+    assert proc.returncode == 2 and "has the name of posbench's built-in encoding 'rope'" in proc.stderr
