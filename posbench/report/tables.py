@@ -67,7 +67,7 @@ PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-c
 TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
               "bootstrap over the scored tokens]; bold: the lowest ppl of a column and every line whose 95% "
               "interval of the ratio to it contains 1 (none where a comparison has no interval)")
-REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "alibi_paper_L512.csv"
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "alibi_paper_L512.csv"
 
 
 # ---------------------------------------------------------------- reading
@@ -356,15 +356,6 @@ def latex_table(summary: pd.DataFrame) -> str:
             .replace(">=", r"$\geq$") + ".}",
             r"\label{tab:posbench}", r"\end{table}"]
     return "\n".join(out)
-
-
-def markdown_results(rows: pd.DataFrame) -> str:
-    """One run's rows as a Markdown table."""
-    lines = ["| encoding | train_len | eval_len | ppl | nll | tokens | status |", "|---|---|---|---|---|---|---|"]
-    for r in with_labels(rows).itertuples():
-        status = r.status if len(r.status) < 60 else r.status[:57] + "..."
-        lines.append(f"| {r.label} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} | {status} |")
-    return "\n".join(lines)
 
 
 def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
