@@ -157,7 +157,8 @@ def _rank() -> int:
 
 
 def _remove_fresh_run_dir(run_dir: Path) -> None:
-    """Undo what Hydra created for a job that failed before writing any checkpoint."""
+    """Undo what Hydra created for a job that failed before writing any checkpoint: the run dir,
+    then the parents created with it (``outputs/train/alibi/``) while they are empty."""
     if _rank() > 0 or (run_dir / "checkpoints").exists() or (run_dir / "results.csv").exists():
         return
     shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
@@ -166,7 +167,24 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
     try:
         run_dir.rmdir()
     except OSError:
-        pass
+        return
+    _remove_new_parents(run_dir)
+
+
+def _remove_new_parents(run_dir: Path) -> None:
+    """The empty parents of a removed run dir that did not exist before the run started
+    (:data:`posbench.runs.callbacks.NEW_DIRS`), below the working directory only, deepest first;
+    the first one that is not empty (another run's files) stops the walk."""
+    from .runs.callbacks import NEW_DIRS
+
+    cwd, new = Path.cwd().resolve(), {p.resolve() for p in NEW_DIRS}
+    for parent in run_dir.resolve().parents:
+        if parent not in new or parent == cwd or not parent.is_relative_to(cwd):
+            return
+        try:
+            parent.rmdir()  # refuses a directory that is not empty
+        except OSError:
+            return
 
 
 def _in_multirun() -> bool:
@@ -202,6 +220,8 @@ def user_errors(run_dir: Path | None):
     try:
         yield
     except Exception as e:
+        if isinstance(e, BrokenPipeError):
+            raise  # stdout closed (`| head`): main ends quietly, as SIGPIPE would; no job failed
         if not _in_multirun():
             if not isinstance(e, PosbenchError):
                 raise  # bugs keep their traceback
@@ -224,45 +244,41 @@ def user_errors(run_dir: Path | None):
             _record_failure(job_dir, f"{type(e).__name__}: {first}", traceback.format_exc())
 
 
-def _share_cores() -> None:
-    """Jobs run side by side by a local parallel launcher (joblib) split the cores between
-    them instead of each starting one torch thread per core."""
+def _use_threads() -> None:
+    """Torch threads for this job (:mod:`posbench.runs.threads`): the cores other processes leave
+    idle, re-checked as the job runs; jobs run side by side by a local parallel launcher (joblib)
+    split the cores between them (cores / n_jobs at most each)."""
     from hydra.core.hydra_config import HydraConfig
 
-    launcher = HydraConfig.get().launcher
-    if "joblib" not in str(launcher.get("_target_", "")):
-        return
-    import torch
+    from .runs import threads
 
-    cores = os.cpu_count() or 1
-    n_jobs = int(launcher.get("n_jobs") or 1)
-    n_jobs = cores if n_jobs < 0 else n_jobs  # joblib: -1 = one job per core
-    torch.set_num_threads(max(1, cores // n_jobs))
+    cap = None
+    launcher = HydraConfig.get().launcher if HydraConfig.initialized() else {}
+    if "joblib" in str(launcher.get("_target_", "")):
+        cores = len(threads.allowed_cores())
+        n_jobs = int(launcher.get("n_jobs") or 1)
+        n_jobs = cores if n_jobs < 0 else n_jobs  # joblib: -1 = one job per core
+        cap = max(1, cores // n_jobs)
+    threads.activate(cap)
 
 
 def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .report.tables import draw_run, markdown_results
+    from .report.tables import draw_run
     from .runs.lock import hold
     from .train.loop import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    _share_cores()
+    _use_threads()
     with user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
-        result = train(cfg, run_dir)
-        if result["results"] is None:  # not rank 0: rank 0 evaluates and reports
+        finished = train(cfg, run_dir)
+        if finished.rows is None:  # not rank 0: rank 0 evaluates and reports
             return
         (run_dir / "FAILED").unlink(missing_ok=True)  # an earlier attempt's failure is over
-        if "exact_match" in result["results"]:  # a task run
-            from .eval.tasks import markdown_tasks
-
-            print(markdown_tasks(result["results"]))
-            print(f"\nrun dir: {run_dir}  (tasks.csv, metrics.jsonl, config.yaml)")
-            return
         draw_run(run_dir)
-        print(markdown_results(result["results"]))
-        print(f"\nrun dir: {run_dir}  (results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml)")
+        print(finished.summary)
+        print(f"\nrun dir: {run_dir}  ({finished.files})")
 
 
 def _eval_lock(cfg):
@@ -277,8 +293,10 @@ def _eval_lock(cfg):
 
 def _eval_task(cfg) -> None:
     from .eval.ladder import evaluate
-    from .report.tables import draw_run, markdown_results
+    from .eval.results import markdown_results
+    from .report.tables import draw_run
 
+    _use_threads()
     with user_errors(None), _eval_lock(cfg):
         if cfg.get("probe"):
             from .eval.passkey import markdown_passkey, passkey
@@ -313,13 +331,81 @@ def hydra_error(e: Exception, args: list[str]) -> str:
     key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
     if key and isinstance(parent, DictConfig):
         section = key.rpartition(".")[0]
+        close = similar_keys(key, config_keys(parent._get_root(), with_hydra=key.startswith("hydra.")))
         return (f"unknown key {key!r}; valid keys{' in ' + section if section else ''}: "
-                f"{', '.join(sorted(map(str, parent)))} (+{key}=... adds a new key)")
+                f"{', '.join(sorted(map(str, parent)))}"
+                + (f"; did you mean {' or '.join(close)}?" if close else "") + f" (+{key}=... adds a new key)")
     return " ".join(str(e).split())
+
+
+def config_keys(cfg, prefix: str = "", with_hydra: bool = False) -> list[str]:
+    """Every dotted key of a composed config, interpolations left unresolved (Hydra's own
+    ``hydra.*`` only with ``with_hydra``)."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(cfg, resolve=False) if not isinstance(cfg, dict) else cfg
+    keys = []
+    for name, value in tree.items():
+        if prefix or with_hydra or name != "hydra":
+            keys.append(prefix + str(name))
+            if isinstance(value, dict):
+                keys += config_keys(value, f"{prefix}{name}.", with_hydra)
+    return keys
+
+
+def similar_keys(key: str, keys: list[str], n: int = 3) -> list[str]:
+    """The keys a mistyped ``key`` may mean: those ending in the same name (``steps`` ->
+    ``train.steps``), else the closest dotted keys (``train.stepz``), else those whose last name
+    is close (``stepz`` -> ``train.steps``)."""
+    import difflib
+
+    last = key.rpartition(".")[2]
+    same = [k for k in keys if k != key and k.rpartition(".")[2] == last]
+    if same:
+        return same[:n]
+    close = difflib.get_close_matches(key, keys, n=n, cutoff=0.8)
+    if close:
+        return close
+    names = difflib.get_close_matches(last, sorted({k.rpartition(".")[2] for k in keys}), n=n, cutoff=0.8)
+    return [k for k in keys if k.rpartition(".")[2] in names][:n]
 
 
 MODES = {"run": "--run", "multirun": "-m/--multirun", "cfg": "--cfg", "info": "--info",
          "shell_completion": "--shell-completion"}
+
+
+# Overrides whose value is a path: posbench's run dirs hold '=' and ',' (a sweep job's
+# ``alibi/experiment=smoke,seed=0``), which Hydra's override grammar reads as syntax.
+PATH_KEYS = ("checkpoint", "train.branch_from", "hydra.run.dir", "hydra.sweep.dir")
+
+
+def _quoted(path: str) -> str:
+    """``path`` as a quoted Hydra string, read back verbatim (in Hydra's quoted strings only a
+    quote needs its backslash)."""
+    return "'" + path.replace("'", "\\'") + "'"
+
+
+def path_arguments(command: str, overrides: list[str], multirun: bool) -> list[str]:
+    """Run dirs as typed. ``posbench eval RUN_DIR`` means ``checkpoint=RUN_DIR`` (several run
+    dirs with -m: a sweep over them), and a value of ``checkpoint=``, ``train.branch_from=``,
+    ``hydra.run.dir=`` or ``hydra.sweep.dir=`` that is an existing path is quoted for Hydra.
+    Other values (``checkpoint=a,b`` with -m: a sweep) pass as they are."""
+    out, run_dirs = [], []
+    for arg in overrides:
+        key, eq, value = arg.partition("=")
+        if command == "eval" and not arg.startswith(("+", "~")) and Path(arg).exists() and (
+                not eq or "/" in key or Path(key).exists()):
+            run_dirs.append(arg)  # a path, '=' and all (a key never holds a '/')
+        elif eq and key.lstrip("+") in PATH_KEYS and value and value[0] not in "'\"" and Path(value).exists():
+            out.append(f"{key}={_quoted(value)}")
+        else:
+            out.append(arg)
+    if len(run_dirs) > 1 and not multirun:
+        fail(f"posbench eval: {len(run_dirs)} run dirs given ({', '.join(run_dirs)}); valid: one run dir, "
+             "or -m to evaluate each (posbench -m eval DIR1 DIR2 ...)")
+    if run_dirs:
+        out.insert(0, "checkpoint=" + ",".join(map(_quoted, run_dirs)))
+    return out
 
 
 def check_hydra_flags(command: str, args: list[str]) -> list[str]:
@@ -346,7 +432,7 @@ def check_hydra_flags(command: str, args: list[str]) -> list[str]:
     if len(modes) > 1:
         fail(f"posbench {command}: {' and '.join(modes)} cannot be combined; valid: one of -m (a sweep), "
              "--cfg job|hydra|all (print the config), --info (print Hydra's view), or none (one run)")
-    ordered = [a for a in args if a not in ns.overrides] + ns.overrides
+    ordered = [a for a in args if a not in ns.overrides] + path_arguments(command, ns.overrides, bool(ns.multirun))
     if ns.help or ns.hydra_help:
         return ordered
     if ns.resolve and not ns.cfg:
@@ -359,6 +445,37 @@ def check_hydra_flags(command: str, args: list[str]) -> list[str]:
     return ordered
 
 
+# Config groups that belong to the other Hydra app. Hydra would answer "No match in the defaults
+# list ... use +probe=passkey", which adds a group the command then ignores.
+OTHER_APP_GROUPS = {"train": ("probe",), "eval": ("encoding", "model", "data", "train", "task", "logger", "experiment")}
+
+
+def check_app_groups(command: str, args: list[str]) -> None:
+    """``posbench train probe=passkey`` (or ``posbench eval encoding=rope``) -> one line naming
+    the command the group belongs to."""
+    for arg in args:
+        key, eq, value = arg.lstrip("+").partition("=")
+        if not eq or key not in OTHER_APP_GROUPS[command]:
+            continue
+        if command == "train":
+            fail(f"{key}={value} belongs to posbench eval, not train; valid: train the run, then "
+                 f"posbench eval checkpoint=<run dir> {key}={value}")
+        fail(f"{key}={value} belongs to posbench train, not eval (eval takes the encoding, model and data "
+             "from the run's config.yaml); valid: checkpoint=<run dir>, eval.*, probe=passkey, device=")
+
+
+def choices_text(args: list[str]):
+    """The ``choices`` resolver of the help templates (``conf/app_*.yaml``): a group's choices,
+    counting user config dirs and installed encodings, wrapped under the template's 16-column labels."""
+    import textwrap
+
+    def choices(group: str) -> str:
+        names = ", ".join(sorted(group_choices(group, user_config_dirs(args))))
+        return textwrap.fill(names, width=100, initial_indent=" " * 16, subsequent_indent=" " * 16).lstrip()
+
+    return choices
+
+
 def run_hydra(command: str, args: list[str]) -> None:
     import hydra
     from omegaconf import OmegaConf
@@ -366,7 +483,9 @@ def run_hydra(command: str, args: list[str]) -> None:
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
     args = check_hydra_flags(command, args)
+    OmegaConf.register_new_resolver("choices", choices_text(args), replace=True)
     if "--help" not in args and "-h" not in args:
+        check_app_groups(command, args)
         asked = check_group_choices(args, user_config_dirs(args))
         store_plugin_configs(asked.get("encoding", []))
     task = {"train": _train_task, "eval": _eval_task}[command]
@@ -520,8 +639,29 @@ def cmd_bench(args: list[str]) -> None:
     bench_main(args)
 
 
+@contextmanager
+def quiet_broken_pipe():
+    """``posbench encodings | head -3``: when the reader of stdout goes away, end quietly (Python's
+    "Note on SIGPIPE": stdout onto devnull, so the flush at exit cannot fail again) with exit
+    status 0, unless an error was on its way out already (its status, a bug's traceback)."""
+    try:
+        try:
+            yield
+        finally:
+            sys.stdout.flush()  # a pipe's buffered output fails here, not at exit
+    except BrokenPipeError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if e.__context__ is not None and not isinstance(e.__context__, BrokenPipeError):
+            raise e.__context__ from None
+        raise SystemExit(0) from None
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with quiet_broken_pipe():
+        dispatch(list(sys.argv[1:] if argv is None else argv))
+
+
+def dispatch(argv: list[str]) -> None:
     command_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if command_at is None:
         print(usage())

@@ -31,13 +31,7 @@ class Attention(nn.Module):
 
     def forward(self, x, enc: PositionEncoding, positions, layer: int, cache: dict):
         B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        if torch.compiler.is_compiling():
-            # q, k, v must not be views of the projection where a graph break follows (rotary reads
-            # its table size from the positions): torch 2.13's AOTAutograd replays such views with
-            # a corrupt shape (a RuntimeError at train_len 128, batch 32). Eager runs skip the copy.
-            qkv = qkv.contiguous()
-        q, k, v = qkv
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
         y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))

@@ -1,4 +1,4 @@
-"""README's encoding table from a report: name, paper, hook, measured ppl at train_len and at
+"""docs/encodings.md's encoding table from a report: name, paper, hook, measured ppl at train_len and at
 the longest length, their ratio with its 95% interval, and a verdict.
 
     python scripts/encoding_table.py results/zoo_quick/report.csv > results/zoo_quick/encodings.md

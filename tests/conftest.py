@@ -25,6 +25,12 @@ def isolated_cache(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = old
 
 
+# Commands the tests run keep a fixed thread count (posbench.runs.threads is bypassed where
+# OMP_NUM_THREADS is set), so their numbers do not depend on what else the machine runs;
+# tests/test_threads.py tests the policy itself.
+os.environ.setdefault("OMP_NUM_THREADS", str(min(2, os.cpu_count() or 1)))
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     """Two threads (this project's CPU target), or OMP_NUM_THREADS when it is set."""

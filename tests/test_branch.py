@@ -58,15 +58,15 @@ def test_a_branch_ends_bit_for_bit_where_the_run_from_scratch_ends(tmp_path):
     wsd = [*SMOKE, "encoding=alibi", "train.schedule=wsd", "train.decay_frac=0.25", "train.ckpt_every=100"]
     # the short run (20 steps) decays from step 15; the long one (30 steps) keeps step 15
     long = train(compose(*wsd, "train.steps=30", "train.save_steps=[15]"), tmp_path / "long")
-    assert (tmp_path / "long/checkpoints/step_15.pt").is_file() and long["results"] is not None
+    assert (tmp_path / "long/checkpoints/step_15.pt").is_file() and long.rows is not None
     scratch = train(compose(*wsd, "train.steps=20"), tmp_path / "scratch")
     branch = train(compose(*wsd, "train.steps=20", f"train.branch_from={tmp_path / 'long'}"), tmp_path / "branch")
     a = torch.load(tmp_path / "scratch/checkpoints/last.pt", weights_only=False)
     b = torch.load(tmp_path / "branch/checkpoints/last.pt", weights_only=False)
     assert a["step"] == b["step"] == 20 and a["config_hash"] == b["config_hash"]
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert scratch["results"].ppl.tolist() == branch["results"].ppl.tolist()
-    assert scratch["results"].ppl.tolist() != long["results"].ppl.tolist()  # a real difference to detect
+    assert scratch.rows.ppl.tolist() == branch.rows.ppl.tolist()
+    assert scratch.rows.ppl.tolist() != long.rows.ppl.tolist()  # a real difference to detect
 
     # errors: another config, a source too short, a missing kept step; each one line, nothing written
     cases = [(["train.steps=20", "train.lr=0.002"], "is a run of another config: train.lr (0.001 there, 0.002 here); valid: a run "

@@ -1,8 +1,8 @@
 """``train.compile=true``: the compiled model trains, and its loss and gradients match eager mode.
 
-Rotary encodings read their angle table's size from the positions, a graph break inside the
-attention block; at the default shape (train_len 128, batch 32) torch 2.13 failed to replay
-q, k and v as views of the projection across it (``posbench.model``)."""
+Rotary encodings once read their angle table's size from the positions (a host value) in every
+layer, a graph break inside the attention block; compiled, they now compute the angles in the
+graph, and the whole forward is one graph."""
 
 import shutil
 
@@ -34,3 +34,14 @@ def test_compiled_training_step_matches_eager(encoding):
     assert torch.isfinite(compiled) and compiled.item() == pytest.approx(eager.item(), rel=1e-2)
     for a, b in zip(eager_grads, compiled_grads):  # bf16 rounding differs between the kernels: compare norms
         assert (a - b).norm() <= 0.05 * a.norm()
+
+
+@pytest.mark.parametrize("encoding", ["rope", "xpos"])
+def test_the_compiled_blocks_are_one_graph(encoding):
+    """Embedding, every block and the final norm compile as one graph (the loss after them may
+    break once, where it checks for a task's ignored targets)."""
+    torch._dynamo.reset()
+    model = build_model(compose(f"encoding={encoding}", "device=cpu", "model.n_layers=2"), 256)
+    x = torch.randint(0, 256, (2, 128))
+    explained = torch._dynamo.explain(model.hidden)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons

@@ -111,3 +111,29 @@ def test_an_empty_list_of_lengths_is_an_error_naming_the_valid_forms(schema, key
 
     with pytest.raises(PosbenchError, match=rf"^probe.depths is empty|^{schema}.{key}=\[\] is empty; valid: "):
         (EvalConfig if schema == "eval" else PasskeyConfig)(**{key: []})
+
+
+@pytest.mark.parametrize("cls, yaml", [("TrainConfig", "train/default.yaml"), ("EvalConfig", "eval/default.yaml"),
+                                       ("ModelConfig", "model/tiny.yaml")])
+def test_config_dataclass_defaults_equal_the_default_yaml(cls, yaml):
+    """The typed configs' defaults repeat conf/: one value per key in both, so code that builds a
+    config without Hydra (tests, tools, plugins) gets what `posbench train` gets."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    import posbench.config as config
+    from posbench.config import conf_dir
+
+    fields = {f.name: f for f in dataclasses.fields(getattr(config, cls))}
+    declared = OmegaConf.to_container(OmegaConf.load(conf_dir() / yaml), resolve=False)
+    differ = {}
+    for key, value in declared.items():
+        if key not in fields or (isinstance(value, str) and value.startswith("${")):
+            continue  # interpolations (e.g. a length read from train.train_len) resolve per run
+        f = fields[key]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if default != value:
+            differ[key] = (default, value)
+    assert differ == {}
+    assert sorted(k for k in declared if k not in fields) == []

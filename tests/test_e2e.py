@@ -69,7 +69,7 @@ def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
     a = torch.load(tmp_path / "full/checkpoints/last.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "resumed/checkpoints/last.pt", weights_only=False)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert full["results"].ppl.tolist() == resumed["results"].ppl.tolist()
+    assert full.rows.ppl.tolist() == resumed.rows.ppl.tolist()
     steps = [json.loads(x)["step"] for x in (tmp_path / "resumed/metrics.jsonl").read_text().splitlines()]
     assert steps == [5, 10, 15, 20]
 
@@ -149,3 +149,19 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     posbench(*args[3:])
     assert torch.load(run / "checkpoints/last.pt", weights_only=False)["step"] == 100
     assert len(pd.read_csv(run / "results.csv")) == 5
+
+
+def test_a_sweep_jobs_run_dir_is_passed_back_as_typed(tmp_path):
+    """A sweep job's dir holds '=' and ',' (``alibi/experiment=smoke,seed=0,...``): `posbench eval
+    DIR` and `posbench eval checkpoint=DIR` take it as typed, with no Hydra quoting."""
+    sweep = tmp_path / "sweep"
+    posbench("-m", "train", *SMOKE, "encoding=alibi", "seed=0", "train.steps=4", "eval.multiples=[1]",
+             f"hydra.sweep.dir={sweep}")
+    job = next(sweep.rglob("results.csv")).parent
+    assert "=" in job.name and "," in job.name, job.name
+    posbench("eval", job, "eval.lengths=[64]", "device=cpu")
+    posbench("eval", f"checkpoint={job}", "eval.lengths=[128]", "device=cpu")
+    posbench("eval", "device=cpu", f"checkpoint={job}/", "eval.lengths=[256]")
+    assert {32, 64, 128, 256} <= set(pd.read_csv(job / "results.csv").eval_len)
+    two = posbench("eval", job, job, "device=cpu", check=False)
+    assert two.returncode == 2 and "2 run dirs given" in two.stderr and "-m to evaluate each" in two.stderr

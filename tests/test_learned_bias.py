@@ -12,7 +12,7 @@ from posbench.encodings import REGISTRY, ModelDims, build_encoding
 from posbench.report.learned_bias import (bias_by_distance, has_learned_bias, learned_bias_figure, write_report_figure,
                                    write_run_figure)
 from posbench.train.optim import make_optimizer
-from posbench.train.loop import WindowSampler
+from posbench.data.windows import WindowSampler
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16)
 TINY = ["model.d_model=32", "model.n_heads=4", "model.n_layers=2", "model.d_ff=64"]

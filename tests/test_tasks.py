@@ -193,9 +193,9 @@ def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch
     assert rows.eval_size.tolist() == [4, 8, 16, 32] and rows.multiple.tolist() == [1, 2, 4, 8]
     assert (rows.instances == 12).all() and (rows.task == "reverse").all() and (rows.train_size == 4).all()
     assert ((rows.exact_lo <= rows.exact_match) & (rows.exact_match <= rows.exact_hi)).all()
-    assert full["results"].token_acc.tolist() == resumed["results"].token_acc.tolist()
+    assert full.rows.token_acc.tolist() == resumed.rows.token_acc.tolist()
     assert pd.read_csv(tmp_path / "resumed" / "tasks.csv").token_acc.tolist() == rows.token_acc.tolist()
-    assert full["results"].step.tolist() == [10] * 4
+    assert full.rows.step.tolist() == [10] * 4
     assert (tmp_path / "full" / "config.yaml").read_text().count("train_len: 11") == 1  # 4 + 4 + 3 tokens
     assert (rows.random_positions == (random_positions or 0)).all()
 

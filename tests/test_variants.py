@@ -281,8 +281,8 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
     for b, a, w in zip(before.ppl, after.ppl, wrong.ppl):
         assert abs(a - b) * 10 < abs(w - b)
     # both runs resume from step 6 (the converted one under its own config) and end alike
-    finished = train(cfg, run)["results"].ppl.tolist()
-    assert train(cfg_interleaved, out)["results"].ppl.tolist() == pytest.approx(finished, rel=1e-5)
+    finished = train(cfg, run).rows.ppl.tolist()
+    assert train(cfg_interleaved, out).rows.ppl.tolist() == pytest.approx(finished, rel=1e-5)
     # errors: an existing out dir, a non-rotary run
     with pytest.raises(PosbenchError, match="exists and is not empty"):
         convert_run(run, "interleaved", out)

@@ -1,2 +1,3 @@
-"""Stage 1, data: public corpora -> cached token ids (:mod:`.corpus`), and the algorithmic
-tasks made on the fly (:mod:`.tasks`)."""
+"""Stage 1, data: public corpora -> cached token ids (:mod:`.corpus`) and training windows of
+them (:mod:`.windows`), the algorithmic tasks made on the fly (:mod:`.tasks`), randomized
+positions (:mod:`.positions`)."""

@@ -124,11 +124,34 @@ def split_documents(docs: list[tuple[str, str]], split_cfg) -> dict[str, list[tu
     return out
 
 
+def check_hub(cfg) -> None:
+    """One request to the Hugging Face hub, without retries, before ``load_dataset``: where the hub
+    cannot be reached, that would retry each request with backoff (about 24 s) and log a warning
+    at each try before failing. In offline mode (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) datasets
+    reads its own cache and nothing is asked."""
+    import datasets
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if datasets.config.HF_HUB_OFFLINE:
+        return
+    try:
+        HfApi().dataset_info(cfg.hub_path, timeout=10)
+    except HfHubHTTPError:
+        return  # the hub answered (a missing or gated dataset): load_dataset names the problem
+    except Exception as e:  # noqa: BLE001 - no connection, DNS, proxy, timeout: the hub is out of reach
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PosbenchError(f"could not reach the Hugging Face hub for {cfg.hub_path}/{cfg.hub_name} ({msg}); "
+                            "offline, use data=sotu or data=text, or HF_HUB_OFFLINE=1 to read a copy already "
+                            "in the Hugging Face cache") from e
+
+
 def load_documents(cfg):
     """-> datasets.DatasetDict with splits train/validation/test and a 'text' column."""
     import datasets
 
     if cfg.source == "hub":
+        check_hub(cfg)
         try:
             ds = datasets.load_dataset(cfg.hub_path, cfg.hub_name)
         except Exception as e:  # offline, missing dataset, ...

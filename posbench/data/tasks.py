@@ -217,7 +217,7 @@ def encode(task: Task, generator: torch.Generator, sizes: list[int]) -> tuple[to
 
 class TaskSampler:
     """Training batches of ``batch_size`` instances, sizes uniform in 1 .. train_size, drawn with its
-    own generator (saved in checkpoints like :class:`posbench.train.loop.WindowSampler`'s), and with
+    own generator (saved in checkpoints like :class:`posbench.data.windows.WindowSampler`'s), and with
     ``random_positions`` = L the batch's positions: a sorted random subset of [0, L)."""
 
     def __init__(self, task: Task, train_size: int, batch_size: int, seed: int, random_positions: int | None = None):

@@ -178,6 +178,7 @@ class Rotary(PositionEncoding):
         self.pairing = check_pairing(str(pairing))  # see the module docstring
         self.scaling: tuple[str, float | None] = ("none", None)  # (kind, factor); see scaled()
         self._cache: tuple | None = None  # (scaling key, size, cos, sin), sized by the longest call
+        self._rows: tuple | None = None  # (positions, scaling, cos, sin) of the last call: the forward's other layers
 
     @contextmanager
     def scaled(self, kind: str, factor: float | None = None):
@@ -223,6 +224,16 @@ class Rotary(PositionEncoding):
         return angles.cos(), angles.sin()
 
     def _cos_sin(self, positions: torch.Tensor):
+        """cos, sin (T, hs/2) at ``positions`` under the current scaling.
+
+        Compiled (training, unscaled): computed in the graph from the positions, so no host value
+        is read and the block compiles whole. Eager: rows of a table sized by the largest
+        position (one host read per forward: every layer gets the same ``positions`` tensor and
+        reuses the first layer's rows)."""
+        if torch.compiler.is_compiling() and self.scaling[0] == "none":
+            return self.angle_table(positions, "none", 1.0)
+        if self._rows is not None and self._rows[0] is positions and self._rows[1] == self.scaling:
+            return self._rows[2], self._rows[3]
         n = int(positions.max()) + 1  # T for positions 0..T-1; more with randomized positions (no scaling there)
         kind, s = self.resolved_scaling(n)
         key = (kind, s, positions.device)
@@ -231,7 +242,8 @@ class Rotary(PositionEncoding):
             cos, sin = self.angle_table(torch.arange(size, device=positions.device), kind, s)
             self._cache = (key, size, cos, sin)
         _, _, cos, sin = self._cache
-        return cos[positions], sin[positions]
+        self._rows = (positions, self.scaling, cos[positions], sin[positions])
+        return self._rows[2], self._rows[3]
 
     def rotate(self, q, k, positions, layer):
         cos, sin = self._cos_sin(positions)
@@ -276,7 +288,7 @@ class XPos(Rotary):
 
     def rotate(self, q, k, positions, layer):
         cos, sin = self._cos_sin(positions)
-        kind, s = self.resolved_scaling(int(positions.max()) + 1)
+        kind, s = ("none", 1.0) if self.scaling[0] == "none" else self.resolved_scaling(int(positions.max()) + 1)
         centred = positions.float() - (positions.min() + positions.max()).float() / 2
         scale = xpos_scale(centred / s if kind == "pi" else centred, self.dims.head_dim, self.scale_base)
         return (apply_rotary(q, cos * scale, sin * scale, self.pairing),

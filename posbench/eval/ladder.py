@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -48,6 +49,7 @@ from ..encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from ..errors import PosbenchError
 from ..model import LanguageModel
 from ..preflight import check_evaluation
+from ..runs import threads
 from ..runs.rundir import RunDir, load_checkpoint
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
 from .token_nll import FILE as TOKEN_NLL
@@ -121,6 +123,7 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
     per_batch = max(1, batch_tokens // length)
     generator = torch.Generator().manual_seed(length)
     for i in tqdm(range(0, inputs.shape[0], per_batch), desc=desc, leave=False, disable=None, file=sys.stderr):
+        threads.tick()
         x = inputs[i:i + per_batch].contiguous().to(device)
         y = targets[i:i + per_batch].contiguous().to(device)
         with autocast(device, dtype):
@@ -166,13 +169,18 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
                    "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [], "token_nll": None,
                    **model.param_counts()}
             desc = f"eval L={length}" + (f" stride={stride}" if ecfg.mode == "sliding" else "")
+            started = time.perf_counter()
             try:
                 sums, counts, per_token = window_nll(model, ids, length, stride, ecfg.batch_tokens, device, dtype,
                                                      desc, random_positions)
             except PositionRangeError as e:
                 rows.append({**row, "nll": math.nan, "ppl": math.nan, **text_metrics(math.nan, n, nbytes, words),
                              "status": f"n/a: {e}"})
+                print(f"posbench: eval L={length}: n/a", file=sys.stderr, flush=True)
                 continue
+            # a line per length, also where tqdm hides its bar (stderr not a terminal: logs, sweeps)
+            print(f"posbench: eval L={length}: {(n - length) // stride + 1} windows in "
+                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
             assert counts.sum() == n == per_token.size  # every target 1 .. n once
             nll = sums.sum() / n
             positions = [{"bin_start": a, "bin_end": b, "nll": sums[a:b + 1].sum() / counts[a:b + 1].sum(),

@@ -21,6 +21,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import WANDB_MODES, choice, config_hash
+from ..errors import PosbenchError
 from ..eval.results import with_labels
 from ..runs.rundir import RunDir, atomic_write_text, disk_full, no_space
 
@@ -45,6 +46,30 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+def check_wandb(cfg: DictConfig) -> None:
+    """``wandb.mode=online`` needs a login and the server. Without a login wandb.init raises at
+    once; without the server it waits out its 90 s init timeout, then raises. Either way after the
+    run dir was written, with a traceback. Checked before anything is written: one line, at once."""
+    if str(cfg.wandb.mode) != "online":
+        return
+    import socket
+    import urllib.parse
+
+    import wandb
+
+    try:
+        wandb.login(verify=False)  # finds the key (WANDB_API_KEY, netrc); never prompts off a terminal
+    except wandb.errors.UsageError as e:
+        raise PosbenchError(f"wandb.mode=online: {str(e).splitlines()[0].rstrip('.')}; valid: `wandb login` first, "
+                            "or logger=wandb (offline; `wandb sync` the run later), or logger=none") from e
+    url = urllib.parse.urlparse(str(wandb.Settings().base_url))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
+    except OSError as e:
+        raise PosbenchError(f"wandb.mode=online cannot reach {url.geturl()} ({e}); valid: logger=wandb "
+                            "(offline; `wandb sync` the run later), or logger=none") from e
 
 
 def open_logger(run: RunDir, cfg: DictConfig, resume_step: int, is_main: bool):

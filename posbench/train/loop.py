@@ -29,9 +29,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
@@ -39,49 +40,24 @@ from tqdm.auto import tqdm
 from .. import preflight
 from ..build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..config import RunConfig, code_version, run_config
-from ..data.corpus import load_corpus
-from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
-from ..eval.ladder import perplexity_ladder, result_rows, scored_tokens
-from ..eval.results import write_results
-from ..runs import distributed
+from ..model import LanguageModel
+from ..runs import distributed, threads
 from ..runs.distributed import print0
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .branch import read_branch_state
-from .logger import open_logger
+from .logger import check_wandb, open_logger
 from .optim import lr_lambda, make_optimizer
+from .workload import Finished, Workload, make_workload
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-class WindowSampler:
-    """Random (B, T+1) windows from one token array, driven by its own generator; with
-    ``random_positions`` = L also the batch's positions, a sorted random subset of [0, L)
-    (Ruoss et al. 2023), else None (positions 0 .. T-1)."""
-
-    def __init__(self, tokens: np.ndarray, train_len: int, batch_size: int, seed: int,
-                 random_positions: int | None = None):
-        if tokens.size <= train_len + 1:
-            raise PosbenchError(f"train.train_len={train_len} needs more than {train_len + 1} train tokens; "
-                                f"the corpus has {tokens.size}; valid: train.train_len <= {tokens.size - 2}")
-        self.tokens = torch.from_numpy(tokens.astype(np.int64))
-        self.offsets = torch.arange(train_len + 1)
-        self.batch_size, self.random_positions = batch_size, random_positions
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        high = self.tokens.numel() - self.offsets.numel() + 1
-        starts = torch.randint(0, high, (self.batch_size,), generator=self.generator)
-        windows = self.tokens[starts[:, None] + self.offsets[None, :]]  # (B, T+1)
-        positions = draw_positions(windows.shape[1] - 1, self.random_positions, self.generator)
-        return windows[:, :-1], windows[:, 1:], positions
 
 
 class Prefetcher:
@@ -203,9 +179,29 @@ def read_resume_state(run: RunDir, chash: str, world) -> dict | None:
     return state
 
 
-def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
+@dataclass
+class Setup:
+    """Everything the loop needs, built by :func:`setup` (every check that can fail done first)."""
+
+    cfg: DictConfig
+    rc: RunConfig
+    world: distributed.World
+    device: torch.device
+    dtype: torch.dtype | None
+    run: RunDir
+    workload: Workload
+    micro: int  # windows per micro-batch
+    accum: int  # micro-batches per optimizer step
+    model: LanguageModel
+    net: torch.nn.Module  # the model as stepped: DDP-wrapped and/or compiled
+    ddp: torch.nn.Module
+    state: TrainingState
+    saved_step: int | None  # the step of the last checkpoint this process knows is on disk
+
+
+def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
     """Everything the loop needs, every check that can fail done before the first step: the run
-    config, the process group, the resume state, corpus, model, optimizer, batches, memory."""
+    config, the process group, the resume state, workload, model, optimizer, batches, memory."""
     tcfg, ecfg = rc.train, rc.eval
     check_scalable(rc.encoding, ecfg.rope_scaling)  # before hours of training, not after
     keep_freed_memory()
@@ -217,23 +213,21 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
         resume = read_branch_state(cfg, rc)
 
     seed_everything(rc.seed)
-    data = training_data(rc, world)
-    model = build_model(cfg, data.vocab_size).to(device)
+    workload = make_workload(rc, world.is_main)
+    model = build_model(cfg, workload.vocab_size).to(device)
     dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
     preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
-    if data.corpus is not None:
-        scored_tokens(data.corpus.splits[ecfg.split], data.lengths, ecfg.max_tokens, ecfg.split)  # fail before training
-        preflight.check_evaluation(model, ecfg, data.lengths, device, dtype)
-    longest = max(data.lengths + [tcfg.train_len])
+    workload.check(model, device, dtype)
+    longest = max(workload.lengths + [tcfg.train_len])
     check_random_positions(rc.encoding, tcfg.random_positions, longest, ecfg.rope_scaling)
     check_train_positions(model, cfg, tcfg.train_len, device)
     if world.active:
         torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
 
-    state = TrainingState(model, optimizer, scheduler, data.sampler, world,
-                          {"config_hash": rc.config_hash, "vocab_size": data.vocab_size, "corpus_key": data.key})
+    state = TrainingState(model, optimizer, scheduler, workload.sampler, world,
+                          {"config_hash": rc.config_hash, "vocab_size": workload.vocab_size, "corpus_key": workload.key})
     branched = resume is not None and resume["config_hash"] != rc.config_hash  # read_branch_state's, not ours
     if resume is not None:
         state.load_state_dict(resume)
@@ -248,29 +242,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> SimpleNamespace:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if tcfg.compile:
         net = torch.compile(net)
-    return SimpleNamespace(cfg=cfg, rc=rc, world=world, device=device, dtype=dtype, run=run, corpus=data.corpus,
-                           lengths=data.lengths, micro=micro, accum=accum, model=model, net=net, ddp=ddp, state=state,
-                           saved_step=state.step if resume is not None and not branched else None)
-
-
-def training_data(rc: RunConfig, world) -> SimpleNamespace:
-    """What the model trains on: the corpus's windows (``task=lm``) or a task's instances ->
-    corpus (None for tasks), vocab_size, key (checkpoints name it), sampler, and the
-    evaluation lengths. Every rank draws the same global batch (same seed) and keeps its shard."""
-    tcfg = rc.train
-    if rc.task.name != "lm":
-        from ..data.tasks import TaskSampler, make_task
-
-        task = make_task(rc.task)
-        return SimpleNamespace(corpus=None, vocab_size=task.vocab_size, key=f"task:{rc.task.name}",
-                               sampler=TaskSampler(task, rc.task.train_size, tcfg.batch_size, rc.seed,
-                                                   tcfg.random_positions),
-                               lengths=[task.length(m * rc.task.train_size) for m in rc.task.eval_multiples])
-    corpus = load_corpus(rc.data, log=print if world.is_main else (lambda *a, **k: None))
-    return SimpleNamespace(corpus=corpus, vocab_size=corpus.vocab_size, key=corpus.meta["key"],
-                           sampler=WindowSampler(corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed,
-                                                 tcfg.random_positions),
-                           lengths=rc.eval.resolve_lengths(tcfg.train_len))
+    return Setup(cfg, rc, world, device, dtype, run, workload, micro, accum, model, net, ddp, state,
+                 saved_step=state.step if resume is not None and not branched else None)
 
 
 def fit_task_length(cfg: DictConfig) -> None:
@@ -295,7 +268,7 @@ class Diverged(Exception):
         self.what, self.value = what, value
 
 
-def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None = None) -> float:
+def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None = None) -> float:
     """One optimizer step on this rank's shard of a global batch (B, T): micro-batches with
     gradient accumulation, the loss averaged over ranks, clipping, AdamW, the schedule.
     ``positions``: the batch's (T,) positions, None for 0 .. T-1."""
@@ -325,7 +298,7 @@ def train_step(s: SimpleNamespace, x: torch.Tensor, y: torch.Tensor, positions: 
     return loss.item()
 
 
-def save(s: SimpleNamespace, keep: bool = False) -> None:
+def save(s: Setup, keep: bool = False) -> None:
     """Checkpoint the training state (every rank takes part; rank 0 writes) to last.pt, or with
     ``keep`` to the step's own checkpoint (``train.save_steps``), which later saves leave alone."""
     state = s.state.state_dict()
@@ -335,14 +308,14 @@ def save(s: SimpleNamespace, keep: bool = False) -> None:
         s.saved_step = s.state.step
 
 
-def diverged_error(s: SimpleNamespace, d: Diverged) -> PosbenchError:
+def diverged_error(s: Setup, d: Diverged) -> PosbenchError:
     kept = (f"the last good checkpoint (step {s.saved_step}) is kept at {s.run.checkpoint}"
             if s.saved_step is not None else "no checkpoint was written yet")
     return PosbenchError(f"{d.what} became {d.value} at step {s.state.step + 1}; {kept}; no results were written; "
                          "valid: a lower train.lr (or check the data)")
 
 
-def run_loop(s: SimpleNamespace, logger, bar, interrupted) -> None:
+def run_loop(s: Setup, logger, bar, interrupted) -> None:
     """Steps until ``train.steps`` or a stop signal: log every ``log_every`` steps, checkpoint every
     ``ckpt_every`` steps and at the end."""
     tcfg, state = s.rc.train, s.state
@@ -364,52 +337,34 @@ def run_loop(s: SimpleNamespace, logger, bar, interrupted) -> None:
         if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
             elapsed = time.perf_counter() - window_start
             record = {"step": state.step, "loss": window_loss / window_steps,
-                      "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_tokens / elapsed}
+                      "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_tokens / elapsed,
+                      "threads": torch.get_num_threads()}
             logger.log(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
             window_loss, window_start, window_steps, window_tokens = 0.0, time.perf_counter(), 0, 0
         bar.update(1)
+        threads.tick()  # idle cores looked at again every few seconds (posbench.runs.threads)
         if state.step in tcfg.save_steps:
             save(s, keep=True)
         if state.step % tcfg.ckpt_every == 0 or state.step == tcfg.steps:
             save(s)
 
 
-def announce(s: SimpleNamespace) -> None:
+def announce(s: Setup) -> None:
     """The run's one-line description: encoding, size, steps, process layout, device, precision."""
     tcfg, world = s.rc.train, s.world
     layout = (f" | {world.size} processes x {s.accum} micro-batches of {s.micro}"
               if world.active or s.accum > 1 else "")
-    task = s.rc.task
-    batch = (f"{tcfg.batch_size * tcfg.train_len} tokens" if task.name == "lm" else
-             f"{tcfg.batch_size} {task.name} instances of sizes 1..{task.train_size}")
+    batch = s.workload.batch_text()
     print0(f"posbench: {s.rc.encoding} | {s.model.num_params() / 1e6:.2f}M params | "
            f"{tcfg.steps} steps x {batch}{layout} | {s.device} "
            f"{s.dtype or torch.float32}{' | compiled' if tcfg.compile else ''}")
 
 
-def finish(s: SimpleNamespace, logger):
-    """Rank 0: evaluate at every length, merge the rows into results.csv (and positions.csv,
-    token_nll.npz), log the evaluation (the command that called :func:`train` draws the figures)."""
-    if s.rc.task.name != "lm":
-        return finish_task(s)
-    ecfg = s.rc.eval
-    ladder = perplexity_ladder(s.model, s.corpus.splits[ecfg.split], s.lengths, ecfg, s.device, s.dtype,
-                               tokenizer=s.corpus.tokenizer, random_positions=s.rc.train.random_positions)
-    rows = write_results(s.run, result_rows(s.cfg, ladder, s.state.step))
-    logger.finish(rows)
-    return rows
-
-
-def finish_task(s: SimpleNamespace):
-    """Rank 0 of a task run: exact match and per-token accuracy at every evaluated size ->
-    tasks.csv (:func:`posbench.eval.tasks.evaluate_task`)."""
-    from ..eval.tasks import evaluate_task
-
-    meta = {"encoding": s.rc.encoding, "seed": s.rc.seed, "step": s.state.step, "config_hash": s.rc.config_hash}
-    rows = evaluate_task(s.model, s.rc.task, meta, s.device, s.dtype, s.rc.train.random_positions)
-    atomic_write_text(s.run.path / "tasks.csv", rows.to_csv(index=False))
-    return rows
+def finish(s: Setup, logger) -> pd.DataFrame:
+    """Rank 0: the workload's evaluation, its files written and logged (the command that called
+    :func:`train` draws the figures)."""
+    return s.workload.evaluate(s.model, s.run, s.cfg, s.state.step, s.device, s.dtype, logger)
 
 
 def versions(encoding) -> dict:
@@ -428,13 +383,14 @@ def versions(encoding) -> dict:
     return found
 
 
-def train(cfg: DictConfig, run_dir) -> dict:
+def train(cfg: DictConfig, run_dir) -> Finished:
     """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results.
 
     Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
-    writes files and evaluates, the others return ``results=None`` after the last step."""
+    writes files and evaluates, the others get ``rows=None`` after the last step."""
     fit_task_length(cfg)
     rc = run_config(cfg)
+    check_wandb(cfg)  # before the run dir gets its first file
     try:
         s = setup(cfg, rc, run_dir)
         if s.world.is_main:
@@ -447,10 +403,11 @@ def train(cfg: DictConfig, run_dir) -> dict:
             logger.close()  # a failed run still flushes what it logged
     finally:
         distributed.shutdown()
-    return {"run_dir": str(s.run.path), "results": rows, "steps": s.state.step}
+    summary = s.workload.summary(rows) if rows is not None else ""
+    return Finished(s.run, rows, s.state.step, summary, s.workload.files)
 
 
-def train_and_finish(s: SimpleNamespace, logger):
+def train_and_finish(s: Setup, logger):
     """The loop under the signal handlers, the stop-and-checkpoint on a signal, then rank 0's
     evaluation (None on the other ranks)."""
     s.state.batches = Prefetcher(s.state.sampler, pin_memory=s.device.type == "cuda")

@@ -1,0 +1,130 @@
+"""What a run trains on and how it is scored: the language-model ladder or an algorithmic task.
+
+Both implement one small interface, so the trainer and the commands never ask which one they
+hold (torchtitan's ``Validator``, lm-evaluation-harness' ``Task``):
+
+===================  ==========================================  ======================================
+                     :class:`LanguageModelling` (``task=lm``)    :class:`AlgorithmicTask` (``task=copy``...)
+===================  ==========================================  ======================================
+``sampler``          windows of train_len tokens of the corpus   instances of sizes 1 .. train_size
+``vocab_size``       the corpus's BPE vocabulary                 the task's symbols and specials
+``key``              the corpus cache key (checkpoints hold it)  ``task:<name>``
+``lengths``          eval.lengths (1x .. 16x train_len)          the sequence length of each size
+``results_file``     results.csv (+ positions.csv, token NLL)    tasks.csv
+``evaluate``         the perplexity ladder                       exact match and token accuracy by size
+``summary``          the Markdown table of perplexities          the Markdown table of accuracies
+===================  ==========================================  ======================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from ..config import RunConfig
+from ..data.corpus import Corpus, load_corpus
+from ..data.windows import WindowSampler
+from ..eval.ladder import perplexity_ladder, result_rows, scored_tokens
+from ..eval.results import markdown_results, write_results
+from ..preflight import check_evaluation
+from ..runs.rundir import RunDir, atomic_write_text
+
+
+@dataclass
+class Finished:
+    """What :func:`posbench.train.loop.train` hands back to the command that called it."""
+
+    run: RunDir
+    rows: pd.DataFrame | None  # None on ranks other than 0, which do not evaluate
+    steps: int
+    summary: str = ""  # the Markdown table a command prints
+    files: str = ""    # what the run dir holds, for the command's last line
+
+
+class LanguageModelling:
+    """The corpus: train on windows, evaluate perplexity at every length of the ladder."""
+
+    results_file = "results.csv"
+    files = "results.csv, ppl_vs_length.png, metrics.jsonl, config.yaml"
+
+    def __init__(self, rc: RunConfig, log=print):
+        tcfg = rc.train
+        self.rc = rc
+        self.corpus: Corpus = load_corpus(rc.data, log=log)
+        self.vocab_size, self.key = self.corpus.vocab_size, self.corpus.meta["key"]
+        self.sampler = WindowSampler(self.corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed,
+                                     tcfg.random_positions)
+        self.lengths = rc.eval.resolve_lengths(tcfg.train_len)
+
+    def batch_text(self) -> str:
+        return f"{self.rc.train.batch_size * self.rc.train.train_len} tokens"
+
+    def check(self, model, device: torch.device, dtype) -> None:
+        """Fail before training, not after: enough evaluation tokens, and memory for the ladder."""
+        ecfg = self.rc.eval
+        scored_tokens(self.corpus.splits[ecfg.split], self.lengths, ecfg.max_tokens, ecfg.split)
+        check_evaluation(model, ecfg, self.lengths, device, dtype)
+
+    def evaluate(self, model, run: RunDir, cfg, step: int, device, dtype, logger) -> pd.DataFrame:
+        """Perplexity at every length -> results.csv (and positions.csv, token_nll.npz), logged."""
+        ecfg = self.rc.eval
+        ladder = perplexity_ladder(model, self.corpus.splits[ecfg.split], self.lengths, ecfg, device, dtype,
+                                   tokenizer=self.corpus.tokenizer, random_positions=self.rc.train.random_positions)
+        rows = write_results(run, result_rows(cfg, ladder, step))
+        logger.finish(rows)
+        return rows
+
+    def summary(self, rows: pd.DataFrame) -> str:
+        return markdown_results(rows)
+
+
+class AlgorithmicTask:
+    """An algorithmic task: train on fresh instances, evaluate accuracy at multiples of the
+    training size (:mod:`posbench.data.tasks`, :mod:`posbench.eval.tasks`)."""
+
+    results_file = "tasks.csv"
+    files = "tasks.csv, metrics.jsonl, config.yaml"
+
+    def __init__(self, rc: RunConfig):
+        from ..data.tasks import TaskSampler, make_task
+
+        self.rc, self.corpus = rc, None
+        self.task = make_task(rc.task)
+        self.vocab_size, self.key = self.task.vocab_size, f"task:{rc.task.name}"
+        self.sampler = TaskSampler(self.task, rc.task.train_size, rc.train.batch_size, rc.seed,
+                                   rc.train.random_positions)
+        self.lengths = [self.task.length(m * rc.task.train_size) for m in rc.task.eval_multiples]
+
+    def batch_text(self) -> str:
+        return f"{self.rc.train.batch_size} {self.rc.task.name} instances of sizes 1..{self.rc.task.train_size}"
+
+    def check(self, model, device: torch.device, dtype) -> None:
+        pass  # instances are made on the fly; the longest is checked with the model's positions
+
+    def evaluate(self, model, run: RunDir, cfg, step: int, device, dtype, logger) -> pd.DataFrame:
+        """Exact match and per-token accuracy at every size -> tasks.csv."""
+        from ..eval.tasks import evaluate_task
+
+        rc = self.rc
+        meta = {"encoding": rc.encoding, "seed": rc.seed, "step": step, "config_hash": rc.config_hash}
+        rows = evaluate_task(model, rc.task, meta, device, dtype, rc.train.random_positions)
+        atomic_write_text(run.path / self.results_file, rows.to_csv(index=False))
+        return rows
+
+    def summary(self, rows: pd.DataFrame) -> str:
+        from ..eval.tasks import markdown_tasks
+
+        return markdown_tasks(rows)
+
+
+Workload = LanguageModelling | AlgorithmicTask
+
+
+def make_workload(rc: RunConfig, is_main: bool = True) -> Workload:
+    """The run's workload (``task=lm``: the corpus; else the task). Every rank draws the same
+    global batch (same seed) and keeps its shard."""
+    if rc.task.name == "lm":
+        return LanguageModelling(rc, log=print if is_main else (lambda *a, **k: None))
+    return AlgorithmicTask(rc)

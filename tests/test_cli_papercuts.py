@@ -1,0 +1,114 @@
+"""The CLI's small courtesies: what a sweep prints at its end, the help of train and eval, a
+mistyped key, a closed stdout, the folders a failed run leaves, progress lines in logs, and an
+unreachable hub."""
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import SMOKE, posbench
+
+QUICK = [*SMOKE, "train.steps=4", "eval.multiples=[1]"]
+
+
+def last_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_a_sweep_ends_with_its_dir_and_the_report_command(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = posbench("-m", "train", *QUICK, "encoding=alibi", f"hydra.sweep.dir={sweep}")
+    assert f"sweep dir: {sweep}\n" in proc.stdout and f"next: posbench report {sweep}\n" in proc.stdout
+    job = next(sweep.rglob("results.csv")).parent
+    # an eval sweep merges its rows into the run dirs it evaluated: those are what to report
+    proc = posbench("-m", "eval", job, "eval.lengths=[64]", "device=cpu", f"hydra.sweep.dir={tmp_path / 'evals'}")
+    assert f"next: posbench report {shlex.quote(str(job))}\n" in proc.stdout
+    assert f"sweep dir: {tmp_path / 'evals'} (failed jobs' FAILED files; " in proc.stdout
+
+
+@pytest.mark.slow
+def test_eval_and_passkey_print_a_line_per_length_where_no_bar_shows(tmp_path):
+    """stderr is a pipe here, so tqdm shows no bar: the lines are all that says how far it got."""
+    run = tmp_path / "run"
+    proc = posbench("train", *QUICK, "encoding=alibi", f"hydra.run.dir={run}")
+    assert re.search(r"^posbench: eval L=32: 64 windows in \d+\.\d s$", proc.stderr, re.M), proc.stderr
+    proc = posbench("eval", f"checkpoint={run}", "probe=passkey", "probe.lengths=[64,128]", "probe.depths=[0,1]",
+                    "probe.trials=2", "device=cpu")
+    lines = re.findall(r"^posbench: passkey L=(\d+): 4 prompts in \d+\.\d s, accuracy \d\.\d\d$", proc.stderr, re.M)
+    assert lines == ["64", "128"], proc.stderr
+
+
+def test_help_of_train_and_eval_shows_their_own_groups_and_keys():
+    train = posbench("train", "--help").stdout
+    assert "encoding: " in train and "alibi" in train and "train.*" in train and "eval.*" in train
+    assert "probe:" not in train and "passkey" not in train  # probe belongs to posbench eval
+    evaluate = posbench("eval", "--help").stdout
+    assert "checkpoint" in evaluate and re.search(r"probe: +passkey", evaluate)
+    assert "encoding:" not in evaluate and "model:" not in evaluate  # the run's own config sets them
+
+
+def test_a_group_of_the_other_command_is_one_line_naming_it(tmp_path):
+    line = last_line(posbench("train", "probe=passkey", cwd=tmp_path, check=False))
+    assert line == ("posbench: error: probe=passkey belongs to posbench eval, not train; valid: train the run, "
+                    "then posbench eval checkpoint=<run dir> probe=passkey")
+    line = last_line(posbench("eval", "encoding=rope", cwd=tmp_path, check=False))
+    assert line.startswith("posbench: error: encoding=rope belongs to posbench train, not eval")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, key, meant", [
+    ("train", "steps=100", "train.steps"),      # the same name in a section
+    ("train", "train.stepz=100", "train.steps"),  # a typo in the section
+    ("train", "stepz=100", "train.steps"),      # both
+    ("eval", "lengths=[64]", "eval.lengths"),
+])
+def test_an_unknown_key_suggests_the_key_meant(tmp_path, command, key, meant):
+    line = last_line(posbench(command, key, cwd=tmp_path, check=False))
+    name = key.partition("=")[0]
+    assert line.startswith(f"posbench: error: unknown key {name!r}; valid keys") and f"did you mean {meant}?" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["encodings"], ["--help"], ["train", "--help"]])
+def test_a_closed_stdout_ends_quietly(args):
+    """`posbench encodings | head -3`: the reader goes away (here before the first line)."""
+    proc = subprocess.Popen([sys.executable, "-m", "posbench.cli", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.slow
+def test_a_failed_run_removes_the_folders_it_created_and_no_others(tmp_path):
+    """A bad encoding option, found once the run dir exists (an option the encoding lacks, a bad value)."""
+    proc = posbench("train", *QUICK, "encoding=alibi", "+encoding.bogus=1", cwd=tmp_path, check=False)
+    assert "encoding 'alibi' has no option 'bogus'" in last_line(proc)
+    assert list(tmp_path.iterdir()) == []  # no outputs/train/alibi/ left behind
+    (tmp_path / "outputs" / "train").mkdir(parents=True)  # there before the run: it stays
+    (tmp_path / "outputs" / "keep.txt").write_text("")
+    proc = posbench("train", *QUICK, "encoding=alibi", "encoding.form=bogus", cwd=tmp_path, check=False)
+    assert "alibi form 'bogus' is not valid" in last_line(proc)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == \
+        ["outputs", "outputs/keep.txt", "outputs/train"]
+
+
+def test_an_unreachable_hub_is_one_line_quickly(tmp_path):
+    """data=wikitext103 where the hub cannot be reached (here: nothing listens at its address)."""
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_DATASETS_OFFLINE": None, "HF_HUB_OFFLINE": None,
+           "HF_HOME": tmp_path / "hf"}
+    started = time.monotonic()
+    proc = posbench("train", "data=wikitext103", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", env=env,
+                    check=False)
+    line = last_line(proc)
+    assert line.startswith("posbench: error: could not ") and "Salesforce/wikitext" in line and "data=sotu" in line
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "run").exists()
