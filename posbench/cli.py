@@ -65,12 +65,16 @@ def user_config_dirs(args: list[str]) -> list[Path]:
     ``hydra.searchpath=[file://DIR]``; a missing one is a one-line error."""
     from .plugins import config_dirs
 
-    dirs = [Path(d) for d in config_dirs(args, _flag_value(args, "--config-dir", "-cd"))]
+    return existing_dirs(config_dirs(args, _flag_value(args, "--config-dir", "-cd")))
+
+
+def existing_dirs(dirs: list[str]) -> list[Path]:
+    """User config dirs as paths; a missing one is a one-line error."""
     for d in dirs:
-        if not d.is_dir():
+        if not Path(d).is_dir():
             fail(f"config dir {str(d)!r} does not exist; valid: a directory holding group folders such as "
                  "encoding/NAME.yaml")
-    return dirs
+    return [Path(d) for d in dirs]
 
 
 def group_choices(group: str, dirs: list[Path]) -> dict[str, Path | None]:
@@ -92,11 +96,12 @@ def group_choices(group: str, dirs: list[Path]) -> dict[str, Path | None]:
     return choices
 
 
-def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, list[str]]:
+def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, dict[str, Path | None]]:
     """`encoding=nope2` -> one line listing the valid encodings (before Hydra composes), counting
-    user config dirs and installed plugins. -> the choices asked for in each group."""
+    user config dirs and installed plugins. -> the choices asked for in each group, with their
+    YAML file (None: an entry-point encoding)."""
     root = conf_dir()
-    asked: dict[str, list[str]] = {}
+    asked: dict[str, dict[str, Path | None]] = {}
     for arg in args:
         if arg.startswith(("-", "+", "~", "hydra")) or "=" not in arg:
             continue
@@ -111,16 +116,17 @@ def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, lis
             path = choices[choice]
             if path is not None and path.parent.parent != root and group == "encoding":
                 _check_plugin_yaml(path)
-            asked.setdefault(group, []).append(choice)
+            asked.setdefault(group, {})[choice] = path
     return asked
 
 
-def _check_plugin_yaml(path: Path) -> None:
+def _check_plugin_yaml(path: Path) -> dict:
     """A user's ``encoding/NAME.yaml`` either names its class (``_target_``) and itself
-    (``name: NAME``), or sets options of a built-in encoding (``name: alibi``, no ``_target_``)."""
+    (``name: NAME``), or sets options of a built-in encoding (``name: alibi``, no ``_target_``).
+    -> its contents."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(path)
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     if cfg.get("_target_"):
         if cfg.get("name") != path.stem:
             fail(f"{path} must say name: {path.stem} (its file name), found name: {cfg.get('name')}")
@@ -128,16 +134,15 @@ def _check_plugin_yaml(path: Path) -> None:
         fail(f"{path} names no class and no built-in encoding (name: {cfg.get('name')}); valid: "
              "_target_: pkg.module.Class (a subclass of posbench.encodings.PositionEncoding) with "
              f"name: {path.stem}, or name: <a built-in encoding> with its options")
+    return cfg
 
 
-def store_plugin_configs(encodings: list[str]) -> None:
-    """Give Hydra a config for each installed entry-point encoding asked for (which has no YAML):
-    its constructor's keyword defaults, and how to import it (:func:`posbench.encodings.plugin_config`).
-    Hydra's ConfigStore travels to the workers of every launcher with Hydra's own state."""
-    from .plugins import entry_points
-
-    wanted = [name for name in encodings if name in entry_points("posbench.encodings")
-              and not (conf_dir() / "encoding" / f"{name}.yaml").is_file()]
+def store_plugin_configs(asked: dict[str, Path | None]) -> None:
+    """Give Hydra a config for each installed entry-point encoding asked for (the choices of
+    :func:`check_group_choices` without a YAML file): its constructor's keyword defaults, and how
+    to import it (:func:`posbench.encodings.plugin_config`). Hydra's ConfigStore travels to the
+    workers of every launcher with Hydra's own state."""
+    wanted = [name for name, path in asked.items() if path is None]
     if not wanted:
         return
     from hydra.core.config_store import ConfigStore
@@ -487,7 +492,7 @@ def run_hydra(command: str, args: list[str]) -> None:
     if "--help" not in args and "-h" not in args:
         check_app_groups(command, args)
         asked = check_group_choices(args, user_config_dirs(args))
-        store_plugin_configs(asked.get("encoding", []))
+        store_plugin_configs(asked.get("encoding", {}))
     task = {"train": _train_task, "eval": _eval_task}[command]
     if command == "train" and _rank() > 0:  # one set of Hydra files and logs: rank 0's
         args = args + ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
@@ -556,14 +561,11 @@ def encoding_param_counts(names: list[str]) -> dict[str, dict[str, int]]:
 
 def _register_config_dir_encodings(dirs: list[Path]) -> None:
     """Import and register the ``_target_`` encodings of user config dirs, for listings."""
-    from omegaconf import OmegaConf
-
     from .encodings import encoding_class
 
     for d in dirs:
         for path in sorted((d / "encoding").glob("*.yaml")):
-            _check_plugin_yaml(path)
-            cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            cfg = _check_plugin_yaml(path)
             if cfg.get("_target_"):
                 encoding_class(cfg)
 
@@ -577,7 +579,7 @@ def cmd_encodings(args: list[str]) -> None:
                         help="also list the _target_ encodings of DIR/encoding/*.yaml")
     ns = parser.parse_args(args)
     check_plugins()
-    _register_config_dir_encodings(user_config_dirs(sum((["--config-dir", d] for d in ns.config_dir), [])))
+    _register_config_dir_encodings(existing_dirs(ns.config_dir))
     counts = encoding_param_counts(sorted(REGISTRY))
     width = max(map(len, REGISTRY))
     print(f"{'encoding':<{width}}  {'hook':<6}  {'params':>6}  {'position':>8}  description  [paper]")

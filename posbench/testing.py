@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .attention import causal_attention, reference_attention
 from .config import ModelConfig
-from .encodings import REGISTRY, ModelDims, PositionEncoding, PositionRangeError, encoding_class
+from .encodings import REGISTRY, PositionEncoding, PositionRangeError, encoding_class
 from .errors import PosbenchError
 from .model import LanguageModel
 from .plugins import import_target
@@ -65,20 +65,12 @@ def resolve(encoding: str | type[PositionEncoding]) -> type[PositionEncoding]:
     return encoding_class({"name": encoding})
 
 
-def _build(cls: type[PositionEncoding], options: Mapping[str, Any], dims: ModelDims) -> PositionEncoding:
-    unknown = sorted(set(options) - set(cls.params()))
-    if unknown:
-        raise PosbenchError(f"encoding {cls.name or cls.__name__!r} has no option {unknown[0]!r}; "
-                            f"its options: {', '.join(cls.params()) or '(none)'}")
-    return cls(dims, **dict(options))
-
-
 def _model(cls, options, *, d_model=32, n_layers=2, n_heads=4, d_ff=64, chunk=8, train_len=16, perturb=False):
     """A small model; ``perturb`` moves the encoding's parameters off their init so every term
     counts (a table that starts at zero would hide a wrong flag)."""
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk)
-    model = LanguageModel(cfg, VOCAB, _build(cls, options, LanguageModel.dims(cfg, train_len, VOCAB)))
+    model = LanguageModel(cfg, VOCAB, cls.build(LanguageModel.dims(cfg, train_len, VOCAB), dict(options)))
     if perturb:
         with torch.no_grad():
             for p in model.encoding.parameters():

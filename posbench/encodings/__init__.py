@@ -114,8 +114,7 @@ def plugin_config(name: str) -> dict:
     (``_target_``, ``_package_``) and its constructor's keyword defaults (``???``, Hydra's
     missing value, for an option without one)."""
     cls = REGISTRY[name]
-    defaults = {p.name: (p.default if p.default is not inspect.Parameter.empty else "???")
-                for p in inspect.signature(cls.__init__).parameters.values() if p.name not in ("self", "dims")}
+    defaults = {k: "???" if v is inspect.Parameter.empty else v for k, v in cls.defaults().items()}
     return {"name": name, TARGET: target_of(cls), "_package_": distribution_of(cls), **defaults}
 
 
@@ -124,12 +123,7 @@ def build_encoding(cfg: Mapping[str, Any], dims: ModelDims) -> PositionEncoding:
     arguments."""
     params = {k: v for k, v in cfg.items() if k not in META_KEYS}
     cls = encoding_class(cfg)
-    name = params.pop("name", cls.name)
-    unknown = sorted(set(params) - set(cls.params()))
-    if unknown:
-        raise PosbenchError(f"encoding {name!r} has no option {unknown[0]!r}; "
-                       f"its options: {', '.join(cls.params()) or '(none)'}")
-    return cls(dims, **params)
+    return cls.build(dims, params, params.pop("name", cls.name))
 
 
 def saved_options(cfg: Mapping[str, Any]) -> dict:

@@ -152,8 +152,22 @@ class PositionEncoding(nn.Module):
     @classmethod
     def params(cls) -> list[str]:
         """Constructor keyword arguments a YAML file may set."""
+        return list(cls.defaults())
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Constructor keyword arguments -> their defaults (``inspect.Parameter.empty`` where none)."""
         sig = inspect.signature(cls.__init__)
-        return [p for p in sig.parameters if p not in ("self", "dims")]
+        return {name: p.default for name, p in sig.parameters.items() if name not in ("self", "dims")}
+
+    @classmethod
+    def build(cls, dims: ModelDims, options: dict, name: str | None = None) -> "PositionEncoding":
+        """``cls(dims, **options)``, an option the constructor does not take being one PosbenchError."""
+        unknown = sorted(set(options) - set(cls.params()))
+        if unknown:
+            raise PosbenchError(f"encoding {name or cls.name or cls.__name__!r} has no option {unknown[0]!r}; "
+                                f"its options: {', '.join(cls.params()) or '(none)'}")
+        return cls(dims, **options)
 
     def extra_repr(self) -> str:
         return f"name={self.name}, hooks={self.hooks()}"
