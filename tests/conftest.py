@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,31 @@ def compose(*overrides):
         OmegaConf.register_new_resolver("run_name", lambda o: o or "default")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return hydra_compose(config_name="app_train", overrides=list(overrides))
+
+
+def tiny_model(name="alibi", params=None, *, vocab=50, train_len=8, **model):
+    """A seeded one-layer ``LanguageModel`` for CPU tests, in eval mode: encoding ``name`` with
+    options ``params``; ``model``: ModelConfig fields that replace the sizes below (attn_chunk,
+    dropout and embed_scale keep ModelConfig's defaults unless given)."""
+    from posbench.encodings import build_encoding
+    from posbench.model import LanguageModel, ModelConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{"d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 64, **model})
+    encoding = build_encoding({"name": name, **(params or {})}, LanguageModel.dims(cfg, train_len, vocab))
+    return LanguageModel(cfg, vocab, encoding).eval()
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One trained smoke run (alibi, train_len 32, the default eval lengths) for the whole session.
+    Read it only; a test that writes into a run dir takes ``smoke_run_copy``."""
+    run = tmp_path_factory.mktemp("smoke") / "run"
+    posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
+    return run
+
+
+@pytest.fixture
+def smoke_run_copy(smoke_run, tmp_path):
+    """A private copy of ``smoke_run``, for tests that add rows or files to it."""
+    return Path(shutil.copytree(smoke_run, tmp_path / "run"))

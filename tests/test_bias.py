@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from posbench.encodings import ModelDims, build_encoding
-from posbench.model import LanguageModel, ModelConfig
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16)
 NEW = ["kerple_log", "kerple_power", "sandwich", "fire", "dynamic"]
@@ -21,12 +21,6 @@ def make(name, **params):
 def full_bias(enc, T=40, layer=0):
     with torch.no_grad():
         return enc.bias(torch.arange(T), torch.arange(T), layer)  # (H, T, T)
-
-
-def tiny_model(name, vocab=64):
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=8)
-    return LanguageModel(cfg, vocab, build_encoding({"name": name}, LanguageModel.dims(cfg, 16, vocab)))
 
 
 def set_(param, values):
@@ -88,7 +82,7 @@ def test_kerple_parameters_are_projected_back_into_range(name, r1, r2, want_r1, 
 def test_kerple_trains_through_the_projection(name):
     """The in-place clamp runs in every layer's call; backward must still work and give finite
     gradients (|i - j|^r2 at distance 0 included)."""
-    model = tiny_model(name)
+    model = tiny_model(name, vocab=64, train_len=16, n_layers=2, attn_chunk=8)
     set_(model.encoding.r1, [-1.0, 0.3, 0.3, 0.3])
     set_(model.encoding.r2, [3.0, -1.0, 0.5, 0.5])
     x = torch.randint(0, 64, (2, 16))

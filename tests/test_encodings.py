@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_model
 
-from posbench.attention import causal_attention, reference_attention
 from posbench.encodings import REGISTRY, ModelDims, PositionEncoding, PositionRangeError, build_encoding
 from posbench.encodings.bias import alibi_slopes, t5_bucket
 from posbench.errors import PosbenchError
@@ -119,12 +119,6 @@ def test_unknown_encoding_and_option_errors():
         make("t5", buckets=4)
 
 
-def tiny_model(name, vocab=64, **model):
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=8, **model)
-    return LanguageModel(cfg, vocab, build_encoding({"name": name}, LanguageModel.dims(cfg, 16, vocab))).eval()
-
-
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_one_token_embedding_scale_for_every_encoding(name):
     """model.embed_scale: every encoding's embed hook receives the token embeddings times
@@ -133,7 +127,8 @@ def test_one_token_embedding_scale_for_every_encoding(name):
     positions = torch.arange(16)
     hidden = {}
     for scale, factor in (("sqrt_d", math.sqrt(32)), ("none", 1.0)):
-        model = tiny_model(name, embed_scale=scale)  # the same weights for both settings
+        # the same weights for both settings
+        model = tiny_model(name, vocab=64, train_len=16, n_layers=2, attn_chunk=8, embed_scale=scale)
         with torch.no_grad():
             x = model.encoding.embed(model.tok_emb(idx) * factor, positions, idx)  # (B, T, D)
             cache = {}

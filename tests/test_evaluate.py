@@ -9,24 +9,16 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import posbench, tiny_model
 
-from conftest import SMOKE, posbench
-from posbench.runs.rundir import RunDir
 from posbench.config import EvalConfig
 from posbench.data.corpus import EOS, tokenize, train_tokenizer
-from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.eval.ladder import perplexity_ladder, position_bins, scored_tokens, text_size
 from posbench.eval.results import COLUMNS, KEY, POSITION_COLUMNS, write_results
-from posbench.model import LanguageModel, ModelConfig
+from posbench.runs.rundir import RunDir
 
 CPU = torch.device("cpu")
-
-
-def tiny_model(name="alibi", train_len=8, vocab=50):
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
-    return LanguageModel(cfg, vocab, build_encoding({"name": name}, LanguageModel.dims(cfg, train_len, vocab)))
 
 
 def random_tokens(n=1000, vocab=50):
@@ -238,13 +230,6 @@ def test_old_results_merge_and_positions_are_replaced_by_key(tmp_path):
 
 
 # ---------------------------------------------------------------- end to end on the smoke run
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("eval") / "run"
-    posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
-    return run
-
-
 @pytest.mark.slow
 def test_training_run_writes_new_columns_positions_and_text_metrics(smoke_run):
     from omegaconf import OmegaConf
@@ -273,26 +258,28 @@ def test_training_run_writes_new_columns_positions_and_text_metrics(smoke_run):
 
 
 @pytest.mark.slow
-def test_eval_skips_rows_it_has_and_adds_sliding_rows(smoke_run):
-    def posbench_eval(*args):
-        return posbench("eval", f"checkpoint={smoke_run}", "device=cpu", "eval.max_tokens=2048", *args)
+def test_eval_skips_rows_it_has_and_adds_sliding_rows(smoke_run_copy):
+    run = smoke_run_copy
 
-    before = (smoke_run / "results.csv").read_bytes()
+    def posbench_eval(*args):
+        return posbench("eval", f"checkpoint={run}", "device=cpu", "eval.max_tokens=2048", *args)
+
+    before = (run / "results.csv").read_bytes()
     proc = posbench_eval()  # the training run's settings again
     assert "posbench: all lengths already in" in proc.stderr and "not recomputed" in proc.stderr
     assert "| alibi | 32 | 512 |" in proc.stdout
-    assert (smoke_run / "results.csv").read_bytes() == before  # nothing rewritten
+    assert (run / "results.csv").read_bytes() == before  # nothing rewritten
     proc = posbench_eval("eval.lengths=[16,32]")
     assert "posbench: eval_len 32 already in" in proc.stderr
-    df = pd.read_csv(smoke_run / "results.csv")
+    df = pd.read_csv(run / "results.csv")
     assert df.eval_len.tolist() == [16, 32, 64, 128, 256, 512] and df.tokens.nunique() == 1
     proc = posbench_eval("eval.lengths=[32,64]", "eval.mode=sliding")
     assert "already in" not in proc.stderr
-    df = pd.read_csv(smoke_run / "results.csv").set_index(["mode", "eval_len"])
+    df = pd.read_csv(run / "results.csv").set_index(["mode", "eval_len"])
     assert df.loc[("sliding", 32), "stride"] == 16 and df.loc[("sliding", 64), "stride"] == 32
     assert df.loc[("sliding", 32), "tokens"] == df.loc[("nonoverlapping", 32), "tokens"] == 2048
     assert df.loc[("sliding", 32), "bytes"] == df.loc[("nonoverlapping", 32), "bytes"]
-    positions = pd.read_csv(smoke_run / "positions.csv").set_index(["mode", "eval_len"]).sort_index()
+    positions = pd.read_csv(run / "positions.csv").set_index(["mode", "eval_len"]).sort_index()
     sliding32 = positions.loc[("sliding", 32)]
     early, late = sliding32[sliding32.bin_start < 16], sliding32[sliding32.bin_start == 16]
     assert late.tokens.item() == 16 * ((2048 - 32) // 16 + 1)  # 16..31 are new in each of the 127 windows

@@ -6,13 +6,11 @@ import math
 import pandas as pd
 import pytest
 import torch
+from conftest import posbench, tiny_model
 from torch import nn
 
-from conftest import SMOKE, posbench
 from posbench.data.corpus import train_tokenizer
-from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import LanguageModel, ModelConfig
 from posbench.eval.passkey import COLUMNS, FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, passkey_probe, passkey_prompt
 
 CPU = torch.device("cpu")
@@ -76,12 +74,6 @@ class Copier(nn.Module):
         return logits
 
 
-def random_model(vocab):
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
-    return LanguageModel(cfg, vocab, build_encoding({"name": "alibi"}, LanguageModel.dims(cfg, 32, vocab)))
-
-
 def test_a_copying_model_finds_every_key_and_a_random_one_none(tok):
     pcfg = PasskeyConfig(trials=4, depths=[0.0, 0.5, 1.0])
     copier = passkey_probe(Copier(tok.get_vocab_size()), tok, pcfg, [60, 120], CPU, None)
@@ -90,16 +82,13 @@ def test_a_copying_model_finds_every_key_and_a_random_one_none(tok):
     # its log-prob: 10 on the key token against 0 elsewhere
     expected = 10 - math.log(math.exp(10) + tok.get_vocab_size() - 1)
     assert all(r["logprob"] == pytest.approx(expected, rel=1e-4) for r in copier)  # float32 softmax
-    rand = passkey_probe(random_model(tok.get_vocab_size()), tok, pcfg, [60, 120], CPU, None)
+    rand = passkey_probe(tiny_model(vocab=tok.get_vocab_size(), train_len=32), tok, pcfg, [60, 120], CPU, None)
     assert all(r["accuracy"] == 0.0 and r["correct"] == 0 for r in rand)
     assert all(abs(r["logprob"] + math.log(tok.get_vocab_size())) < 0.5 for r in rand)  # about uniform
 
 
 def test_lengths_a_model_cannot_represent_get_nan_rows(tok):
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
-    dims = LanguageModel.dims(cfg, 64, tok.get_vocab_size())
-    model = LanguageModel(cfg, tok.get_vocab_size(), build_encoding({"name": "learned", "max_len": 80}, dims))
+    model = tiny_model("learned", {"max_len": 80}, vocab=tok.get_vocab_size(), train_len=64)
     rows = passkey_probe(model, tok, PasskeyConfig(trials=2, depths=[0.5]), [64, 128], CPU, None)
     assert rows[0]["status"] == "ok" and 0 <= rows[0]["accuracy"] <= 1
     assert rows[1]["status"].startswith("n/a: learned position table has 80 entries")
@@ -109,14 +98,11 @@ def test_lengths_a_model_cannot_represent_get_nan_rows(tok):
 def test_a_row_at_length_l_uses_exactly_l_positions(tok):
     """A learned table of train_len entries is probed at L = train_len (not n/a), and one entry
     short of L it cannot be: the forward pass is exactly L positions, for keys of any token count."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_ff=64)
     pcfg = PasskeyConfig(trials=6, depths=[0.0, 1.0])
     assert len({len(encode(tok, str(key))) for key in pcfg.keys()}) > 1  # keys of different token counts
     train_len = 64
     for max_len, status in ((train_len, "ok"), (train_len - 1, "n/a: learned position table has 63 entries")):
-        dims = LanguageModel.dims(cfg, train_len, tok.get_vocab_size())
-        model = LanguageModel(cfg, tok.get_vocab_size(), build_encoding({"name": "learned", "max_len": max_len}, dims))
+        model = tiny_model("learned", {"max_len": max_len}, vocab=tok.get_vocab_size(), train_len=train_len)
         rows = passkey_probe(model, tok, pcfg, [train_len], CPU, None)
         assert all(r["status"].startswith(status) for r in rows)
         if status == "ok":
@@ -155,27 +141,22 @@ def test_probe_group_composes_with_eval_app():
 
 
 # ---------------------------------------------------------------- end to end on a smoke run
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("probe") / "run"
-    posbench("train", *SMOKE, "encoding=alibi", "train.steps=10", "eval.lengths=[32]", f"hydra.run.dir={run}")
-    return run
-
-
 @pytest.mark.slow
-def test_passkey_cli_writes_and_merges_passkey_csv(smoke_run):
-    args = ["eval", f"checkpoint={smoke_run}", "device=cpu", "probe=passkey", "probe.trials=3"]
+def test_passkey_cli_writes_and_merges_passkey_csv(smoke_run_copy):
+    run = smoke_run_copy
+    ladder = (run / "results.csv").read_bytes()
+    args = ["eval", f"checkpoint={run}", "device=cpu", "probe=passkey", "probe.trials=3"]
     proc = posbench(*args, "probe.lengths=[64,128]")
-    df = pd.read_csv(smoke_run / "passkey.csv")
+    df = pd.read_csv(run / "passkey.csv")
     assert df.columns.tolist() == COLUMNS
     assert df[["length", "depth"]].values.tolist() == [[n, d] for n in (64, 128) for d in (0, 0.25, 0.5, 0.75, 1)]
     assert (df.status == "ok").all() and (df.trials == 3).all() and df.accuracy.between(0, 1).all()
     assert (df.accuracy == df.correct / df.trials).all() and (df.logprob < 0).all()
     assert (df.encoding == "alibi").all() and (df.train_len == 32).all() and df.config_hash.nunique() == 1
     assert "| alibi | 64 |" in proc.stdout and "passkey.csv" in proc.stdout
-    assert not (smoke_run / "results.csv").read_text().count("\n") > 2  # the ladder is left alone
+    assert (run / "results.csv").read_bytes() == ladder  # the ladder is left alone
     posbench(*args, "probe.lengths=[64]", "probe.depths=[0.5]", "probe.trials=5")
-    merged = pd.read_csv(smoke_run / "passkey.csv").set_index(["length", "depth"])
+    merged = pd.read_csv(run / "passkey.csv").set_index(["length", "depth"])
     assert len(merged) == 10 and merged.loc[(64, 0.5), "trials"] == 5 and merged.loc[(64, 0.0), "trials"] == 3
 
 

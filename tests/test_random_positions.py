@@ -4,18 +4,17 @@ kernel under sorted positions with gaps, and the ordinary path (0 .. T-1) left a
 
 import pytest
 import torch
+from conftest import compose, tiny_model
 
 import posbench.attention as attention
 import posbench.model as model_module
-from conftest import compose
 from posbench.attention import reference_attention
 from posbench.build import encoding_options
 from posbench.config import TrainConfig, config_hash, hashed_part
-from posbench.encodings import REGISTRY, build_encoding
-from posbench.errors import PosbenchError
-from posbench.model import LanguageModel, ModelConfig
 from posbench.data.positions import random_positions
+from posbench.encodings import REGISTRY
 from posbench.encodings.randomized import check_random_positions
+from posbench.errors import PosbenchError
 
 T, L = 40, 200  # window longer than the chunk below; positions drawn from [0, L)
 READERS = sorted(name for name, cls in REGISTRY.items() if cls.reads_positions)
@@ -24,18 +23,16 @@ TRANSLATION_INVARIANT = sorted([n for n, c in REGISTRY.items() if c.relative_bia
                                + ["rope", "xpos", "shaw", "xl", "deberta", "tener"])
 
 
-def tiny_model(name, chunk, **params):
-    """A 2-layer model whose encoding parameters are moved away from their init (so every term
-    counts: CoPE's table starts at zeros); position tables hold L entries."""
-    torch.manual_seed(0)
+def perturbed_model(name, chunk, **params):
+    """conftest's tiny model with 2 layers and its encoding parameters moved away from their init
+    (so every term counts: CoPE's table starts at zeros); position tables hold L entries."""
     if "max_len" in REGISTRY[name].params():
         params = {"max_len": L, **params}
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=chunk)
-    model = LanguageModel(cfg, 64, build_encoding({"name": name, **params}, LanguageModel.dims(cfg, 16, 64)))
+    model = tiny_model(name, params, vocab=64, train_len=16, n_layers=2, attn_chunk=chunk)
     with torch.no_grad():
         for p in model.encoding.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
+    return model
 
 
 def tokens():
@@ -71,7 +68,7 @@ def test_random_positions_refuse_more_positions_than_the_range():
                                               (torch.arange(T) - 1, ">= 0")])
 def test_the_model_refuses_positions_out_of_order(positions, match):
     with pytest.raises(PosbenchError, match=match):
-        tiny_model("alibi", 8)(tokens(), positions=positions)
+        perturbed_model("alibi", 8)(tokens(), positions=positions)
 
 
 # ---- every encoding under positions with gaps ---------------------------------------------
@@ -82,9 +79,9 @@ def test_chunked_kernels_with_gapped_positions_equal_one_chunk(name, params):
     and by the explicit training kernel: nothing assumes consecutive positions."""
     x, pos = tokens(), gapped()
     with torch.no_grad():
-        chunked = tiny_model(name, 8, **params)(x, positions=pos)
-        single = tiny_model(name, 64, **params)(x, positions=pos)
-    explicit = tiny_model(name, 64, **params)(x, positions=pos)  # grad on, T <= EXPLICIT_MAX_LEN
+        chunked = perturbed_model(name, 8, **params)(x, positions=pos)
+        single = perturbed_model(name, 64, **params)(x, positions=pos)
+    explicit = perturbed_model(name, 64, **params)(x, positions=pos)  # grad on, T <= EXPLICIT_MAX_LEN
     torch.testing.assert_close(chunked, single, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(explicit.detach(), single, atol=1e-5, rtol=1e-5)
 
@@ -93,7 +90,7 @@ def test_chunked_kernels_with_gapped_positions_equal_one_chunk(name, params):
 def test_relative_encodings_see_distances_only(name):
     """Shifting every position by 100 (consecutive: Toeplitz slices) changes nothing; spreading
     them to 0, 2, 4, .. (per-chunk path) doubles every distance and changes the output."""
-    model, x = tiny_model(name, 8), tokens()
+    model, x = perturbed_model(name, 8), tokens()
     with torch.no_grad():
         ordinary = model(x)
         shifted = model(x, positions=torch.arange(T) + 100)
@@ -104,7 +101,7 @@ def test_relative_encodings_see_distances_only(name):
 
 def test_sandwich_bias_at_gapped_positions_matches_its_formula():
     """Distances past the number of keys (gaps) are in the distance table (by_distance)."""
-    enc = tiny_model("sandwich", 8).encoding
+    enc = perturbed_model("sandwich", 8).encoding
     q_pos, k_pos = torch.tensor([5, 90, 150]), torch.tensor([0, 5, 90, 150])
     w = 10000.0 ** (-2.0 * torch.arange(1, enc.dim // 2 + 1) / enc.dim)
     distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()  # (Tq, Tk); the future is masked anyway
@@ -133,7 +130,7 @@ def test_consecutive_positions_take_the_toeplitz_slices_and_gapped_ones_do_not(n
     calls = []
     toeplitz = attention._toeplitz
     monkeypatch.setattr(attention, "_toeplitz", lambda *a: calls.append(1) or toeplitz(*a))
-    model, x = tiny_model(name, 8), tokens()
+    model, x = perturbed_model(name, 8), tokens()
     with torch.no_grad():
         for positions, used in ((None, True), (torch.arange(T), True), (gapped(), False)):
             calls.clear()

@@ -8,16 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import SMOKE, posbench, tiny_model
 
-from conftest import SMOKE, posbench
-from posbench.runs.rundir import RunDir
 from posbench.config import EvalConfig
 from posbench.encodings import ModelDims, build_encoding
 from posbench.encodings.rotary import check_scalable, ntk_base, xpos_scale, yarn_attention_factor, yarn_inv_freq
 from posbench.errors import PosbenchError
 from posbench.eval.ladder import perplexity_ladder
 from posbench.eval.results import KEY, read_results, write_results
-from posbench.model import LanguageModel, ModelConfig
+from posbench.runs.rundir import RunDir
 
 HS, TRAIN_LEN, BASE = 16, 64, 10000.0
 DIMS = ModelDims(d_model=2 * HS, n_heads=2, n_layers=1, train_len=TRAIN_LEN)  # head_dim 16
@@ -256,15 +255,9 @@ def test_eval_config_rejects_bad_scaling_and_factor():
     check_scalable("xpos", "yarn")
 
 
-def tiny(name):
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)
-    return LanguageModel(cfg, 50, build_encoding({"name": name}, LanguageModel.dims(cfg, 16, 50)))
-
-
 def test_ladder_records_scaling_and_factor_per_length():
     tokens = np.random.default_rng(0).integers(0, 50, 1000).astype(np.int32)
-    model = tiny("rope")
+    model = tiny_model("rope", train_len=16, n_heads=2)
     rows = {}
     for kind, factor in (("none", None), ("pi", None), ("yarn", None), ("ntk", 3.0), ("dynamic_ntk", 3.0)):
         ecfg = EvalConfig(lengths=[8, 16, 64], max_tokens=256, rope_scaling=kind, rope_factor=factor)
@@ -279,7 +272,8 @@ def test_ladder_records_scaling_and_factor_per_length():
         assert rows[kind][2]["nll"] != rows["none"][2]["nll"]
     assert model.encoding.scaling == ("none", None)
     with pytest.raises(PosbenchError, match="needs a model trained with a rotary encoding"):
-        perplexity_ladder(tiny("alibi"), tokens, [16], EvalConfig(rope_scaling="pi"), torch.device("cpu"), None)
+        perplexity_ladder(tiny_model("alibi", train_len=16, n_heads=2), tokens, [16], EvalConfig(rope_scaling="pi"),
+                          torch.device("cpu"), None)
 
 
 def fake_rows(scaling, lengths=(32, 64)):
