@@ -77,10 +77,25 @@ def existing_dirs(dirs: list[str]) -> list[Path]:
     return [Path(d) for d in dirs]
 
 
+# The config groups whose members may come from outside the package -> (entry-point group,
+# the module holding its registry, the registry's name there).
+PLUGIN_GROUPS = {"encoding": ("posbench.encodings", "posbench.encodings", "ENCODINGS"),
+                 "task": ("posbench.tasks", "posbench.data.tasks", "TASKS"),
+                 "probe": ("posbench.probes", "posbench.eval.probes", "PROBES")}
+
+
+def registry(group: str):
+    """The :class:`posbench.plugins.Registry` of a plugin group (imported on demand: torch)."""
+    import importlib
+
+    _, module, name = PLUGIN_GROUPS[group]
+    return getattr(importlib.import_module(module), name)
+
+
 def group_choices(group: str, dirs: list[Path]) -> dict[str, Path | None]:
-    """The choices of config group ``group`` -> their YAML file (None: an installed
-    ``posbench.encodings`` entry point, which needs none). A user config dir's file whose name
-    is one of posbench's own is refused: it would silently replace the built-in."""
+    """The choices of config group ``group`` -> their YAML file (None: an installed entry point
+    of an encoding, task or probe, which needs none). A user config dir's file whose name is
+    one of posbench's own is refused: it would silently replace the built-in."""
     from .plugins import entry_points
 
     builtin = {p.stem: p for p in sorted((conf_dir() / group).glob("*.yaml"))}
@@ -90,8 +105,8 @@ def group_choices(group: str, dirs: list[Path]) -> dict[str, Path | None]:
             if path.stem in builtin:
                 fail(f"{path} has the name of posbench's built-in {group} {path.stem!r}; valid: another file name")
             choices.setdefault(path.stem, path)
-    if group == "encoding":
-        for name in entry_points("posbench.encodings"):
+    if group in PLUGIN_GROUPS:
+        for name in entry_points(PLUGIN_GROUPS[group][0]):
             choices.setdefault(name, None)
     return choices
 
@@ -99,7 +114,7 @@ def group_choices(group: str, dirs: list[Path]) -> dict[str, Path | None]:
 def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, dict[str, Path | None]]:
     """`encoding=nope2` -> one line listing the valid encodings (before Hydra composes), counting
     user config dirs and installed plugins. -> the choices asked for in each group, with their
-    YAML file (None: an entry-point encoding)."""
+    YAML file (None: an entry-point member)."""
     root = conf_dir()
     asked: dict[str, dict[str, Path | None]] = {}
     for arg in args:
@@ -114,44 +129,46 @@ def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, dic
             if choice not in choices:
                 fail(f"unknown {key} {choice!r}; valid choices: {', '.join(sorted(choices))}")
             path = choices[choice]
-            if path is not None and path.parent.parent != root and group == "encoding":
-                _check_plugin_yaml(path)
+            if path is not None and path.parent.parent != root and group in PLUGIN_GROUPS:
+                _check_plugin_yaml(path, group)
             asked.setdefault(group, {})[choice] = path
     return asked
 
 
-def _check_plugin_yaml(path: Path) -> dict:
-    """A user's ``encoding/NAME.yaml`` either names its class (``_target_``) and itself
-    (``name: NAME``), or sets options of a built-in encoding (``name: alibi``, no ``_target_``).
-    -> its contents."""
+def _check_plugin_yaml(path: Path, group: str = "encoding") -> dict:
+    """A user's ``encoding/NAME.yaml`` (or ``task/``, ``probe/``) either names its class
+    (``_target_``) and itself (``name: NAME``), or sets options of a built-in (``name: alibi``,
+    no ``_target_``). -> its contents."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     if cfg.get("_target_"):
         if cfg.get("name") != path.stem:
             fail(f"{path} must say name: {path.stem} (its file name), found name: {cfg.get('name')}")
-    elif not (conf_dir() / "encoding" / f"{cfg.get('name')}.yaml").is_file():
-        fail(f"{path} names no class and no built-in encoding (name: {cfg.get('name')}); valid: "
-             "_target_: pkg.module.Class (a subclass of posbench.encodings.PositionEncoding) with "
-             f"name: {path.stem}, or name: <a built-in encoding> with its options")
+    elif not (conf_dir() / group / f"{cfg.get('name')}.yaml").is_file():
+        base = {"encoding": "posbench.encodings.PositionEncoding", "task": "posbench.data.tasks.Task",
+                "probe": "posbench.eval.probe.Probe"}[group]
+        fail(f"{path} names no class and no built-in {group} (name: {cfg.get('name')}); valid: "
+             f"_target_: pkg.module.Class (a subclass of {base}) with "
+             f"name: {path.stem}, or name: <a built-in {group}> with its options")
     return cfg
 
 
-def store_plugin_configs(asked: dict[str, Path | None]) -> None:
-    """Give Hydra a config for each installed entry-point encoding asked for (the choices of
-    :func:`check_group_choices` without a YAML file): its constructor's keyword defaults, and how
-    to import it (:func:`posbench.encodings.plugin_config`). Hydra's ConfigStore travels to the
+def store_plugin_configs(asked: dict[str, dict[str, Path | None]]) -> None:
+    """Give Hydra a config for each installed entry-point member asked for (the choices of
+    :func:`check_group_choices` without a YAML file): its options' defaults and how to import
+    it (:meth:`posbench.plugins.Registry.plugin_config`). Hydra's ConfigStore travels to the
     workers of every launcher with Hydra's own state."""
-    wanted = [name for name, path in asked.items() if path is None]
-    if not wanted:
-        return
-    from hydra.core.config_store import ConfigStore
+    for group, choices in asked.items():
+        wanted = [name for name, path in choices.items() if path is None]
+        if not wanted:
+            continue
+        from hydra.core.config_store import ConfigStore
 
-    from .encodings import encoding_class, plugin_config
-
-    for name in wanted:
-        encoding_class({"name": name})  # a plugin that failed to load: its one-line error
-        ConfigStore.instance().store(group="encoding", name=name, node=plugin_config(name))
+        members = registry(group)
+        for name in wanted:
+            members.class_of({"name": name})  # a plugin that failed to load: its one-line error
+            ConfigStore.instance().store(group=group, name=name, node=members.plugin_config(name))
 
 
 def _rank() -> int:
@@ -297,17 +314,26 @@ def _eval_lock(cfg):
 
 
 def _eval_task(cfg) -> None:
+    from omegaconf import OmegaConf
+
     from .eval.ladder import evaluate
     from .eval.results import markdown_results
     from .report.tables import draw_run
+    from .runs.rundir import RunDir
+    from .train.workload import check_later_evaluation
 
     _use_threads()
     with user_errors(None), _eval_lock(cfg):
+        if cfg.get("checkpoint"):
+            run = RunDir.existing(cfg.checkpoint)
+            check_later_evaluation(OmegaConf.load(run.config), cfg.checkpoint)
         if cfg.get("probe"):
-            from .eval.passkey import markdown_passkey, passkey
+            from .eval.probes import run_probe
 
-            print(markdown_passkey(passkey(cfg)))
-            print(f"\nresults merged into {Path(cfg.checkpoint) / 'passkey.csv'}")
+            probe, rows = run_probe(cfg)
+            draw_run(cfg.checkpoint)
+            print(probe.markdown(rows))
+            print(f"\nresults merged into {Path(cfg.checkpoint) / f'{probe.name}.csv'} ({probe.name}.png)")
             return
         rows = evaluate(cfg)
         draw_run(cfg.checkpoint)
@@ -485,14 +511,15 @@ def run_hydra(command: str, args: list[str]) -> None:
     import hydra
     from omegaconf import OmegaConf
 
-    if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver("run_name", lambda overrides: overrides or "default")
+    from .config import run_name
+
+    OmegaConf.register_new_resolver("run_name", run_name, replace=True)
     args = check_hydra_flags(command, args)
     OmegaConf.register_new_resolver("choices", choices_text(args), replace=True)
     if "--help" not in args and "-h" not in args:
         check_app_groups(command, args)
         asked = check_group_choices(args, user_config_dirs(args))
-        store_plugin_configs(asked.get("encoding", {}))
+        store_plugin_configs(asked)
     task = {"train": _train_task, "eval": _eval_task}[command]
     if command == "train" and _rank() > 0:  # one set of Hydra files and logs: rank 0's
         args = args + ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
@@ -509,6 +536,7 @@ def run_hydra(command: str, args: list[str]) -> None:
 
 
 def cmd_report(args: list[str]) -> None:
+    from .report.baselines import export_baseline, resolve_baseline, shipped_baselines
     from .report.tables import REFERENCE, report
 
     parser = argparse.ArgumentParser(prog="posbench report", description=COMMANDS["report"])
@@ -525,10 +553,23 @@ def cmd_report(args: list[str]) -> None:
                         help="a dotted config key (e.g. encoding.bias_scale, model.embed_scale, train.steps) whose "
                              "value joins each line's label, so runs that differ in it are lines of their own; "
                              "repeat or comma-separate for several")
+    parser.add_argument("--baseline", action="append", default=[], metavar="NAME|DIR",
+                        help="shipped runs reported beside yours with paired intervals, without retraining them: "
+                             f"a shipped baseline ({', '.join(shipped_baselines()) or 'none shipped'}) or a folder "
+                             "made by --export-baseline; repeatable")
+    parser.add_argument("--export-baseline", metavar="OUT",
+                        help="instead of a report, write what paired intervals need of the runs under DIRS "
+                             "(results, config, per-block NLL sums: a few KiB per run) to OUT")
     ns = parser.parse_args(args)
+    if ns.export_baseline:
+        written = export_baseline(ns.dirs, ns.export_baseline)
+        print(f"wrote {len(written)} run(s) to {ns.export_baseline}: posbench report <your runs> "
+              f"--baseline {ns.export_baseline}")
+        return
     by = [k for arg in ns.by for k in arg.split(",") if k]
+    baselines = [str(resolve_baseline(b)) for b in ns.baseline]
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
-                  by=by)
+                  by=by, baselines=baselines)
     if done.table:
         print(done.table)
         print("\n" + "\n".join(done.text))

@@ -24,7 +24,7 @@ from typing import Any, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import PosbenchError
-from .plugins import META_KEYS
+from .plugins import META_KEYS, PACKAGE, TARGET
 
 SCHEDULES = ("cosine", "wsd")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -66,6 +66,16 @@ def conf_dir() -> Path:
         if (candidate / "app_train.yaml").is_file():
             return candidate
     raise PosbenchError(f"posbench's conf/ directory is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+
+
+def shipped_dir(name: str) -> Path | None:
+    """A folder of data posbench ships beside its code (``baselines``, ``reference``): inside the
+    installed wheel (``posbench/<name>``), else the source checkout's ``results/<name>``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / name, here.parent / "results" / name):
+        if candidate.is_dir():
+            return candidate
+    return None
 
 
 def ladder_lengths(lengths: list[int] | None, multiples: list[int], train_len: int) -> list[int]:
@@ -313,13 +323,12 @@ def model_config(node) -> ModelConfig:
     return cfg
 
 
-TASK_NAMES = ("lm", "copy", "reverse", "duplicate", "sort", "addition", "parity", "recall")  # posbench.data.tasks
-
-
 @dataclass
 class TaskConfig:
     """The ``task`` config group (conf/task/*.yaml); ``lm`` is the language model on the corpus,
-    the others are the algorithmic tasks of :mod:`posbench.data.tasks`."""
+    the others name a task of :data:`posbench.data.tasks.TASKS` (built-in or plugin).
+    ``target`` and ``options`` are not keys of the YAML: :func:`task_config` fills them from a
+    plugin's ``_target_`` and from the keys this dataclass does not have (its constructor's)."""
 
     name: str = "lm"
     train_size: int = 16  # training instances have sizes 1 .. train_size
@@ -328,16 +337,38 @@ class TaskConfig:
     eval_instances: int = 256  # fresh instances per evaluated size
     eval_batch: int = 64  # instances per forward pass in evaluation
     eval_seed: int = 1234  # evaluation instances depend on this and the size only
+    target: str | None = None  # a plugin task's import path (``_target_``)
+    options: dict = field(default_factory=dict)  # a plugin task's own constructor options
 
     def __post_init__(self):
-        choice("task", self.name, TASK_NAMES)
+        if not self.name:
+            raise PosbenchError("task is empty; valid: lm or an algorithmic task (posbench train --help lists them)")
         for key in ("train_size", "symbols", "eval_instances", "eval_batch"):
             positive(f"task.{key}", getattr(self, key))
         if not self.eval_multiples or any(m < 1 for m in self.eval_multiples):
             raise PosbenchError(f"task.eval_multiples={self.eval_multiples} must be a non-empty list of multiples "
                                 ">= 1 of task.train_size, e.g. [1,2,4,8]")
-        if self.name == "addition" and self.symbols < 2:
-            raise PosbenchError(f"task.symbols={self.symbols} is the base of addition; valid: >= 2")
+
+    @property
+    def is_lm(self) -> bool:
+        return self.name == "lm"
+
+
+def task_config(node) -> TaskConfig:
+    """The ``task`` section, typed: TaskConfig's keys checked, a plugin's ``_target_`` kept as
+    ``target`` and every other key kept as one of the task's own ``options`` (its class checks
+    them, :func:`posbench.data.tasks.make_task`)."""
+    values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    values.setdefault("name", "lm")
+    target = values.pop(TARGET, None)
+    values.pop(PACKAGE, None)
+    own = {f.name for f in dataclasses.fields(TaskConfig)} - {"target", "options"}
+    options = {k: values.pop(k) for k in list(values) if k not in own}
+    if options and values["name"] == "lm":
+        raise PosbenchError(f"task.{next(iter(options))} is not an option of task=lm; valid: {', '.join(sorted(own))}")
+    tc = typed(TaskConfig, values, "task")
+    tc.target, tc.options = target, options
+    return tc
 
 
 @dataclass
@@ -361,7 +392,7 @@ def run_config(cfg: DictConfig) -> RunConfig:
         raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
     tcfg, ecfg, dcfg = typed(TrainConfig, cfg.train, "train"), typed(EvalConfig, cfg.eval, "eval"), \
         typed(DataConfig, cfg.data, "data")
-    task = typed(TaskConfig, cfg.get("task") or {"name": "lm"}, "task")
+    task = task_config(cfg.get("task"))
     return RunConfig(cfg.seed, tcfg, ecfg, dcfg, model_config(cfg.model), str(cfg.encoding.name), str(cfg.device),
                      config_hash(cfg), task)
 
@@ -401,8 +432,23 @@ def hashed_part(data: dict) -> dict:
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":
-            kept["task"] = {k: v for k, v in task.items() if k not in NOT_HASHED_TASK}
+            kept["task"] = {k: v for k, v in task.items() if k not in NOT_HASHED_TASK and k not in META_KEYS}
     return kept
+
+
+RUN_NAME_MAX = 120  # characters of a run dir's name (file systems stop at 255 bytes)
+
+
+def run_name(overrides: str) -> str:
+    """A run dir's name: the command line's overrides (Hydra's ``override_dirname``), or
+    ``default``; a longer one than :data:`RUN_NAME_MAX` keeps its start and gets a hash of the
+    whole, so every command line still has a name of its own."""
+    if not overrides:
+        return "default"
+    if len(overrides) <= RUN_NAME_MAX:
+        return overrides
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
+    return f"{overrides[:RUN_NAME_MAX - 9].rstrip(',')}-{digest}"
 
 
 def code_version() -> str:

@@ -21,7 +21,9 @@ out of the config hash. This module imports no torch and nothing of posbench but
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from importlib import metadata
+from typing import Any
 
 from .errors import PosbenchError
 
@@ -98,3 +100,119 @@ def config_dirs(args: list[str], config_dir: str | None = None) -> list[str]:
             if item.startswith("file://"):
                 dirs.append(item.removeprefix("file://"))
     return dirs
+
+
+class Registry:
+    """Name -> class for one kind of member (encoding, task, probe): the built-ins, then every
+    installed entry point of ``group``, then ``_target_`` classes as configs name them.
+
+    ``members`` is the dict the built-ins fill (``@registry.register``); a plugin joins it under
+    its name, so everything that looks a member up by name treats plugins like built-ins.
+    ``options(cls)`` gives an entry-point member's config without a YAML file (its name, how to
+    import it, its options' defaults). :attr:`plugins` says where each plugin came from;
+    :attr:`errors` keeps why an entry point could not be registered, reported when it is asked
+    for, so a broken plugin never breaks the others.
+    """
+
+    def __init__(self, kind: str, base: type, group: str, options: Callable[[type], dict],
+                 members: dict[str, type] | None = None):
+        self.kind, self.base, self.group, self.options = kind, base, group, options
+        self.members: dict[str, type] = {} if members is None else members
+        self.builtins: frozenset[str] = frozenset()
+        self.plugins: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self._loaded = False
+
+    def register(self, cls: type) -> type:
+        """Class decorator of a built-in: registered under ``cls.name``."""
+        self.members[cls.name] = cls
+        return cls
+
+    def load(self) -> Registry:
+        """Seal the built-ins and register the installed entry points (once)."""
+        if self._loaded:
+            return self
+        self._loaded = True
+        self.builtins = frozenset(self.members)
+        for name, values in duplicates(self.group).items():
+            self.errors[name] = (f"{self.kind} plugin {name!r} is declared by two installed packages "
+                                 f"({', '.join(values)}); valid: uninstall one")
+        for name, ep in entry_points(self.group).items():
+            if name in self.errors:
+                continue
+            try:
+                cls = ep.load()
+            except Exception as e:  # a broken plugin must not break every other member
+                self.errors[name] = (f"{self.kind} plugin {name!r} (entry point {ep.value}) cannot be imported "
+                                     f"({type(e).__name__}: {e}); reinstall or fix the package that declares it")
+                continue
+            dist = getattr(ep, "dist", None)
+            try:
+                self.add(name, cls, f"entry point of {dist.name}=={dist.version}" if dist else "entry point")
+            except PosbenchError as e:
+                self.errors[name] = str(e)
+        return self
+
+    def add(self, name: str, cls: object, origin: str) -> type:
+        """Add an outside class under ``name`` (again: a no-op). A PosbenchError when it does not
+        subclass :attr:`base` or its name is taken by another class."""
+        where = target_of(cls) if isinstance(cls, type) else repr(cls)
+        public = f"{self.base.__module__}.{self.base.__qualname__}"
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise PosbenchError(f"{self.kind} {name!r} ({where}) is not a subclass of {public}")
+        current = self.members.get(name)
+        if current is cls or (current is not None and current.__dict__.get("alias_of") is cls):
+            return current
+        if name in self.members:
+            kind = "built-in" if name in self.builtins else "plugin"
+            raise PosbenchError(f"{self.kind} plugin {name!r} ({where}, {origin}) has the name of the {kind} "
+                                f"{self.kind} {name!r} ({target_of(self.members[name])}); valid: a name not in "
+                                f"{', '.join(sorted(self.members))}")
+        if getattr(cls, "name", "") and cls.name != name and origin.startswith("_target_"):
+            cls = self._alias(cls, name)  # a config file's second name for a class known by another
+        elif getattr(cls, "name", "") and cls.name != name:
+            raise PosbenchError(f"{self.kind} plugin {name!r} ({where}, {origin}) says its name is {cls.name!r}; "
+                                "valid: the same name in both places, or no name attribute on the class")
+        cls.name = name
+        self.members[name] = cls
+        self.plugins[name] = origin
+        return cls
+
+    @staticmethod
+    def _alias(cls: type, name: str) -> type:
+        """A subclass of ``cls`` that only renames it, so one class (an entry point's, or another
+        config file's) serves under a second name with its own options; its import path stays
+        ``cls``'s."""
+        return type(cls.__name__, (cls,), {"name": name, "alias_of": cls, "__module__": cls.__module__,
+                                           "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+
+    def check(self) -> None:
+        """The first entry point that could not be registered, as a PosbenchError."""
+        if self.errors:
+            raise PosbenchError(next(iter(self.errors.values())))
+
+    def class_of(self, cfg: Mapping[str, Any]) -> type:
+        """The class a config names: its ``_target_`` (imported and registered under ``name``),
+        else the member called ``name``; one line naming the valid choices otherwise."""
+        name = cfg.get("name")
+        if cfg.get(TARGET):
+            cls = import_target(str(cfg[TARGET]), f"{self.kind} {name!r}")
+            return self.add(str(name or getattr(cls, "name", "")), cls, f"_target_ {cfg[TARGET]}")
+        if name in self.errors:
+            raise PosbenchError(self.errors[name])
+        if name not in self.members:
+            raise PosbenchError(f"unknown {self.kind} {name!r}; valid choices: {', '.join(sorted(self.members))}")
+        return self.members[name]
+
+    def plugin_config(self, name: str) -> dict:
+        """The config of an entry-point member, which has no YAML: its name, how to import it
+        (``_target_``, ``_package_``) and its options' defaults."""
+        cls = self.members[name]
+        return {"name": name, TARGET: target_of(cls), PACKAGE: distribution_of(cls), **self.options(cls)}
+
+    def provenance(self, name: str) -> dict | None:
+        """For ``versions.json``: a plugin's class, origin and distribution; None for a built-in."""
+        if name not in self.plugins:
+            return None
+        cls = self.members[name]
+        return {"name": name, "class": target_of(cls), "origin": self.plugins[name], "package": distribution_of(cls)}

@@ -59,10 +59,9 @@ def compose(*overrides):
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from posbench.config import conf_dir
+    from posbench.config import conf_dir, run_name
 
-    if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver("run_name", lambda o: o or "default")
+    OmegaConf.register_new_resolver("run_name", run_name, replace=True)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return hydra_compose(config_name="app_train", overrides=list(overrides))
 

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import SMOKE, posbench
 
 QUICK = [*SMOKE, "train.steps=4", "eval.multiples=[1]"]
@@ -112,3 +111,15 @@ def test_an_unreachable_hub_is_one_line_quickly(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert time.monotonic() - started < 20
     assert not (tmp_path / "run").exists()
+
+
+def test_a_long_command_line_gets_a_run_dir_name_the_file_system_accepts():
+    """Hydra names a run dir after its overrides; 15 of them passed 255 bytes (OSError: File name
+    too long). Short names stay as they were, so existing run dirs keep their names."""
+    from posbench.config import RUN_NAME_MAX, run_name
+
+    assert run_name("") == "default" and run_name("encoding.max_len=64,train.steps=6") == "encoding.max_len=64,train.steps=6"
+    long = ",".join(f"model.option_{i}={i}" for i in range(20))
+    other = long.replace("=19", "=20")
+    assert len(run_name(long)) == RUN_NAME_MAX and run_name(long) != run_name(other)
+    assert run_name(long).startswith(long[:100]) and run_name(long) == run_name(long)

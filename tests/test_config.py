@@ -81,7 +81,9 @@ def test_unknown_command():
 
 
 def test_conf_ships_in_the_wheel(tmp_path):
-    """A real wheel holds conf/ as posbench/conf (every YAML file), so the installed CLI finds it."""
+    """A real wheel holds conf/ as posbench/conf (every YAML file), so the installed CLI finds it,
+    and the shipped baselines and published reference numbers as posbench/baselines and
+    posbench/reference (`posbench report --baseline`, the paper panel)."""
     import zipfile
 
     root = Path(__file__).parents[1]
@@ -92,6 +94,10 @@ def test_conf_ships_in_the_wheel(tmp_path):
     expected = {f"posbench/conf/{p.relative_to(root / 'conf').as_posix()}" for p in (root / "conf").rglob("*.yaml")}
     assert "posbench/conf/app_train.yaml" in shipped and expected <= shipped
     assert (conf_dir() / "app_train.yaml").is_file()
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = {f"posbench/{p.relative_to(root / 'results').as_posix()}" for d in ("baselines", "reference")
+            for p in (root / "results" / d).rglob("*") if p.is_file()}
+    assert "posbench/reference/alibi_paper_L512.csv" in data and data <= names
 
 
 def test_readme_set_up_commands_match_ci():

@@ -1,6 +1,6 @@
-"""Encodings from outside the package (examples/): found by an installed package's entry point
-and by a user config dir's ``_target_``; they train, evaluate in a fresh process and report,
-under every launcher, and a missing or clashing plugin is one line."""
+"""Encodings, tasks and probes from outside the package (examples/): found by an installed
+package's entry point and by a user config dir's ``_target_``; they train, evaluate in a fresh
+process and report, under every launcher, and a missing or clashing plugin is one line."""
 
 import importlib.util
 import json
@@ -9,9 +9,9 @@ import sys
 
 import pandas as pd
 import pytest
+from conftest import ROOT, SMOKE, posbench
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMOKE, posbench
 from posbench.config import config_hash
 
 pytestmark = pytest.mark.slow
@@ -20,6 +20,9 @@ EXAMPLE = ROOT / "examples" / "posbench-example"
 CONFIG_DIR = ROOT / "examples" / "config"
 QUICK = SMOKE + ["train.steps=6", "train.log_every=3", "train.ckpt_every=6", "eval.multiples=[1,4]",
                  "eval.max_tokens=256"]
+TINY_TASK = ["model=task", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1", "device=cpu",
+             "train.batch_size=8", "train.steps=6", "train.warmup_steps=2", "train.log_every=3", "task.train_size=4",
+             "task.eval_instances=12", "task.eval_batch=6", "task.eval_multiples=[1,2]", "encoding=nope"]
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +115,50 @@ def test_a_plugin_with_a_builtin_name_is_one_line(tmp_path, installed):
     (configs / "rope.yaml").write_text("name: rope\n_target_: posbench_example.encodings.LogDistanceBias\n")
     proc = posbench("train", "--config-dir", configs.parent, *QUICK, "encoding=rope", check=False, env=installed)
     assert proc.returncode == 2 and "has the name of posbench's built-in encoding 'rope'" in proc.stderr
+
+
+def test_an_entry_point_task_and_a_config_dir_task_train_with_their_own_options(tmp_path, installed):
+    run = tmp_path / "increment"
+    proc = posbench("train", *TINY_TASK, "task=increment", "task.step=3", f"hydra.run.dir={run}", env=installed)
+    assert "| increment | nope | 4 | 1x |" in proc.stdout
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.task._target_ == "posbench_example.tasks.Increment" and saved.task.step == 3
+    assert saved.train.train_len == 4 + 5 + 3  # <bos> 4 digits <sep> 5 digits <eos>, less the last token
+    rows = pd.read_csv(run / "tasks.csv")
+    assert list(rows.eval_size) == [4, 8] and (rows.task == "increment").all()
+    versions = json.loads((run / "versions.json").read_text())
+    assert versions["task_plugin"]["package"] == "posbench-example==0.1.0"
+    run = tmp_path / "add_constant"
+    posbench("train", "--config-dir", CONFIG_DIR, "task=add_constant", *TINY_TASK, f"hydra.run.dir={run}",
+             env=installed)
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.task.name == "add_constant" and saved.task.step == 7
+    assert set(pd.read_csv(run / "tasks.csv").task) == {"add_constant"}
+    bad = posbench("train", *TINY_TASK, "task=increment", "+task.width=3", check=False, env=installed)
+    assert bad.returncode == 2 and "task.width is not an option of task 'increment'" in bad.stderr
+    assert "step" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_probes_from_an_entry_point_and_a_config_dir_evaluate_a_run_and_report(tmp_path, installed):
+    run = tmp_path / "run"
+    posbench("train", *QUICK, "encoding=alibi", f"hydra.run.dir={run}", env=installed)
+    proc = posbench("eval", f"checkpoint={run}", "probe=repeat", "probe.multiples=[1,2]", env=installed)
+    assert "| alibi | 32 |" in proc.stdout and "repeat.csv" in proc.stdout
+    rows = pd.read_csv(run / "repeat.csv")
+    assert list(rows.length) == [32, 64] and (rows.status == "ok").all() and rows.accuracy.between(0, 1).all()
+    assert list(rows.columns[:5]) == ["encoding", "rope_scaling", "train_len", "seed", "length"]
+    assert (run / "repeat.png").is_file()  # drawn at eval time
+    posbench("eval", "--config-dir", CONFIG_DIR, f"checkpoint={run}", "probe=repeat_far", env=installed)
+    assert list(pd.read_csv(run / "repeat_far.csv").length) == [64, 256]
+    index = json.loads((run / "probes.json").read_text())
+    assert index["repeat_far"]["_target_"] == "posbench_example.probes.Repeat"
+    assert index["repeat_far"]["options"]["trials"] == 8
+    report = posbench("report", run, "--out", tmp_path / "report", env=installed)
+    assert {"repeat.png", "repeat_far.png"} <= {p.name for p in (tmp_path / "report").iterdir()}
+    svg = (tmp_path / "report" / "repeat_far.svg").read_text()
+    assert 'id="repeat_far:alibi"' in svg and "report.md" in report.stdout
+    # without the plugin package: its rows still report; asking for the probe is one line
+    posbench("report", run, "--out", tmp_path / "bare", env={"PYTHONPATH": None})
+    assert (tmp_path / "bare" / "repeat.png").is_file()
+    missing = posbench("eval", f"checkpoint={run}", "probe=repeat", check=False, env={"PYTHONPATH": None})
+    assert missing.returncode == 2 and missing.stderr.strip() == "posbench: error: unknown probe 'repeat'; valid choices: passkey"

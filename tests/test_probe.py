@@ -132,12 +132,13 @@ def test_probe_group_composes_with_eval_app():
     from hydra import compose, initialize_config_dir
 
     from posbench.config import conf_dir
-    from posbench.config import typed
+    from posbench.eval.probes import PROBES, build_probe
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         assert compose(config_name="app_eval").get("probe") is None  # default: the perplexity ladder
         cfg = compose(config_name="app_eval", overrides=["probe=passkey"])
-    assert typed(PasskeyConfig, cfg.probe, "probe") == PasskeyConfig()  # YAML and schema agree
+    assert build_probe(cfg.probe).options == PasskeyConfig()  # YAML and schema agree
+    assert {p.stem for p in (conf_dir() / "probe").glob("*.yaml")} == set(PROBES.builtins)
 
 
 # ---------------------------------------------------------------- end to end on a smoke run

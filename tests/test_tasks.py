@@ -6,15 +6,14 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-
-from posbench.config import TASK_NAMES, TaskConfig, config_hash
-from posbench.errors import PosbenchError
-from posbench.intervals import wilson_interval
-from posbench.eval.results import TASK_COLUMNS
-from posbench.data.tasks import BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, encode, make_task
-from posbench.eval.tasks import markdown_tasks, score_size, size_row
-
 from conftest import compose, posbench
+
+from posbench.config import TaskConfig, conf_dir, config_hash, task_config
+from posbench.data.tasks import BOS, EOS, IGNORE, SEP, SPECIALS, TASKS, Task, encode, make_task
+from posbench.errors import PosbenchError
+from posbench.eval.results import TASK_COLUMNS
+from posbench.eval.tasks import markdown_tasks, score_size, size_row
+from posbench.intervals import wilson_interval
 
 TINY_TASK = ["model=task", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1",
              "train.batch_size=8", "train.warmup_steps=2", "train.log_every=5", "task.train_size=4",
@@ -32,7 +31,7 @@ def digits_value(digits, base):  # least significant first
 @pytest.mark.parametrize("size", [1, 3, 9])
 def test_answers_match_an_independent_computation(size):
     g = torch.Generator().manual_seed(size)
-    for name in TASKS:
+    for name in sorted(TASKS.builtins):
         task = make_task(TaskConfig(name=name, symbols=7))
         for _ in range(20):
             prompt, answer = task.instance(g, size)
@@ -61,8 +60,55 @@ def test_answers_match_an_independent_computation(size):
                 assert a == [values[last]]
 
 
-def test_task_names_in_config_match_the_registry():
-    assert TASK_NAMES == ("lm", *TASKS)
+def test_every_task_yaml_names_a_registered_task_and_every_built_in_has_one():
+    yaml = {p.stem for p in (conf_dir() / "task").glob("*.yaml")}
+    assert yaml == {"lm", *TASKS.builtins} and set(TASKS.builtins) <= set(TASKS.members)
+
+
+def test_the_task_registry_refuses_unknown_names_and_options_in_one_line():
+    with pytest.raises(PosbenchError, match=r"^unknown task 'nosuch'; valid choices: addition, copy, "):
+        make_task(TaskConfig(name="nosuch"))
+    with pytest.raises(PosbenchError, match=r"^task.width is not an option of task 'copy'; valid: .*train_size"):
+        make_task(task_config({"name": "copy", "width": 3}))
+    with pytest.raises(PosbenchError, match=r"^task.width is not an option of task=lm"):
+        task_config({"name": "lm", "width": 3})
+    with pytest.raises(PosbenchError, match=r"task.symbols=1 is the base of addition; valid: >= 2"):
+        make_task(TaskConfig(name="addition", symbols=1))
+
+
+class Increment(Task):
+    """A task defined outside the package: n digits, then the number plus ``step``."""
+
+    paper = "test"
+
+    def __init__(self, symbols: int, step: int = 1):
+        super().__init__(symbols)
+        self.step = step
+
+    def instance(self, generator, size):
+        digits = torch.randint(0, self.symbols, (size,), generator=generator).tolist()
+        value = sum(d * self.symbols ** i for i, d in enumerate(digits)) + self.step
+        out = [(value // self.symbols ** i) % self.symbols for i in range(size + 1)]
+        return self.sym(digits), self.sym(out)
+
+    def answer_len(self, size):
+        return size + 1
+
+
+def test_a_target_task_registers_under_its_name_with_its_own_options_and_its_import_path_is_not_hashed():
+    tc = task_config({"name": "increment", "_target_": f"{__name__}.Increment", "_package_": None, "step": 3,
+                      "train_size": 4})
+    task = make_task(tc)
+    assert isinstance(task, Increment) and task.step == 3 and TASKS.members["increment"] is Increment
+    assert TASKS.provenance("increment")["class"] == f"{__name__}.Increment"
+    prompt, answer = task.instance(torch.Generator().manual_seed(0), 2)
+    digits = [t - len(SPECIALS) for t in prompt]
+    assert [t - len(SPECIALS) for t in answer] == [((digits[0] + 10 * digits[1] + 3) // 10 ** i) % 10 for i in range(3)]
+    with pytest.raises(PosbenchError, match=r"^task plugin 'copy' .* has the name of the built-in task 'copy'"):
+        make_task(task_config({"name": "copy", "_target_": f"{__name__}.Increment"}))
+    base = compose("task=copy")
+    with_target = compose("task=copy", "+task._target_=posbench.data.tasks.Copy", "+task._package_=x")
+    assert config_hash(with_target) == config_hash(base)
 
 
 def test_encode_targets_are_the_answer_and_eos_only():

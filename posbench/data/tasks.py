@@ -39,11 +39,15 @@ Evaluation: :mod:`posbench.eval.tasks`.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import ClassVar
 
 import torch
 
-from ..config import TASK_NAMES, TaskConfig
+from ..config import TaskConfig
+from ..errors import PosbenchError
+from ..plugins import Registry
 from .positions import draw_positions
 
 SPECIALS = ("<pad>", "<bos>", "<sep>", "<eos>")
@@ -56,7 +60,13 @@ def _randint(generator: torch.Generator, high: int, n: int) -> list[int]:
 
 
 class Task:
-    """A task: a vocabulary of ``SPECIALS`` then ``n_symbols`` task symbols, and instances."""
+    """A task: a vocabulary of ``SPECIALS`` then ``n_symbols`` task symbols, and instances.
+
+    The public base of every task, built-in or plugin (docs/extending.md): a subclass sets
+    ``name`` and ``paper``, implements :meth:`instance` and :meth:`answer_len` (and
+    :meth:`prompt_len` when the prompt is not ``size`` tokens), and every instance of one size
+    must have the same length. Keyword arguments its constructor adds after ``symbols`` are its
+    own options (``task.<option>=``), hashed with the run's config."""
 
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
@@ -138,6 +148,11 @@ class Addition(Task):
     def n_symbols(self) -> int:
         return self.symbols + 1  # the digits, then "+"
 
+    def __init__(self, symbols: int):
+        if symbols < 2:
+            raise PosbenchError(f"task.symbols={symbols} is the base of addition; valid: >= 2")
+        super().__init__(symbols)
+
     def instance(self, generator, size):
         a, b = _randint(generator, self.symbols, size), _randint(generator, self.symbols, size)
         total, carry = [], 0
@@ -190,12 +205,36 @@ class Recall(Task):
         return 1
 
 
-TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Duplicate, Sort, Addition, Parity, Recall)}
-assert tuple(TASKS) == TASK_NAMES[1:], "posbench.config.TASK_NAMES lists the tasks (config stays torch-free)"
+def _options(cls: type[Task]) -> dict:
+    """An entry-point task's config: posbench's task keys at their defaults, then the keyword
+    options its constructor adds after ``symbols``."""
+    keys = {f.name: getattr(TaskConfig(), f.name) for f in dataclasses.fields(TaskConfig)
+            if f.name not in ("name", "target", "options")}
+    return {**keys, **_own_options(cls)}
+
+
+def _own_options(cls: type[Task]) -> dict:
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # after self
+    return {p.name: "???" if p.default is inspect.Parameter.empty else p.default for p in params
+            if p.name != "symbols" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+TASKS = Registry("task", Task, "posbench.tasks", _options)
+for _cls in (Copy, Reverse, Duplicate, Sort, Addition, Parity, Recall):
+    TASKS.register(_cls)
+TASKS.load()
 
 
 def make_task(cfg: TaskConfig) -> Task:
-    return TASKS[cfg.name](cfg.symbols)
+    """The task a config names (built-in, entry point or ``_target_``), with its own options."""
+    cls = TASKS.class_of({"name": cfg.name, "_target_": cfg.target})
+    own = _own_options(cls)
+    unknown = sorted(set(cfg.options) - set(own))
+    if unknown:
+        raise PosbenchError(f"task.{unknown[0]} is not an option of task {cfg.name!r}; valid: "
+                            f"{', '.join(f.name for f in dataclasses.fields(TaskConfig) if f.name not in ('target', 'options'))}"
+                            + (f", {', '.join(own)}" if own else ""))
+    return cls(cfg.symbols, **cfg.options)
 
 
 def encode(task: Task, generator: torch.Generator, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

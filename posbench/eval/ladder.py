@@ -225,11 +225,6 @@ def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
         raise PosbenchError(f"{str(run.config)!r} does not describe the model in {str(run.checkpoint)!r} "
                             f"(config hash {config_hash(train_cfg)} != {state.get('config_hash')}); "
                             "was config.yaml edited? restore it or retrain")
-    task = (train_cfg.get("task") or {}).get("name", "lm")
-    if task != "lm":
-        raise PosbenchError(f"checkpoint={cfg.checkpoint} is a task run (task={task}): posbench eval measures "
-                            "perplexity on the corpus; a task run is evaluated at the end of posbench train: re-run "
-                            "its train command (task.eval_multiples / task.eval_instances may change) to evaluate again")
     train_cfg.eval = cfg.eval
     ecfg = typed(EvalConfig, train_cfg.eval, "eval")
     check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything

@@ -26,7 +26,8 @@ Scores:
 
 Rows go to ``passkey.csv`` in the run dir, merged by (encoding, rope_scaling, train_len, seed,
 length, depth); a length the model cannot represent (a learned table) gets accuracy NaN and
-status ``n/a: ...``.
+status ``n/a: ...``. :class:`Passkey` is the probe registered as ``passkey``
+(:mod:`posbench.eval.probes`).
 """
 
 from __future__ import annotations
@@ -40,18 +41,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from ..build import autocast
-from ..config import choice, code_version, config_hash, ladder_lengths, not_empty, positive, typed
-from ..data.corpus import load_corpus
+from ..config import ladder_lengths, not_empty, positive
 from ..encodings import PositionRangeError
-from ..encodings.rotary import rope_scaling, scaling_factor
 from ..errors import PosbenchError
-from ..runs.rundir import RunDir
-from .ladder import load_model, open_run
-from .results import locked, merge_csv
+from .probe import Probe, Subject
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -62,7 +58,8 @@ COLUMNS = KEY + ["trials", "correct", "accuracy", "logprob", "config_hash", "cod
 
 @dataclass
 class PasskeyConfig:
-    name: str = "passkey"
+    """The passkey probe's options (conf/probe/passkey.yaml)."""
+
     lengths: list[int] | None = None  # prompt lengths in tokens; None: multiples x train_len
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
@@ -70,7 +67,6 @@ class PasskeyConfig:
     seed: int = 0  # picks the keys: the same keys at every length and depth
 
     def __post_init__(self):
-        choice("probe.name", self.name, ("passkey",))
         positive("probe.trials", self.trials)
         not_empty("probe.lengths", self.lengths, "null (probe.multiples x train.train_len) "
                   "or a list of positive prompt lengths, e.g. [128,512]")
@@ -198,41 +194,6 @@ def length_line(rows: list[dict], seconds: float) -> str:
     return f"posbench: passkey L={rows[0]['length']}: {prompts} prompts in {seconds:.1f} s, {accuracy}"
 
 
-def passkey_rows(cfg: DictConfig, probe: list[dict]) -> pd.DataFrame:
-    meta = {"encoding": cfg.encoding.name, "rope_scaling": cfg.eval.rope_scaling, "train_len": int(cfg.train.train_len),
-            "seed": int(cfg.seed), "config_hash": config_hash(cfg), "code_version": code_version()}
-    return pd.DataFrame([{**meta, **row} for row in probe], columns=COLUMNS).astype({"correct": "Int64"})
-
-
-def write_passkey(run: RunDir, rows: pd.DataFrame) -> pd.DataFrame:
-    """Merge rows into the run's passkey.csv (new rows replace old ones of the same key), atomically."""
-    with locked(run.path):
-        return merge_csv(run.path / "passkey.csv", rows, KEY)
-
-
-def passkey(cfg: DictConfig) -> pd.DataFrame:
-    """`posbench eval probe=passkey checkpoint=<run dir>`: the passkey probe of a trained run."""
-    run, state, train_cfg, ecfg = open_run(cfg)
-    if train_cfg.train.get("random_positions") is not None:
-        raise PosbenchError(f"probe=passkey runs positions 0..T-1, but {run.path} was trained with "
-                            f"train.random_positions={train_cfg.train.random_positions}; valid: runs trained "
-                            "without train.random_positions (the perplexity ladder evaluates this run)")
-    pcfg = typed(PasskeyConfig, cfg.probe, "probe")
-    train_len = int(train_cfg.train.train_len)
-    lengths = pcfg.resolve_lengths(train_len)
-    corpus = load_corpus(train_cfg.data)
-    model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
-
-    def scaling(length):  # s = length / train_len when eval.rope_factor is null, as in the ladder
-        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
-        return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
-
-    probe = passkey_probe(model, corpus.tokenizer, pcfg, lengths, device, dtype, ecfg.batch_tokens, scaling)
-    rows = passkey_rows(train_cfg, probe)
-    write_passkey(run, rows)
-    return rows
-
-
 def markdown_passkey(rows: pd.DataFrame) -> str:
     """Accuracy by length (rows) and depth (columns), and the mean key log-prob of each length."""
     depths = sorted(rows.depth.unique())
@@ -244,3 +205,26 @@ def markdown_passkey(rows: pd.DataFrame) -> str:
         label = enc if scaling == "none" else f"{enc}+{scaling}"
         lines.append(f"| {label} | {length} | " + " | ".join(cells) + f" | {g.logprob.mean():.2f} |")
     return "\n".join(lines)
+
+
+
+class Passkey(Probe):
+    """Passkey retrieval (module docstring): accuracy by length and depth of the key."""
+
+    name = "passkey"
+    paper = "Mohtashami & Jaggi 2023 (Landmark Attention, sec. 4.2)"
+    description = "a 5-digit key hidden at a depth of filler text, asked for at the end"
+    key = ("length", "depth")
+    metric, grid = "accuracy", "depth"
+    dtypes = {"correct": "Int64"}
+    Options = PasskeyConfig
+
+    def lengths(self, train_len: int) -> list[int]:
+        return self.options.resolve_lengths(train_len)
+
+    def run(self, subject: Subject, lengths: list[int]) -> list[dict]:
+        return passkey_probe(subject.model, subject.tokenizer, self.options, lengths, subject.device, subject.dtype,
+                             subject.batch_tokens, subject.scaling)
+
+    def markdown(self, rows: pd.DataFrame) -> str:
+        return markdown_passkey(rows)

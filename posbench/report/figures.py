@@ -4,7 +4,8 @@
   its 95% interval shaded), and beside it the paper's published numbers.
 - :func:`run_figure`: one run's perplexity vs length (``ppl_vs_length.png`` in a run dir).
 - :func:`positions_figure`: mean NLL vs position in the window (positions.csv).
-- :func:`passkey_figure`: passkey accuracy by length x depth, one heat map per label (passkey.csv).
+- :func:`probe_figure`: a probe's score by length (x depth for passkey), one heat map per label
+  (``<probe>.csv``, e.g. passkey.csv).
 - :func:`tasks_figure`: algorithmic tasks' exact match and token accuracy vs eval size / train size,
   one panel per task and score.
 
@@ -215,43 +216,56 @@ def positions_figure(positions: pd.DataFrame, log_y: bool = False):
     return fig
 
 
-def passkey_figure(passkey: pd.DataFrame):
-    """Passkey retrieval accuracy (correct / trials, summed over seeds) by sequence length (x)
-    and depth of the key in the sequence (y, 0 = start), one heat map per label; grey cells
-    could not run. The dashed line sits after the last length <= train length."""
+def probe_figure(rows: pd.DataFrame, name: str, metric: str = "accuracy", grid: str | None = None):
+    """A probe's ``metric`` (a score in [0, 1]) by sequence length (x) and, where the probe has
+    a ``grid`` key (passkey: the depth of the key, 0 = start), by that key (y), one heat map per
+    label; without one, one row per label. Cells pool seeds: correct / trials where the rows
+    count them, else the mean. Grey cells could not run; the dashed line sits after the last
+    length <= train length. SVG ids: ``<name>:<label>``."""
     plt = _pyplot()
-    passkey = passkey.assign(name=line_names(passkey))
-    if "status" in passkey:
-        bad = passkey.status.fillna("ok") != "ok"
-        passkey = passkey.assign(correct=passkey.correct.where(~bad), trials=passkey.trials.where(~bad))
-    names = list(dict.fromkeys(passkey.name))
+    rows = rows.assign(label=line_names(rows), _grid=rows[grid] if grid else "")
+    bad = rows.status.fillna("ok") != "ok" if "status" in rows else pd.Series(False, index=rows.index)
+    counted = {"correct", "trials"} <= set(rows)
+    rows = rows.assign(**({"correct": rows.correct.where(~bad), "trials": rows.trials.where(~bad)} if counted
+                          else {metric: rows[metric].where(~bad)}))
+    names = list(dict.fromkeys(rows.label))
     cols = min(len(names), 4)
-    rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 1.0, 2.8 * rows), squeeze=False,
+    nrows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols + 1.0, (2.8 if grid else 1.6) * nrows), squeeze=False,
                              layout="constrained")
     cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgray")
     image = None
-    for ax, name in zip(axes.flat, names):
-        g = passkey[passkey.name == name]
-        grid = g.groupby(["depth", "length"])[["correct", "trials"]].sum(min_count=1)
-        acc = (grid.correct / grid.trials).unstack("length")  # (depth, length)
-        image = ax.imshow(acc.to_numpy(dtype=float), cmap=cmap, vmin=0, vmax=1, aspect="auto", gid=f"passkey:{name}")
-        if acc.size <= 80:
-            for (i, j), v in np.ndenumerate(acc.to_numpy(dtype=float)):
+    for ax, label in zip(axes.flat, names):
+        g = rows[rows.label == label]
+        if counted:
+            cells = g.groupby(["_grid", "length"])[["correct", "trials"]].sum(min_count=1)
+            score = (cells.correct / cells.trials).unstack("length")  # (grid, length)
+        else:
+            score = g.groupby(["_grid", "length"])[metric].mean().unstack("length")
+        values = score.to_numpy(dtype=float)
+        image = ax.imshow(values, cmap=cmap, vmin=0, vmax=1, aspect="auto", gid=f"{name}:{label}")
+        if score.size <= 80:
+            for (i, j), v in np.ndenumerate(values):
                 ax.text(j, i, "n/a" if math.isnan(v) else f"{v:.0%}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(acc.shape[1]), [str(int(n)) for n in acc.columns], rotation=45, fontsize="small")
-        ax.set_yticks(range(acc.shape[0]), [f"{d:g}" for d in acc.index], fontsize="small")
-        inside = [j for j, n in enumerate(acc.columns) if n <= g.train_len.max()]
-        if inside and inside[-1] < acc.shape[1] - 1:
+        ax.set_xticks(range(score.shape[1]), [str(int(n)) for n in score.columns], rotation=45, fontsize="small")
+        ax.set_yticks(range(score.shape[0]), [f"{d:g}" for d in score.index] if grid else [""], fontsize="small")
+        inside = [j for j, n in enumerate(score.columns) if n <= g.train_len.max()]
+        if inside and inside[-1] < score.shape[1] - 1:
             ax.axvline(inside[-1] + 0.5, color="black", linestyle="--", linewidth=1, gid="train_len")
-        ax.set_title(name, fontsize="medium")
+        ax.set_title(label, fontsize="medium")
         ax.set_xlabel("length (tokens)")
-        ax.set_ylabel("depth")
+        if grid:
+            ax.set_ylabel(grid)
     used = list(axes.flat)[:len(names)]
     for ax in list(axes.flat)[len(names):]:
         fig.delaxes(ax)
-    fig.colorbar(image, ax=used, label="passkey accuracy", shrink=0.9)
+    fig.colorbar(image, ax=used, label=f"{name} {metric}", shrink=0.9)
     return fig
+
+
+def passkey_figure(passkey: pd.DataFrame):
+    """Passkey retrieval accuracy by length x depth (:func:`probe_figure`)."""
+    return probe_figure(passkey, "passkey", "accuracy", "depth")
 
 
 TASK_INTERVAL_LABEL = "95% interval (t over >= 3 seeds, else over instances)"

@@ -38,7 +38,9 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from ..config import shipped_dir
 from ..errors import PosbenchError
+from ..eval.probes import probe_files
 from ..eval.results import (
     LINE,
     RESULTS,
@@ -53,11 +55,11 @@ from ..eval.results import (
     variant_text,
     with_labels,
 )
-from ..eval.token_nll import FILE as TOKEN_NLL
-from ..eval.token_nll import read_token_nll, row_key
-from ..intervals import Cell, Estimator, block_sums
+from ..eval.token_nll import row_key
+from ..intervals import Cell, Estimator
 from ..runs.rundir import RunDir, atomic_write_text
-from .figures import passkey_figure, positions_figure, ppl_figure, run_figure, save
+from .baselines import run_blocks
+from .figures import positions_figure, ppl_figure, probe_figure, run_figure, save
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
 from .tasks import TaskReport, read_tasks, write_task_report
 
@@ -67,12 +69,12 @@ PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-c
 TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
               "bootstrap over the scored tokens]; bold: the lowest ppl of a column and every line whose 95% "
               "interval of the ratio to it contains 1 (none where a comparison has no interval)")
-REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "alibi_paper_L512.csv"
+REFERENCE = (shipped_dir("reference") or Path("results/reference")) / "alibi_paper_L512.csv"  # wheel or checkout
 
 
 # ---------------------------------------------------------------- reading
 def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = ()) -> pd.DataFrame:
-    """Every ``name`` (results.csv, positions.csv, passkey.csv) under ``paths`` (run dirs or
+    """Every ``name`` (results.csv, positions.csv, passkey.csv, any probe's) under ``paths`` (run dirs or
     sweep dirs), concatenated, with each row's ``run`` dir and its ``variant``: the values of the
     config keys ``by`` (:func:`posbench.eval.results.variant_text`), empty without ``by``. Empty for no
     positions/passkey files."""
@@ -182,25 +184,25 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFr
 # ---------------------------------------------------------------- intervals
 def _cells(df: pd.DataFrame) -> list[Cell]:
     """One :class:`Cell` per GROUP key, in groupby order: the ok seeds' mean NLLs and, where every
-    one of them has its per-token NLL in its run's token_nll.npz, their block sums."""
+    one of them has its block sums (from its run's token_nll.npz, or a shipped run's blocks.npz:
+    :func:`posbench.report.baselines.run_blocks`), those."""
     stored: dict[str, dict] = {}
 
-    def token_nll(row) -> np.ndarray | None:
+    def blocks(row) -> tuple[np.ndarray, np.ndarray] | None:
         run = row.get("run")
         if not isinstance(run, str):
             return None
         if run not in stored:
-            stored[run] = read_token_nll(Path(run) / TOKEN_NLL)
+            stored[run] = run_blocks(Path(run))
         found = stored[run].get(row_key(row))
-        return found if found is not None and found.size == row["tokens"] else None
+        return found if found is not None and int(found[1].sum()) == row["tokens"] else None
 
     cells = []
     for _, g in df.groupby(GROUP, dropna=False):
         g = g[(g.status == "ok") & g.nll.notna()].sort_values("seed")
         cell = Cell(g.seed.to_numpy(), g.nll.to_numpy(dtype=float))
-        arrays = [token_nll(row) for row in g.to_dict("records")]
-        if arrays and all(a is not None for a in arrays):
-            sums = [block_sums(a) for a in arrays]
+        sums = [blocks(row) for row in g.to_dict("records")]
+        if sums and all(s is not None for s in sums):
             cell.blocks, cell.sizes = np.stack([b for b, _ in sums]), sums[0][1]
             cell.tokens_id = (str(g.data.iloc[0]), str(g.split.iloc[0]), int(g.tokens.iloc[0]))
         cells.append(cell)
@@ -408,20 +410,24 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
 
 
 # ---------------------------------------------------------------- runs' extra tables
-def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """positions.csv and passkey.csv rows under ``paths``, labelled, with each run's model, data
-    and variant from its results rows (no config.yaml read again); empty frames where no run has them."""
+def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[pd.DataFrame, type | None]]]:
+    """positions.csv rows, and each probe's rows (``<probe>.csv``, with its class where it can
+    be imported here), under ``paths``, labelled, with each run's model, data and variant from
+    its results rows (no config.yaml read again); empty where no run has them."""
     runs = df.groupby("run")[["model", "data", "variant"]].first()
-    out = []
-    for name in ("positions.csv", "passkey.csv"):
-        t = collect(paths, name)
+
+    def labelled(t: pd.DataFrame) -> pd.DataFrame:
         if not t.empty:
-            t = t.drop(columns="variant")
-            t = t.join(runs[[c for c in runs if c not in t]], on="run")
-            t = with_labels(t)
+            t = with_labels(t.drop(columns="variant").join(runs[[c for c in runs if c not in t]], on="run"))
             check_one_config(t)
-        out.append(t)
-    return out[0], out[1]
+        return t
+
+    probes: dict[str, type | None] = {}
+    for run in runs.index:
+        for name, cls in probe_files(run).items():
+            probes[name] = probes.get(name) or cls
+    found = {name: (labelled(collect(paths, f"{name}.csv")), cls) for name, cls in sorted(probes.items())}
+    return labelled(collect(paths, "positions.csv")), {k: v for k, v in found.items() if not v[0].empty}
 
 
 def failed_runs(paths: list[str | Path]) -> list[tuple[str, str]]:
@@ -470,32 +476,40 @@ def draw_run(run_dir: str | Path) -> None:
     """A run dir's own figures, drawn from its files by the command that trained or evaluated it,
     last: ppl_vs_length.png from results.csv (intervals from token_nll.npz), under the results
     lock so it shows the table as written, and learned_bias.png/.svg from the checkpoint where
-    the encoding learns a bias."""
+    the encoding learns a bias, and ``<probe>.png`` from each probe's rows (passkey.csv, ...)."""
     run = RunDir(run_dir)
     with locked(run.path):
         if run.results.is_file():
             rows = backfill(read_results(run.results))
             plot_ppl_vs_length(rows.assign(run=str(run.path)), run.plot)
+        for name, cls in probe_files(run.path).items():
+            rows = with_labels(pd.read_csv(run.path / f"{name}.csv"))
+            fig = probe_figure(rows, name, getattr(cls, "metric", "accuracy"), getattr(cls, "grid", None))
+            fig.suptitle(f"{name}: {run.path.name}", fontsize="medium")
+            save(fig, run.path / f"{name}.png")
     found = trained_encoding(run.path)
     if found is not None:
         write_run_figure(found[1], run.path)
 
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
-           reference: str | Path | None = "auto", by: list[str] = ()) -> Report:
+           reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity vs length, beside the paper's numbers from
     ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
-    and positions.png/.svg and passkey.png/.svg where runs have positions.csv / passkey.csv.
-    ``by``: config keys whose values tell lines apart (see the module docstring).
+    and positions.png/.svg and <probe>.png/.svg where runs have positions.csv / a probe's rows
+    (passkey.csv, ...).
+    ``by``: config keys whose values tell lines apart (see the module docstring); ``baselines``:
+    shipped runs' folders (:mod:`posbench.report.baselines`) reported beside ``paths``.
     Where runs have tasks.csv, also the task report (:func:`posbench.report.tasks.write_task_report`:
     tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
         raise PosbenchError(f"report: --format {fmt!r} is not valid; valid choices: md, latex")
+    out = report_dir(paths, out)
+    paths = list(paths) + list(baselines)  # shipped runs (posbench.report.baselines) read as run dirs
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
-    out = report_dir(paths, out)
     if tasks.empty or find_files(paths, RESULTS):
         done = ppl_report(paths, out, fmt, log_y, reference, failed, by)
         footer = ""
@@ -518,7 +532,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
                             + "; ".join(f"{run}: {error}" for run, error in failed)) from e
     check_one_config(df)
-    positions, passkey = _extra_tables(paths, df)
+    positions, probes = _extra_tables(paths, df)
     ref = None
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
@@ -529,8 +543,8 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     figures = {"report": ppl_figure(summary, ref, log_y=log_y)}
     if not positions.empty:
         figures["positions"] = positions_figure(positions, log_y=log_y)
-    if not passkey.empty:
-        figures["passkey"] = passkey_figure(passkey)
+    for name, (rows, cls) in probes.items():
+        figures[name] = probe_figure(rows, name, getattr(cls, "metric", "accuracy"), getattr(cls, "grid", None))
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
     shown = "".join(f"\n![{name}]({name}.png)\n" for name in figures)

@@ -9,7 +9,7 @@
 seeds of one config sit together), the training curves (``train/loss``, ``train/lr``,
 ``train/tokens_per_s``), and at the end the results table (ppl, nll, bpb, ... per length,
 scaling and protocol) with a perplexity-vs-length chart, each line's ppl and bpb per length
-in the summary, and the run's positions.csv / passkey.csv tables when evaluation wrote them.
+in the summary, and the run's positions.csv and probe tables (passkey.csv, ...) when evaluation wrote them.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class MetricsLogger:
             self.wandb = None
 
     def finish(self, results: pd.DataFrame) -> None:
-        """Log the evaluation (results rows, and the run's positions/passkey tables) and close."""
+        """Log the evaluation (results rows, and the run's positions and probe tables) and close."""
         if self.wandb is None:
             return
         import wandb
@@ -127,7 +127,9 @@ class MetricsLogger:
                       title="perplexity vs eval length")}
         if self.run.plot.is_file():
             logged["eval/ppl_vs_length_figure"] = wandb.Image(str(self.run.plot))
-        for name in ("positions", "passkey"):
+        from ..eval.probes import probe_files
+
+        for name in ("positions", *probe_files(self.run.path)):
             path = self.run.path / f"{name}.csv"
             if path.is_file():
                 logged[f"eval/{name}"] = wandb.Table(dataframe=pd.read_csv(path))

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from .. import preflight
@@ -51,7 +51,7 @@ from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_par
 from .branch import read_branch_state
 from .logger import check_wandb, open_logger
 from .optim import lr_lambda, make_optimizer
-from .workload import Finished, Workload, make_workload
+from .workload import Finished, Workload, fit_train_len, make_workload
 
 
 def seed_everything(seed: int) -> None:
@@ -246,20 +246,6 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
                  saved_step=state.step if resume is not None and not branched else None)
 
 
-def fit_task_length(cfg: DictConfig) -> None:
-    """A task run's ``train.train_len`` is its longest training sequence, set from the task (the
-    encodings size their tables by it), so config.yaml and the config hash record it."""
-    task = cfg.get("task")
-    if task is None or task.get("name", "lm") == "lm":
-        return
-    from ..config import TaskConfig, typed
-    from ..data.tasks import make_task
-
-    tc = typed(TaskConfig, task, "task")
-    with open_dict(cfg):
-        cfg.train.train_len = make_task(tc).length(tc.train_size)
-
-
 class Diverged(Exception):
     """A non-finite loss or gradient norm: the step stops before the weights are touched."""
 
@@ -367,19 +353,23 @@ def finish(s: Setup, logger) -> pd.DataFrame:
     return s.workload.evaluate(s.model, s.run, s.cfg, s.state.step, s.device, s.dtype, logger)
 
 
-def versions(encoding) -> dict:
+def versions(encoding, workload: Workload) -> dict:
     """What made a run, for ``versions.json`` beside its config.yaml: posbench, torch and Python,
-    and for an encoding from outside the package, its class and the distribution that holds it."""
+    and for an encoding or task from outside the package, its class and the distribution that
+    holds it."""
     import platform
 
-    from ..encodings import PLUGINS
-    from ..plugins import distribution_of, target_of
+    from ..encodings import ENCODINGS
 
     found = {"posbench": code_version(), "torch": torch.__version__, "python": platform.python_version()}
-    if encoding.name in PLUGINS:
-        cls = type(encoding)
-        found["encoding_plugin"] = {"name": encoding.name, "class": target_of(cls), "origin": PLUGINS[encoding.name],
-                                    "package": distribution_of(cls)}
+    if ENCODINGS.provenance(encoding.name):
+        found["encoding_plugin"] = ENCODINGS.provenance(encoding.name)
+    task = getattr(workload, "task", None)
+    if task is not None:
+        from ..data.tasks import TASKS
+
+        if TASKS.provenance(task.name):
+            found["task_plugin"] = TASKS.provenance(task.name)
     return found
 
 
@@ -388,14 +378,14 @@ def train(cfg: DictConfig, run_dir) -> Finished:
 
     Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
     writes files and evaluates, the others get ``rows=None`` after the last step."""
-    fit_task_length(cfg)
+    fit_train_len(cfg)
     rc = run_config(cfg)
     check_wandb(cfg)  # before the run dir gets its first file
     try:
         s = setup(cfg, rc, run_dir)
         if s.world.is_main:
             atomic_write_text(s.run.config, OmegaConf.to_yaml(cfg, resolve=True))
-            atomic_write_text(s.run.path / "versions.json", json.dumps(versions(s.model.encoding), indent=1) + "\n")
+            atomic_write_text(s.run.path / "versions.json", json.dumps(versions(s.model.encoding, s.workload), indent=1) + "\n")
         logger = open_logger(s.run, cfg, s.state.step, s.world.is_main)
         try:
             rows = train_and_finish(s, logger)

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from omegaconf import DictConfig, open_dict
 
-from ..config import RunConfig
+from ..config import RunConfig, task_config
 from ..data.corpus import Corpus, load_corpus
 from ..data.windows import WindowSampler
+from ..errors import PosbenchError
 from ..eval.ladder import perplexity_ladder, result_rows, scored_tokens
 from ..eval.results import markdown_results, write_results
 from ..preflight import check_evaluation
@@ -125,6 +127,30 @@ Workload = LanguageModelling | AlgorithmicTask
 def make_workload(rc: RunConfig, is_main: bool = True) -> Workload:
     """The run's workload (``task=lm``: the corpus; else the task). Every rank draws the same
     global batch (same seed) and keeps its shard."""
-    if rc.task.name == "lm":
+    if rc.task.is_lm:
         return LanguageModelling(rc, log=print if is_main else (lambda *a, **k: None))
     return AlgorithmicTask(rc)
+
+
+def fit_train_len(cfg: DictConfig) -> None:
+    """A task run's ``train.train_len`` is its longest training sequence, set from the task (the
+    encodings size their tables by it) before the config is hashed, so config.yaml and the
+    config hash record it. The language model keeps the train_len it was given."""
+    tc = task_config(cfg.get("task"))
+    if tc.is_lm:
+        return
+    from ..data.tasks import make_task
+
+    with open_dict(cfg):
+        cfg.train.train_len = make_task(tc).length(tc.train_size)
+
+
+def check_later_evaluation(run_config: DictConfig, run_dir) -> None:
+    """``posbench eval`` (the ladder, a probe) measures a language model on its corpus; a task
+    run is evaluated when it is trained: one line saying so."""
+    tc = task_config(run_config.get("task"))
+    if not tc.is_lm:
+        raise PosbenchError(f"checkpoint={run_dir} is a task run (task={tc.name}): posbench eval measures a "
+                            "language model on its corpus; a task run is evaluated at the end of posbench train: "
+                            "re-run its train command (task.eval_multiples / task.eval_instances may change) to "
+                            "evaluate again")

@@ -1,1 +1,1 @@
-"""An example of a position encoding that lives outside posbench (see posbench's docs/extending.md)."""
+"""Additions to posbench that live outside it: an encoding, a task and a probe (posbench's docs/extending.md)."""

@@ -1,0 +1,76 @@
+"""The public base of a probe and what it measures (the registry and the runner:
+:mod:`posbench.eval.probes`, which documents the contract)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pandas as pd
+import torch
+
+from ..build import autocast
+from ..config import ladder_lengths
+
+RUN_KEY = ["encoding", "rope_scaling", "train_len", "seed"]  # a probe row's run, before the probe's own key
+TRAILER = ["config_hash", "code_version", "status"]
+
+
+@dataclass
+class Subject:
+    """What a probe measures: a causal LM (``model(ids (B, T)) -> logits (B, T, V)``) with its
+    tokenizer (``tokenizer.encode(text).ids``), where and how to run it, and the RoPE scaling
+    of each length (a context manager, as in the ladder)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype | None
+    train_len: int
+    batch_tokens: int = 16384
+    scaling: Callable[[int], AbstractContextManager] = lambda length: nullcontext()
+
+    def autocast(self) -> AbstractContextManager:
+        """The precision the model runs in (bf16 autocast where the run's device has it)."""
+        return autocast(self.device, self.dtype)
+
+
+class Probe:
+    """The public base of every probe; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    key: ClassVar[tuple[str, ...]] = ("length",)
+    metric: ClassVar[str] = "accuracy"
+    grid: ClassVar[str | None] = None
+    dtypes: ClassVar[dict[str, str]] = {}  # column -> pandas dtype of the written rows
+
+    @dataclass
+    class Options:
+        lengths: list[int] | None = None  # prompt lengths in tokens; None: multiples x train_len
+        multiples: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16])
+
+    def __init__(self, options):
+        self.options = options
+
+    def lengths(self, train_len: int) -> list[int]:
+        """The lengths to probe: ``options.lengths``, else ``options.multiples`` x train_len."""
+        return ladder_lengths(getattr(self.options, "lengths", None), getattr(self.options, "multiples", [1]), train_len)
+
+    def run(self, subject: Subject, lengths: list[int]) -> list[dict]:
+        raise NotImplementedError
+
+    def markdown(self, rows: pd.DataFrame) -> str:
+        """The rows as a Markdown table: :attr:`metric` by length (and by :attr:`grid`, columns)."""
+        grids = sorted(rows[self.grid].unique()) if self.grid else [None]
+        head = [f"{self.grid} {g:g}" for g in grids] if self.grid else [self.metric]
+        lines = ["| encoding | length | " + " | ".join(head) + " |", "|" + "---|" * (2 + len(head))]
+        for (enc, length), g in rows.groupby(["encoding", "length"], sort=False):
+            values = g.groupby(self.grid)[self.metric].mean() if self.grid else pd.Series({None: g[self.metric].mean()})
+            cells = ["n/a" if pd.isna(values.get(x)) else f"{values.get(x):.2f}" for x in grids]
+            lines.append(f"| {enc} | {length} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""Probes: measurements of a trained language model other than the perplexity ladder, one
+registry of them (built-in, entry point ``posbench.probes`` or ``_target_``, as encodings).
+
+``posbench eval probe=NAME checkpoint=<run dir>`` runs one: :func:`run_probe` opens the run,
+loads its corpus (for the tokenizer) and model, builds the probe from ``cfg.probe`` and hands it
+a :class:`Subject` (the model and everything needed to feed it) and the lengths to probe.
+The probe returns rows; they are merged into the run's ``<name>.csv`` by the run's identity
+(:data:`RUN_KEY`) and the probe's own :attr:`Probe.key`, and ``probes.json`` in the run dir
+records how to import the probe again (a ``_target_`` probe's report in a new process).
+
+A probe (docs/extending.md) subclasses :class:`posbench.eval.probe.Probe`:
+
+* ``Options``: a dataclass of its options (``probe.<option>=``); its defaults are the config of
+  an entry-point probe, which needs no YAML;
+* :meth:`Probe.run`: the rows, one dict per cell, each with ``status`` ("ok", or "n/a: why"
+  where a length cannot be represented);
+* ``key``: the columns that identify a row besides the run (e.g. length and depth); ``metric``:
+  the column the report draws, a score in [0, 1]; ``grid``: a second key drawn as the rows of
+  its heat map (passkey: depth), None for one row per line.
+
+Passkey retrieval (:mod:`.passkey`) is the built-in probe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import code_version, config_hash, typed
+from ..errors import PosbenchError
+from ..plugins import META_KEYS, TARGET, Registry
+from ..runs.rundir import RunDir, atomic_write_text
+from .passkey import Passkey
+from .probe import RUN_KEY, TRAILER, Probe, Subject
+from .results import locked, merge_csv
+
+__all__ = ["PROBES", "Probe", "Subject", "build_probe", "run_probe", "probe_files"]
+
+def _options(cls: type[Probe]) -> dict:
+    return dataclasses.asdict(cls.Options())
+
+
+PROBES = Registry("probe", Probe, "posbench.probes", _options)
+
+
+def build_probe(node) -> Probe:
+    """The probe a ``probe`` config names, with its options checked."""
+    values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    cls = PROBES.class_of(values)
+    options = {k: v for k, v in values.items() if k not in META_KEYS and k != "name"}
+    return cls(typed(cls.Options, options, "probe"))
+
+
+def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
+    """``posbench eval probe=NAME checkpoint=<run>``: the probe's rows, merged into the run's
+    ``<name>.csv`` (rows of the same key replaced)."""
+    from ..data.corpus import load_corpus
+    from ..encodings.rotary import rope_scaling, scaling_factor
+    from .ladder import load_model, open_run
+
+    run, state, train_cfg, ecfg = open_run(cfg)
+    probe = build_probe(cfg.probe)
+    if train_cfg.train.get("random_positions") is not None:
+        raise PosbenchError(f"probe={probe.name} runs positions 0..T-1, but {run.path} was trained with "
+                            f"train.random_positions={train_cfg.train.random_positions}; valid: runs trained "
+                            "without train.random_positions (the perplexity ladder evaluates this run)")
+    train_len = int(train_cfg.train.train_len)
+    lengths = probe.lengths(train_len)
+    corpus = load_corpus(train_cfg.data)
+    model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+
+    def scaling(length):  # s = length / train_len when eval.rope_factor is null, as in the ladder
+        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
+        return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
+
+    subject = Subject(model, corpus.tokenizer, device, dtype, train_len, ecfg.batch_tokens, scaling)
+    rows = probe_rows(probe, train_cfg, probe.run(subject, lengths))
+    write_probe(run, probe, rows, cfg.probe)
+    return probe, rows
+
+
+def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict]) -> pd.DataFrame:
+    """A probe's rows with the run's identity in front and its config hash and code version."""
+    meta = {"encoding": train_cfg.encoding.name, "rope_scaling": train_cfg.eval.rope_scaling,
+            "train_len": int(train_cfg.train.train_len), "seed": int(train_cfg.seed),
+            "config_hash": config_hash(train_cfg), "code_version": code_version()}
+    rows = pd.DataFrame([{**meta, **row} for row in found])
+    own = [c for c in rows if c not in RUN_KEY + list(probe.key) + TRAILER]
+    return rows[RUN_KEY + list(probe.key) + own + TRAILER].astype(probe.dtypes)
+
+
+def write_probe(run: RunDir, probe: Probe, rows: pd.DataFrame, node=None) -> pd.DataFrame:
+    """Merge rows into the run's ``<name>.csv`` atomically, and record in ``probes.json`` how to
+    import the probe (its ``_target_``, if any) and the options that made the rows."""
+    with locked(run.path):
+        merged = merge_csv(run.path / f"{probe.name}.csv", rows, RUN_KEY + list(probe.key))
+        index = run.path / "probes.json"
+        known = json.loads(index.read_text()) if index.is_file() else {}
+        values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+        known[probe.name] = {TARGET: values.get(TARGET), "options": dataclasses.asdict(probe.options)}
+        atomic_write_text(index, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return merged
+
+
+def probe_files(run_dir) -> dict[str, type[Probe] | None]:
+    """The probes whose rows a run dir holds -> their class (None where it cannot be imported
+    here: its rows are still read, drawn with the defaults of :class:`Probe`)."""
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    index = run_dir / "probes.json"
+    known = json.loads(index.read_text()) if index.is_file() else {}
+    found: dict[str, type[Probe] | None] = {}
+    for name in sorted(set(PROBES.members) | set(known)):
+        if not (run_dir / f"{name}.csv").is_file():
+            continue
+        try:
+            found[name] = PROBES.class_of({"name": name, TARGET: (known.get(name) or {}).get(TARGET)})
+        except PosbenchError:
+            found[name] = None
+    return found
+
+
+for _cls in (Passkey,):
+    PROBES.register(_cls)
+PROBES.load()
