@@ -289,11 +289,13 @@ def _train_task(cfg) -> None:
 
     from .report.tables import draw_run
     from .runs.lock import hold
+    from .runs.output import tee_to
     from .train.loop import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _use_threads()
-    with user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
+    log = tee_to(run_dir / "train.log") if _rank() == 0 else nullcontext()  # what the run prints, kept
+    with log, user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
         finished = train(cfg, run_dir)
         if finished.rows is None:  # not rank 0: rank 0 evaluates and reports
             return

@@ -123,3 +123,17 @@ def test_a_long_command_line_gets_a_run_dir_name_the_file_system_accepts():
     other = long.replace("=19", "=20")
     assert len(run_name(long)) == RUN_NAME_MAX and run_name(long) != run_name(other)
     assert run_name(long).startswith(long[:100]) and run_name(long) == run_name(long)
+
+
+def test_train_log_keeps_what_the_run_printed(smoke_run, tmp_path):
+    """train.log held only a matplotlib font message (a task run's was empty): it now keeps the
+    run's header, its evaluation and its results table, as the terminal showed them."""
+    log = (smoke_run / "train.log").read_text()
+    assert "posbench: alibi | " in log and "| alibi | 32 | 32 |" in log and f"run dir: {smoke_run}" in log
+    run = tmp_path / "task"
+    proc = posbench("train", "task=copy", "encoding=nope", "model=task", "model.d_model=32", "model.n_heads=2",
+                    "model.d_ff=64", "model.n_layers=1", "train.batch_size=8", "train.steps=4", "train.warmup_steps=1",
+                    "task.train_size=4", "task.eval_instances=8", "task.eval_multiples=[1,2]", "device=cpu",
+                    f"hydra.run.dir={run}")
+    log = (run / "train.log").read_text()
+    assert "| copy | nope | 4 | 1x |" in log and proc.stdout.strip().splitlines()[-1] in log

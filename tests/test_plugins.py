@@ -128,6 +128,8 @@ def test_an_entry_point_task_and_a_config_dir_task_train_with_their_own_options(
     assert list(rows.eval_size) == [4, 8] and (rows.task == "increment").all()
     versions = json.loads((run / "versions.json").read_text())
     assert versions["task_plugin"]["package"] == "posbench-example==0.1.0"
+    report = posbench("report", run, "--out", tmp_path / "report", env={"PYTHONPATH": None})  # no plugin needed
+    assert "increment" in report.stdout and (tmp_path / "report" / "tasks.png").is_file()
     run = tmp_path / "add_constant"
     posbench("train", "--config-dir", CONFIG_DIR, "task=add_constant", *TINY_TASK, f"hydra.run.dir={run}",
              env=installed)
