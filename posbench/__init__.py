@@ -9,7 +9,8 @@ base        :mod:`.errors`, :mod:`.config` (typed run config, torch-free), :mod:
 data        :mod:`.data`: corpora -> cached token ids; algorithmic tasks
 model       :mod:`.encodings` (the hook interface and registry), :mod:`.attention`,
             :mod:`.model`, :mod:`.loss`, :mod:`.build` (config -> model), :mod:`.preflight`
-            (a model's memory before it runs)
+            (a model's memory before it runs), :mod:`.pretrained` (Hugging Face models behind
+            the same interface)
 eval        :mod:`.eval`: the perplexity ladder, probes, per-token NLL, the results schema
 train       :mod:`.train`: the loop, optimizer, branching, logger; it evaluates its model when
             it finishes, so it comes after eval (as a trainer holds its validator)

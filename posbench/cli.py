@@ -325,6 +325,8 @@ def _eval_task(cfg) -> None:
     from .train.workload import check_later_evaluation
 
     _use_threads()
+    if cfg.get("pretrained"):
+        return _eval_pretrained(cfg)
     with user_errors(None), _eval_lock(cfg):
         if cfg.get("checkpoint"):
             run = RunDir.existing(cfg.checkpoint)
@@ -341,6 +343,25 @@ def _eval_task(cfg) -> None:
         draw_run(cfg.checkpoint)
         print(markdown_results(rows))
         print(f"\nresults in {Path(cfg.checkpoint) / 'results.csv'} (binned loss by position: positions.csv)")
+
+
+def _eval_pretrained(cfg) -> None:
+    """``posbench eval pretrained=PATH``: the ladder of a Hugging Face model (posbench.eval.pretrained)."""
+    from .eval.results import markdown_results
+    from .report.tables import draw_run
+
+    with user_errors(None):
+        if cfg.get("checkpoint"):
+            fail(f"checkpoint={cfg.checkpoint} and pretrained={cfg.pretrained} both name a model; valid: one of them")
+        if cfg.get("probe"):
+            fail(f"probe={cfg.probe.name} does not run on pretrained= models yet; valid: the perplexity ladder "
+                 "(no probe=)")
+        from .eval.pretrained import evaluate_pretrained
+
+        out, rows = evaluate_pretrained(cfg)
+        draw_run(out)
+        print(markdown_results(rows))
+        print(f"\nresults in {out / 'results.csv'} (binned loss by position: positions.csv)")
 
 
 def hydra_error(e: Exception, args: list[str]) -> str:
@@ -486,9 +507,10 @@ OTHER_APP_GROUPS = {"train": ("probe",), "eval": ("encoding", "model", "data", "
 def check_app_groups(command: str, args: list[str]) -> None:
     """``posbench train probe=passkey`` (or ``posbench eval encoding=rope``) -> one line naming
     the command the group belongs to."""
+    pretrained = command == "eval" and any(a.lstrip("+").startswith("pretrained=") for a in args)
     for arg in args:
         key, eq, value = arg.lstrip("+").partition("=")
-        if not eq or key not in OTHER_APP_GROUPS[command]:
+        if not eq or key not in OTHER_APP_GROUPS[command] or (pretrained and key == "data"):
             continue
         if command == "train":
             fail(f"{key}={value} belongs to posbench eval, not train; valid: train the run, then "

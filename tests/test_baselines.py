@@ -5,8 +5,8 @@ run dir (posbench.report.baselines)."""
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import SMOKE, posbench
+
 from posbench.errors import PosbenchError
 from posbench.report.baselines import BLOCKS_FILE, export_baseline, resolve_baseline, run_blocks
 from posbench.report.tables import report

