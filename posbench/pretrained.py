@@ -22,6 +22,8 @@ them one line says what to install.
 
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encodings import PositionRangeError
+from .encodings.rotary import ntk_base, scaling_factor
 from .errors import PosbenchError
 
 EXTRA = 'pip install "posbench[hf]"'
@@ -56,10 +59,69 @@ class PositionScheme:
     name: str
     train_len: int
     limit: int | None  # positions a learned table holds; None: any
+    rotary: nn.Module | None = None  # the model's rotary embedding module (rope only)
 
     @property
     def dims(self):
         return self
+
+    @contextmanager
+    def scaled(self, kind: str, factor: float | None):
+        """RoPE scaling ``kind`` through the model's own rotary module and Hugging Face's rope
+        functions (:func:`hf_inv_freq`): before each forward pass the module's inverse frequencies
+        and attention factor are set for the window's length (s = ``factor``, or max(1, window /
+        train_len) where null, as for posbench's rotary encodings), and restored afterwards."""
+        rotary = self.rotary
+        if rotary is None:
+            raise PosbenchError(f"eval.rope_scaling={kind}: this model has no rotary module to scale; "
+                                "valid: eval.rope_scaling=none")
+        saved = rotary.inv_freq.clone(), rotary.attention_scaling
+
+        def before(module, args):
+            positions = args[1] if len(args) > 1 else None
+            window = int(positions.max()) + 1 if positions is not None else int(args[0].shape[1])
+            inv_freq, attention = hf_inv_freq(module.config, kind, scaling_factor(kind, factor, window, self.train_len),
+                                              self.train_len, window)
+            module.inv_freq.copy_(inv_freq.to(module.inv_freq.device))
+            module.attention_scaling = attention
+
+        hook = rotary.register_forward_pre_hook(before)
+        try:
+            yield self
+        finally:
+            hook.remove()
+            rotary.inv_freq.copy_(saved[0])
+            rotary.attention_scaling = saved[1]
+
+
+def hf_inv_freq(config, kind: str, factor: float, train_len: int, window: int) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention factor) of posbench's scaling ``kind`` at ``factor`` from
+    Hugging Face's own rope functions on a copy of the model's config: ``pi`` is HF's linear,
+    ``yarn`` its yarn (original context ``train_len``), ``dynamic_ntk`` its dynamic at the window's
+    length (factor 1, so the base is b (window / train_len)^(d/(d-2)), posbench's dynamic NTK);
+    HF has no static NTK, so ``ntk`` is its default with the NTK-aware base
+    (:func:`posbench.encodings.rotary.ntk_base`). ``tests/test_pretrained.py`` checks each against
+    posbench's rotary functions."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = copy.deepcopy(config)
+    params = dict(config.rope_parameters)
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if kind == "ntk":
+        params.update(rope_type="default", rope_theta=ntk_base(params["rope_theta"], factor, dim))
+    elif kind == "pi":
+        params.update(rope_type="linear", factor=factor)
+    elif kind == "dynamic_ntk":
+        params.update(rope_type="dynamic", factor=1.0, original_max_position_embeddings=train_len)
+    elif kind == "yarn":
+        params.update(rope_type="yarn", factor=factor, original_max_position_embeddings=train_len)
+    config.rope_parameters = params
+    if params["rope_type"] == "default":
+        base = params["rope_theta"]
+        return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim), 1.0
+    extra = {"seq_len": window} if kind == "dynamic_ntk" else {}
+    inv_freq, attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None, **extra)
+    return inv_freq, float(attention)
 
 
 def position_scheme(config) -> PositionScheme:
@@ -88,6 +150,8 @@ class PretrainedLM(nn.Module):
         super().__init__()
         self.model, self.name, self.source = model, name, source
         self.encoding = position_scheme(model.config)
+        if self.encoding.name == "rope":
+            self.encoding.rotary = getattr(model.base_model, "rotary_emb", None)
         self.head = model.get_output_embeddings()
 
     def _check(self, ids: torch.Tensor, positions: torch.Tensor | None) -> None:

@@ -81,7 +81,7 @@ def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
     out = tmp_path / "out"
     cases = [([f"pretrained={tmp_path / 'nothing'}"], "does not exist; valid: a local model directory"),
              ([f"pretrained={tmp_path}"], "holds no config.json"),
-             ([f"pretrained={models / 'llama'}", "eval.rope_scaling=pi"], "not applied to pretrained models yet"),
+             ([f"pretrained={models / 'gpt2'}", "eval.rope_scaling=yarn"], "needs a model trained with a rotary"),
              ([f"pretrained={models / 'llama'}", "probe=passkey"], "does not run on pretrained= models yet"),
              ([f"pretrained={models / 'llama'}", f"checkpoint={tmp_path}"], "both name a model")]
     for args, message in cases:
@@ -91,3 +91,33 @@ def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
         assert not out.exists()
     proc = posbench("eval", f"checkpoint={tmp_path}", "data=text", check=False)
     assert proc.returncode == 2 and "data=text belongs to posbench train" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])
+def test_hugging_face_rope_scalings_equal_posbench_rotary_functions(models, kind):
+    """One formula, two implementations: the inverse frequencies and attention factor Hugging
+    Face's rope functions give a pretrained model equal posbench's own for its rotary runs."""
+    from posbench.encodings.rotary import ntk_base, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
+    from posbench.pretrained import hf_inv_freq
+
+    config = transformers.AutoConfig.from_pretrained(models / "llama")
+    dim, base, s, window = 8, config.rope_parameters["rope_theta"], 4.0, 4 * CONTEXT
+    inv_freq, attention = hf_inv_freq(config, kind, s, CONTEXT, window)
+    expected = {"pi": rope_inv_freq(dim, base) / s, "ntk": rope_inv_freq(dim, ntk_base(base, s, dim)),
+                "dynamic_ntk": rope_inv_freq(dim, ntk_base(base, window / CONTEXT, dim)),
+                "yarn": yarn_inv_freq(dim, base, s, CONTEXT)}[kind]
+    torch.testing.assert_close(inv_freq, expected, rtol=1e-6, atol=0)
+    assert attention == pytest.approx(yarn_attention_factor(s) if kind == "yarn" else 1.0)
+
+
+def test_a_scaling_changes_only_the_lengths_past_the_context_and_is_restored(models):
+    from posbench.pretrained import load_pretrained
+
+    model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
+    x = torch.randint(0, 300, (1, 4 * CONTEXT))
+    plain = model.hidden(x)
+    with model.encoding.scaled("pi", None):
+        inside, past = model.hidden(x[:, :CONTEXT]), model.hidden(x)
+    torch.testing.assert_close(inside, plain[:, :CONTEXT])  # s = max(1, 64 / 64) = 1: unchanged
+    assert not torch.allclose(past, plain)
+    torch.testing.assert_close(model.hidden(x), plain)  # restored

@@ -57,9 +57,6 @@ def measured_config(cfg: DictConfig, model, precision: str) -> DictConfig:
 def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     """The ladder of ``cfg.pretrained`` on ``cfg.data``, written to the output folder."""
     ecfg = typed(EvalConfig, cfg.eval, "eval")
-    if ecfg.rope_scaling != "none":
-        raise PosbenchError(f"eval.rope_scaling={ecfg.rope_scaling} is not applied to pretrained models yet; "
-                            "valid with pretrained=: eval.rope_scaling=none")
     device = resolve_device(str(cfg.device))
     precision = str(cfg.get("precision") or "auto")
     model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
