@@ -260,10 +260,12 @@ def reference_csv(tmp_path) -> Path:
     return path
 
 
-def test_comparison_figure_lines_interval_marker_and_paper_panel(sweep, tmp_path):
+def test_comparison_figure_lines_interval_marker_and_ratio_panel(sweep, tmp_path):
+    """The ratio panel's content and the published panel are tested in test_figures.py; a
+    train_len-32 sweep gets no published panel."""
     summary = summarize(collect([sweep]))
     fig = ppl_figure(summary, read_reference(reference_csv(tmp_path)))
-    ours, paper = fig.axes
+    ours, ratio = fig.axes
     lines = {line.get_gid(): line for line in ours.lines}
     assert set(lines) == {"ours:alibi", "ours:alibi sliding/16", "ours:nope", "train_len"}
     assert lines["ours:alibi"].get_xdata().tolist() == [1, 2, 4, 8]  # multiples of train_len
@@ -278,14 +280,11 @@ def test_comparison_figure_lines_interval_marker_and_paper_panel(sweep, tmp_path
     assert band.vertices[:, 1].max() == pytest.approx(nope.ppl_ci_high.max())
     assert [t.get_text() for t in ours.get_legend().get_texts()] == ["alibi", "alibi sliding/16", "nope",
                                                                      INTERVAL_LABEL, "train length"]
-    paper_lines = {line.get_gid(): line for line in paper.lines}
-    assert paper_lines["paper:alibi"].get_xdata().tolist() == [1, 2, 32]
-    assert paper_lines["paper:sinusoidal"].get_xdata().tolist() == [1]  # the empty ppl is left out
-    assert paper_lines["train_len"].get_xdata()[0] == 1 and paper.get_title() == "Paper et al. (train_len=512)"
-    assert paper_lines["paper:alibi"].get_color() == lines["ours:alibi"].get_color()
-    assert ours.get_xscale() == paper.get_xscale() == "log" and ours.get_yscale() == "linear"
+    assert {line.get_gid() for line in ratio.lines} == {"ratio:alibi", "ratio:alibi sliding/16", "ratio:nope",
+                                                       "ratio_one", "train_len"}
+    assert ours.get_xscale() == ratio.get_xscale() == "log" and ours.get_yscale() == "linear"
     assert ppl_figure(summary, None, log_y=True).axes[0].get_yscale() == "log"
-    assert len(ppl_figure(summary, None).axes) == 1
+    assert len(ppl_figure(summary, None).axes) == 2
 
 
 def positions_rows(encoding, seed, eval_len, nll, tokens=100, train_len=32):
@@ -369,9 +368,11 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     assert tidy.set_index(["label", "eval_len"]).loc[("alibi", 32), "word_ppl_mean"] == 22.0
 
     ids = svg_ids(out / "report.svg")
-    for gid in ("ours:alibi", "ours:alibi sliding/16", "ours:nope", "paper:alibi", "paper:sinusoidal",
-                "interval:alibi", "train_len"):
+    for gid in ("ours:alibi", "ours:alibi sliding/16", "ours:nope", "interval:alibi", "ratio:alibi",
+                "ratio_interval:alibi", "ratio_one", "train_len", "setup"):
         assert gid in ids, gid
+    assert not any(i.startswith("paper:") for i in ids)  # train_len 32: no published panel, and report.md says why
+    assert "The published panel (Paper et al. (table 1), train_len 512) is left out" in md
     texts = {t.text for t in ET.parse(out / "report.svg").iter("{http://www.w3.org/2000/svg}text")}
     assert {"alibi sliding/16", "train length", "evaluation length / train length"} <= texts
     assert "positions:alibi" in svg_ids(out / "positions.svg") and "passkey:nope" in svg_ids(out / "passkey.svg")
@@ -438,7 +439,9 @@ def test_report_on_a_real_training_run(tmp_path):
     plain = tidy[tidy.label == "rope"].set_index("eval_len").ppl_mean
     assert plain.to_dict() == pytest.approx(results[results["mode"] == "nonoverlapping"].set_index("eval_len").ppl.to_dict())
     assert "| rope | 32 | 1 |" in proc.stdout and "rope: ppl(L=512) / ppl(L=32) = " in proc.stdout
-    assert "paper:alibi" in svg_ids(tmp_path / "out/report.svg")
+    ids = svg_ids(tmp_path / "out/report.svg")
+    assert "ratio:rope" in ids and "paper:rope" not in ids  # a train_len-32 smoke run gets no published panel
+    assert "training:rope" in svg_ids(tmp_path / "out/training.svg")  # from the run's metrics.jsonl
     for name in ("positions", "passkey"):  # drawn exactly when evaluation wrote the table
         assert (tmp_path / f"out/{name}.png").exists() == (run / f"{name}.csv").exists()
 

@@ -1,33 +1,66 @@
 """The report's figures, each a function that takes tidy rows and returns a matplotlib Figure.
 
-- :func:`ppl_figure`: perplexity vs evaluation length, one line per label (mean over seeds,
-  its 95% interval shaded), and beside it the paper's published numbers.
-- :func:`run_figure`: one run's perplexity vs length (``ppl_vs_length.png`` in a run dir).
+- :func:`ppl_figure`: ``report.png``: perplexity vs evaluation length, one line per label (mean
+  over seeds, its 95% interval shaded); beside it the ratio ppl(L) / ppl(train_len) with the
+  interval of that ratio; and, where the comparison means something (:func:`reference_lines`),
+  the published numbers.
+- :func:`run_figure`: one run's (or any summary's) perplexity and ratio vs length in tokens
+  (``ppl_vs_length.png`` in a run dir).
 - :func:`positions_figure`: mean NLL vs position in the window (positions.csv).
+- :func:`training_figure`: training loss vs training tokens (each run's metrics.jsonl).
 - :func:`probe_figure`: a probe's score by length (x depth for passkey), one heat map per label
   (``<probe>.csv``, e.g. passkey.csv).
 - :func:`tasks_figure`: algorithmic tasks' exact match and token accuracy vs eval size / train size,
   one panel per task and score.
 
+A line keeps one colour in every panel and figure of a report: a :class:`Palette` built from the
+report's summary hands out colours by line name, and the published panel borrows the colour of
+our line of the same encoding. A cell averaged over a different number of seeds than the rest of
+its line (:func:`uneven_seeds`) has a hollow marker. Each figure's top line names the setup
+behind it (:func:`setup_caption`: model, corpus, steps, training tokens).
+
 Every artist a reader may look for carries a gid, kept as the ``id`` of its ``<g>`` in the
-SVG: ``ours:<line>``, ``paper:<encoding>``, ``interval:<line>``, ``positions:<line>``,
-``passkey:<line>``, ``task:<task>:<line>`` and ``interval:<task>:<line>``, and ``train_len``
-(``train_size`` in the tasks figure) for the train-length markers. SVG text stays text
-(``svg.fonttype: none``), so labels can be searched too.
+SVG: ``ours:<line>``, ``interval:<line>``, ``seeds:<line>`` (the hollow markers), ``ratio:<line>``,
+``ratio_interval:<line>``, ``ratio_seeds:<line>``, ``ratio_one``, ``paper:<encoding>``,
+``positions:<line>``, ``training:<line>``, ``training_band:<line>``, ``passkey:<line>``,
+``task:<task>:<line>`` and ``interval:<task>:<line>``, ``setup`` for the caption, and
+``train_len`` (``train_size`` in the tasks figure) for the train-length markers. SVG text stays
+text (``svg.fonttype: none``), so labels can be searched too.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..eval.results import line_names
+from ..eval.results import LINE, line_names
 from ..runs.rundir import atomic_write
 
 DPI = 120
+# positions.png draws a bin only where, per seed, at least MIN_BIN_WINDOWS windows and
+# MIN_BIN_TOKENS tokens feed it (per seed, because every seed scores the same text). One token's
+# NLL has a standard deviation of about 3 nats on the packaged corpus (token_nll.npz of a trained
+# run), so a bin's mean over n tokens is uncertain by about 3 / sqrt(n) nats: 0.3 at 100 tokens,
+# 2-3 nats for the first bins of a window (1, 1, 2, 4, ... tokens per window). And a bin fed by
+# one window is one stretch of text, not an average over the text: sliding windows score only
+# their last stride tokens, so every bin before L - stride comes from the first window alone,
+# which is why those swung between 0.45 and 5.7 nats. Merging such bins would average one
+# window's text over positions, a number that belongs to no position; they are left out.
+MIN_BIN_TOKENS = 100
+MIN_BIN_WINDOWS = 4
+# The published panel is drawn only beside lines trained on at least this many tokens: a 32-token
+# smoke model has seen too little context for its length curve to say anything about the paper's
+# 512-token models (our quick presets train at 64 and 128).
+REFERENCE_MIN_TRAIN_LEN = 64
+# legend entries, on two or three lines each so that three panels fit side by side
+INTERVAL_LABEL = "95% interval of each ppl\n(t over >= 3 seeds, else block bootstrap)"
+SEEDS_LABEL = "hollow: another seed count\nthan the rest of its line"
+RATIO_METHODS = {"paired t": "paired t over seeds (>= 3 seeds)",
+                 "bootstrap": "paired block bootstrap over tokens\n(< 3 seeds; the seeds' spread not in it)"}
 
 
 def _pyplot():
@@ -55,11 +88,101 @@ def save(fig, path: Path, also_svg: bool = False) -> list[Path]:
     return paths
 
 
-def _colours(names: list[str]) -> dict[str, tuple]:
-    """A colour per line name; a zoo (more than 10 lines) gets tab20."""
-    plt = _pyplot()
-    cycle = plt.get_cmap("tab20").colors if len(names) > 10 else plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
+# ---------------------------------------------------------------- colours, names, captions
+class Palette:
+    """One colour per figure line for every figure of one report, keyed by line name.
+
+    Built from the report's summary (``lines``: rows with ``label`` and the LINE columns), so the
+    names other tables get through :meth:`names` (positions, training curves) carry the same
+    suffixes (``(train_len=64)``) and so the same colours, whatever subset of lines they hold.
+    Any other key (a published encoding we did not train) gets the next free colour; a zoo (more
+    than 10 lines) draws from tab20."""
+
+    def __init__(self, lines: pd.DataFrame | None = None, extra: list[str] = ()):
+        self._context = None if lines is None else lines[[c for c in LINE if c in lines]].drop_duplicates()
+        known = list(dict.fromkeys([*([] if lines is None else self.names(lines)), *extra]))
+        plt = _pyplot()
+        self._cycle = plt.get_cmap("tab20").colors if len(known) > 10 else \
+            plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        self.colours: dict[str, object] = {}
+        for name in known:
+            self.colour(name)
+
+    def names(self, frame: pd.DataFrame) -> pd.Series:
+        """Each row's line name, its suffix chosen over the whole report (:func:`line_names`)."""
+        if self._context is None:
+            return line_names(frame)
+        cols = [c for c in LINE if c in frame and c in self._context]
+        both = pd.concat([frame[cols], self._context[cols]], ignore_index=True)
+        return pd.Series(line_names(both).iloc[:len(frame)].to_numpy(), index=frame.index, dtype=object)
+
+    def colour(self, key: str):
+        if key not in self.colours:
+            self.colours[key] = self._cycle[len(self.colours) % len(self._cycle)]
+        return self.colours[key]
+
+
+def amount(n) -> str:
+    """'330', '5.25M', '0.512M', '21.1B': a parameter or token count for a caption (3 digits)."""
+    if n is None or pd.isna(n):
+        return "?"
+    return f"{int(n):,}" if n < 10_000 else f"{n / 1e6:.3g}M" if n < 1e9 else f"{n / 1e9:.3g}B"
+
+
+def setup_caption(setup: pd.DataFrame) -> str:
+    """'model tiny (5.25M params), corpus sotu, 250 steps, 0.512M training tokens': the columns
+    ``model``, ``params``, ``data``, ``steps`` and ``train_tokens`` of ``setup`` (one row per run;
+    any may be missing), each value once, up to three joined by '/', more counts as 'min..max'
+    (a zoo's parameter counts)."""
+    def values(col, fmt=str) -> str:
+        found = setup[col].dropna() if col in setup else pd.Series([], dtype=object)
+        shown = list(dict.fromkeys(fmt(v) for v in found))
+        if len(shown) > 3 and col != "model" and col != "data":
+            return f"{fmt(found.min())}..{fmt(found.max())}"
+        return "/".join(shown)
+
+    model, params, data = values("model"), values("params", amount), values("data")
+    steps, tokens = values("steps", lambda v: f"{int(v):,}"), values("train_tokens", amount)
+    size = f"{params} params" if params else ""
+    parts = [f"model {model}" + (f" ({size})" if size else "") if model else size,
+             f"corpus {data}" if data else "", f"{steps} steps" if steps else "",
+             f"{tokens} training tokens" if tokens else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def _caption(fig, setup: pd.DataFrame | None, *more: str) -> None:
+    text = "; ".join(t for t in [setup_caption(setup) if setup is not None else "", *more] if t)
+    if text:  # about 14 characters of small text to the inch
+        fig.suptitle(textwrap.fill(text, int(14 * fig.get_figwidth())), fontsize="small", gid="setup")
+
+
+def _summary_setup(summary: pd.DataFrame) -> pd.DataFrame:
+    """What a summary alone says of the setup (no steps or tokens: those are per run)."""
+    return summary[[c for c in ("model", "params", "data", "train_len", "steps", "train_tokens") if c in summary]]
+
+
+def seed_counts(summary: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Each cell's seed count and its line's usual count.
+
+    A cell's count is its ``n_ok`` (the seeds whose ppl it averages; ``seeds`` where the summary
+    has no ``n_ok``), NaN where it has no ppl (cannot run); a line's usual count is the most
+    common among its cells with a ppl (ties: the larger), its ``seeds`` where it has none."""
+    counts = (summary.n_ok if "n_ok" in summary else summary.seeds).where(summary.ppl_mean.notna())
+    usual = counts.groupby([summary[c] for c in LINE if c in summary], dropna=False).transform(_usual)
+    return counts, usual.fillna(summary.seeds)
+
+
+def _usual(counts: pd.Series) -> float:
+    found = counts.dropna().value_counts()
+    return math.nan if found.empty else float(found[found == found.max()].index.max())
+
+
+def uneven_seeds(summary: pd.DataFrame) -> pd.Series:
+    """True for a cell averaged over a different number of seeds than the rest of its line
+    (:func:`seed_counts`): a line with 2 seeds up to 16x and 1 at 32x jumps at 32x for that
+    reason alone, so the figures draw that cell hollow and the table names its count."""
+    counts, usual = seed_counts(summary)
+    return (counts.notna() & (counts != usual)).astype(bool)
 
 
 def _style(row, index: int = 0) -> dict:
@@ -85,9 +208,6 @@ def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-INTERVAL_LABEL = "95% interval of each ppl (t over >= 3 seeds, else block bootstrap)"
-
-
 def _legend(ax, n: int) -> None:
     if n > 10:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -95,124 +215,266 @@ def _legend(ax, n: int) -> None:
         ax.legend(fontsize="small")
 
 
-def _draw_ours(ax, summary: pd.DataFrame, colours: dict, multiples: bool) -> None:
-    """One line per name: mean ppl over seeds, its 95% interval shaded (``ppl_ci_low`` ..
-    ``ppl_ci_high``, where the summary has one; the legend says which interval), a dashed
-    train-length marker."""
-    summary = summary.assign(name=line_names(summary))
+# ---------------------------------------------------------------- perplexity and its ratio
+PANELS = {  # summary columns and gid prefixes of one panel: mean, interval, line, band, hollow markers
+    "ppl": ("ppl_mean", "ppl_ci_low", "ppl_ci_high", "ours", "interval", "seeds"),
+    "ratio": ("ratio_mean", "ratio_ci_low", "ratio_ci_high", "ratio", "ratio_interval", "ratio_seeds")}
+
+
+def ratio_interval_label(methods) -> str:
+    """What the ratio panel's bands are, from the ``ratio_method`` values drawn."""
+    used = [text for method, text in RATIO_METHODS.items() if method in set(methods)]
+    return "95% interval of the ratio:\n" + ("\nelse ".join(used) if used else "none")
+
+
+def _draw_lines(ax, summary: pd.DataFrame, palette: Palette, multiples: bool, panel: str) -> bool:
+    """One line per name: ``panel``'s mean over seeds, its 95% interval shaded where the summary
+    has one, hollow markers on the cells with an uneven seed count. -> whether any band was drawn."""
+    mean, low, high, gid, band, hollow = PANELS[panel]
+    summary = summary.assign(name=palette.names(summary), _uneven=uneven_seeds(summary))
     many, shaded = summary.name.nunique() > 10, False
     for i, (name, g) in enumerate(summary.groupby("name", sort=False)):
         g = g.sort_values("eval_len")
-        x = g.eval_len / g.train_len if multiples else g.eval_len
-        line, = ax.plot(x, g.ppl_mean, label=name, color=colours[name], markersize=4 if many else 6,
-                        gid=f"ours:{name}", **_style(g.iloc[0], i))
-        if "ppl_ci_low" in g and g.ppl_ci_low.notna().any():
+        x = (g.eval_len / g.train_len if multiples else g.eval_len).to_numpy(dtype=float)
+        y, odd, colour = g[mean].to_numpy(dtype=float), g._uneven.to_numpy(), palette.colour(name)
+        style, size = _style(g.iloc[0], i), 4 if many else 6
+        ax.plot(x, y, label=name if panel == "ppl" else None, color=colour, markersize=size, gid=f"{gid}:{name}",
+                markevery=[int(j) for j in np.flatnonzero(~odd)] if odd.any() else None, **style)
+        if odd.any():
+            ax.plot(x[odd], y[odd], linestyle="none", marker=style["marker"], markersize=size, color=colour,
+                    markerfacecolor="white", gid=f"{hollow}:{name}")
+        if low in g and g[low].notna().any():
             shaded = True
-            ax.fill_between(x, g.ppl_ci_low, g.ppl_ci_high, color=line.get_color(), alpha=0.2, linewidth=0,
-                            gid=f"interval:{name}")
-    if shaded:  # one grey legend entry says what every band is
+            ax.fill_between(x, g[low], g[high], color=colour, alpha=0.2, linewidth=0, gid=f"{band}:{name}")
+    return shaded
+
+
+def _hollow_entry(ax, summary: pd.DataFrame, gid: str) -> None:
+    if uneven_seeds(summary).any():
+        ax.plot([], [], linestyle="none", marker="o", color="gray", markerfacecolor="white", label=SEEDS_LABEL, gid=gid)
+
+
+def _draw_ours(ax, summary: pd.DataFrame, palette: Palette, multiples: bool) -> None:
+    """Perplexity: one line per name, mean ppl over seeds, its 95% interval shaded (``ppl_ci_low``
+    .. ``ppl_ci_high``, where the summary has one; the legend says which interval), a dashed
+    train-length marker."""
+    if _draw_lines(ax, summary, palette, multiples, "ppl"):  # one grey legend entry says what every band is
         ax.fill_between([], [], [], color="gray", alpha=0.2, linewidth=0, label=INTERVAL_LABEL, gid="interval")
+    _hollow_entry(ax, summary, "seeds")
     for i, tlen in enumerate([1] if multiples else sorted(summary.train_len.unique())):
         ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len",
                    label="train length" if i == 0 else None)
+
+
+def _draw_ratio(ax, summary: pd.DataFrame, palette: Palette, multiples: bool) -> None:
+    """ppl(L) / ppl(train_len) (``ratio_mean``), each line's band the paired 95% interval of that
+    ratio (``ratio_ci_low`` .. ``ratio_ci_high``; the legend names the methods drawn), a grey
+    line at 1 (as good as at the train length)."""
+    if _draw_lines(ax, summary, palette, multiples, "ratio"):
+        drawn = summary.loc[summary.ratio_ci_low.notna() & (summary.eval_len != summary.train_len), "ratio_method"]
+        ax.fill_between([], [], [], color="gray", alpha=0.2, linewidth=0, label=ratio_interval_label(drawn),
+                        gid="ratio_interval")
+    _hollow_entry(ax, summary, "ratio_seeds")
+    ax.axhline(1, color="black", linewidth=0.8, gid="ratio_one", label="ppl(L) = ppl(train_len)")
+    for tlen in [1] if multiples else sorted(summary.train_len.unique()):
+        ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len")
+    ax.set_ylabel("ppl(L) / ppl(train_len)")
+    ax.legend(fontsize="small")
 
 
 def _powers_of_two(hi: float) -> list[float]:
     return [2.0 ** k for k in range(0, int(math.ceil(math.log2(max(hi, 1.0)) + 1e-9)) + 1)]
 
 
-def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log_y: bool = False):
-    """Perplexity vs evaluation length; with ``reference``, a second panel with those
-    published numbers (x shared).
+def reference_lines(summary: pd.DataFrame, reference: pd.DataFrame | None) -> list[str]:
+    """Our line names the published panel is drawn beside, empty where it is not drawn.
+
+    The comparison means something only for a line that shares the reference's protocol and
+    encoding: non-overlapping windows, no RoPE scaling, an encoding the reference has, evaluated
+    past its train length, and trained at no fewer than :data:`REFERENCE_MIN_TRAIN_LEN` tokens
+    (a train_len-32 smoke run gets no panel). The corpus, model size and training budget still
+    differ; the panel's title says how."""
+    if reference is None or summary.empty:
+        return []
+    names = line_names(summary)
+    plain = (summary["mode"] == "nonoverlapping") & (summary.rope_scaling == "none") & \
+        summary.encoding.isin(set(reference.dropna(subset=["ppl"]).encoding)) & \
+        (summary.train_len >= REFERENCE_MIN_TRAIN_LEN) & summary.ppl_mean.notna()
+    past = summary.eval_len > summary.train_len
+    return list(dict.fromkeys(names[plain & past]))
+
+
+def _reference_title(reference: pd.DataFrame, ours: pd.DataFrame) -> str:
+    """The published source, then what differs from ours: corpus, train_len, model size, tokens."""
+    source = str(reference.source.dropna().iloc[0]) if "source" in reference and reference.source.notna().any() \
+        else "published"
+
+    def side(who: str, frame: pd.DataFrame) -> str:
+        caption = setup_caption(frame.drop(columns=[c for c in ("model", "steps") if c in frame]))
+        text = f"{who}: train_len {'/'.join(map(str, sorted(frame.train_len.unique())))}" + (f", {caption}" if caption else "")
+        return textwrap.fill(text, 60, subsequent_indent="    ")
+
+    return "\n".join([textwrap.fill(source, 60), side("published", reference), side("ours", ours)])
+
+
+def _draw_reference(ax, reference: pd.DataFrame, summary: pd.DataFrame, matched: list[str], palette: Palette,
+                    ours_setup: pd.DataFrame) -> float:
+    """The published numbers, each encoding in the colour of our matching line. -> the largest multiple."""
+    names, drawn = line_names(summary), palette.names(summary)  # the same, unless the palette is another report's
+    colour_of = {}
+    for name in matched:
+        colour_of.setdefault(summary.encoding[names == name].iloc[0], palette.colour(drawn[names == name].iloc[0]))
+    ref = reference.dropna(subset=["ppl"])
+    for enc, g in ref.groupby("encoding", sort=False):
+        g = g.sort_values("eval_len")
+        ax.plot(g.eval_len / g.train_len, g.ppl, marker="o", label=enc, gid=f"paper:{enc}",
+                color=colour_of.get(enc) or palette.colour(f"paper:{enc}"))
+    ax.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_len", label="train length")
+    ax.set_title(_reference_title(reference, ours_setup), fontsize="small")
+    ax.set_ylabel("perplexity (published)")
+    _legend(ax, ref.encoding.nunique())
+    return float((ref.eval_len / ref.train_len).max())
+
+
+def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log_y: bool = False,
+               palette: Palette | None = None, setup: pd.DataFrame | None = None):
+    """Perplexity vs evaluation length; beside it the ratio ppl(L) / ppl(train_len), which is what
+    extrapolation is about (a few percent of drift shows there even when each perplexity's own
+    interval, the spread of the validation text, is far wider); and, with ``reference`` where
+    :func:`reference_lines` finds a line to compare, a third panel with those published numbers
+    (x shared). ``palette``: the report's colours (default: from ``summary``); ``setup``: one
+    row per run (model, params, data, steps, train_tokens) for the caption.
 
     x is the evaluation length as a multiple of the train length, on a log2 scale. The
     question is how far past its training length a model holds up, and the paper trained at
-    512 tokens where posbench's quick runs train at 64 or 128: in multiples, both panels put
+    512 tokens where posbench's quick runs train at 64 or 128: in multiples, every panel puts
     the train length at 1x and the same extrapolation factor at the same place, so their
     shapes compare at a glance (the absolute lengths are in the table and the panel titles).
     y is linear by default, so a few percent of drift shows as a slope; ``log_y`` suits a
     figure where one encoding blows up by orders of magnitude."""
     plt = _pyplot()
-    names = list(dict.fromkeys(line_names(summary)))
-    ref_names = [] if reference is None else [e for e in dict.fromkeys(reference.encoding) if e not in names]
-    colours = _colours(names + ref_names)
+    palette = palette or Palette(summary)
+    setup = _summary_setup(summary) if setup is None else setup
+    matched = reference_lines(summary, reference)
+    names = list(dict.fromkeys(palette.names(summary)))
     many = len(names) > 10
-    width = (9.0 if many else 6.4) + (5.6 if reference is not None else 0)
-    fig, axes = plt.subplots(1, 2 if reference is not None else 1, figsize=(width, 5.2 if many else 4.4),
+    panels = 3 if matched else 2
+    fig, axes = plt.subplots(1, panels, figsize=((9.0 if many else 6.0) + 5.4 * (panels - 1), 5.4 if many else 4.8),
                              sharex=True, layout="constrained", squeeze=False)
-    ours = axes[0, 0]
-    _draw_ours(ours, summary, colours, multiples=True)
+    ours, ratio = axes[0, 0], axes[0, 1]
+    _draw_ours(ours, summary, palette, multiples=True)
+    _draw_ratio(ratio, summary, palette, multiples=True)
     top = float((summary.eval_len / summary.train_len).max())
     tlens = ", ".join(map(str, sorted(summary.train_len.unique())))
     ours.set_title(f"posbench (train_len={tlens})")
+    ratio.set_title("perplexity relative to the train length")
     ours.set_ylabel("perplexity")
     _legend(ours, len(names))
-    if reference is not None:
-        paper = axes[0, 1]
-        ref = reference.dropna(subset=["ppl"])
-        for enc, g in ref.groupby("encoding", sort=False):
-            g = g.sort_values("eval_len")
-            paper.plot(g.eval_len / g.train_len, g.ppl, marker="o", label=enc, color=colours[enc],
-                       gid=f"paper:{enc}")
-        paper.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_len", label="train length")
-        source = str(reference.source.dropna().iloc[0]).split(" (")[0] if "source" in reference else "reference"
-        paper.set_title(f"{source} (train_len={', '.join(map(str, sorted(reference.train_len.unique())))})",
-                        fontsize="medium")
-        paper.set_ylabel("perplexity (published)")
-        _legend(paper, ref.encoding.nunique())
-        top = max(top, float((ref.eval_len / ref.train_len).max()))
+    if matched:
+        top = max(top, _draw_reference(axes[0, 2], reference, summary, matched, palette, setup))
     for ax in axes[0]:
         _log_axes(ax, _powers_of_two(top), multiples=True, log_y=log_y)
         ax.set_xlabel("evaluation length / train length")
+    _caption(fig, setup)
     return fig
 
 
-def run_figure(summary: pd.DataFrame, title: str | None = None):
-    """One run (or any summary) in absolute tokens: perplexity vs evaluation length, log2 x,
-    dashed line at the train length."""
+def run_figure(summary: pd.DataFrame, title: str | None = None, setup: pd.DataFrame | None = None):
+    """One run (or any summary) in absolute tokens: perplexity and ppl(L) / ppl(train_len) vs
+    evaluation length, log2 x, dashed line at the train length; ``setup`` for the caption."""
     plt = _pyplot()
-    names = list(dict.fromkeys(line_names(summary)))
+    palette = Palette(summary)
+    names = list(dict.fromkeys(palette.names(summary)))
     many = len(names) > 10
-    fig, ax = plt.subplots(figsize=(9.0, 5.2) if many else (6.4, 4.2), layout="constrained")
-    _draw_ours(ax, summary, _colours(names), multiples=False)
-    _log_axes(ax, sorted(summary.eval_len.unique()), multiples=False, log_y=False)
-    ax.set_xlabel("evaluation length (tokens)")
+    fig, (ax, ratio) = plt.subplots(1, 2, figsize=(14.0, 5.4) if many else (11.0, 4.4), layout="constrained")
+    _draw_ours(ax, summary, palette, multiples=False)
+    _draw_ratio(ratio, summary, palette, multiples=False)
+    for a in (ax, ratio):
+        _log_axes(a, sorted(summary.eval_len.unique()), multiples=False, log_y=False)
+        a.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
     tlens = ", ".join(map(str, sorted(summary.train_len.unique())))
     ax.set_title(title or f"perplexity vs length (train_len={tlens})")
+    ratio.set_title("perplexity relative to the train length")
     _legend(ax, len(names))
+    _caption(fig, _summary_setup(summary) if setup is None else setup)
     return fig
 
 
-def positions_figure(positions: pd.DataFrame, log_y: bool = False):
+# ---------------------------------------------------------------- loss by position, training curves
+def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Palette | None = None,
+                     setup: pd.DataFrame | None = None):
     """Mean NLL (over seeds, weighted by tokens) vs position in the window, one line per
-    label, each at its longest evaluated window. x is the 1-based position of the predicted
-    token (bin midpoints), log2 scale, so the first positions, where the loss falls fastest,
-    get room; the dashed line marks the train length, past which the model never saw a
-    position in training."""
+    label, each at its own longest evaluated window (its L in the legend). x is the 1-based
+    position of the predicted token (bin midpoints), log2 scale, so the first positions, where
+    the loss falls fastest, get room; the dashed line marks the train length, past which the
+    model never saw a position in training. Bins fed (per seed) by fewer than
+    :data:`MIN_BIN_WINDOWS` windows or :data:`MIN_BIN_TOKENS` tokens are left out: sliding windows
+    feed every bin before L - stride from their first window only (see the constants)."""
     plt = _pyplot()
-    positions = positions.assign(name=line_names(positions))
-    longest = int(positions.eval_len.max())
+    palette = palette or Palette(positions)
+    positions = positions.assign(name=palette.names(positions))
     names = list(dict.fromkeys(positions.name))
-    colours = _colours(names)
-    fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.2), layout="constrained")
+    longest = int(positions.eval_len.max())
+    fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.4), layout="constrained")
+    left_out = 0
     for name, g in positions.groupby("name", sort=False):
         g = g[g.eval_len == g.eval_len.max()]
-        weight = g.tokens if "tokens" in g else pd.Series(1.0, index=g.index)
+        weight = g.tokens if "tokens" in g else pd.Series(float(MIN_BIN_TOKENS), index=g.index)
         g = g.assign(weighted=g.nll * weight, weight=weight)
         bins = g.groupby(["bin_start", "bin_end"])[["weighted", "weight"]].sum().reset_index()
-        x = (bins.bin_start + bins.bin_end) / 2 + 1
-        length = int(g.eval_len.iloc[0])
-        ax.plot(x, bins.weighted / bins.weight, marker=".", color=colours[name], gid=f"positions:{name}",
-                linestyle=_style(g.iloc[0])["linestyle"], label=name if length == longest else f"{name} (L={length})")
+        per_seed = bins.weight / (g.seed.nunique() if "seed" in g else 1)
+        windows = per_seed / (bins.bin_end - bins.bin_start + 1)
+        fed = (per_seed >= MIN_BIN_TOKENS) & (windows >= MIN_BIN_WINDOWS) if "tokens" in g else per_seed > 0
+        left_out += int((~fed).sum())
+        bins = bins[fed]
+        ax.plot((bins.bin_start + bins.bin_end) / 2 + 1, bins.weighted / bins.weight, marker=".",
+                color=palette.colour(name), gid=f"positions:{name}", linestyle=_style(g.iloc[0])["linestyle"],
+                label=f"{name} (L={int(g.eval_len.iloc[0])})")
     for i, tlen in enumerate(sorted(positions.train_len.unique())):
         ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len",
                    label="train length" if i == 0 else None)
     _log_axes(ax, _powers_of_two(longest), multiples=False, log_y=log_y)
     ax.set_xlabel("position in the window (tokens, 1 = first predicted token)")
     ax.set_ylabel("mean NLL (nats)")
-    ax.set_title(f"loss by position (window L={longest})")
+    ax.set_title("loss by position, each line at its longest window L", fontsize="medium")
     _legend(ax, len(names))
+    note = (f"{left_out} bin(s) fed by < {MIN_BIN_WINDOWS} windows or < {MIN_BIN_TOKENS} tokens per seed left out"
+            if left_out else "")
+    _caption(fig, setup, note)
+    return fig
+
+
+def training_figure(curves: pd.DataFrame, palette: Palette | None = None, setup: pd.DataFrame | None = None):
+    """Training loss vs training tokens, one line per ``name``: the mean over its runs (seeds) at
+    each logged step, the band their min .. max. ``curves``: one row per run and logged step with
+    ``name``, ``run``, ``step``, ``tokens`` (step x batch_size x train_len; NaN where a run's
+    config is missing, and then x is the step) and ``loss`` (the mean over the logging window)."""
+    from matplotlib.ticker import EngFormatter
+
+    plt = _pyplot()
+    palette = palette or Palette(extra=list(dict.fromkeys(curves.name)))
+    names = list(dict.fromkeys(curves.name))
+    by_tokens = curves.tokens.notna().all()
+    fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.4), layout="constrained")
+    banded = False
+    for name, g in curves.groupby("name", sort=False):
+        at = g.groupby("step").agg(x=("tokens" if by_tokens else "step", "mean"), mean=("loss", "mean"),
+                                   low=("loss", "min"), high=("loss", "max"), runs=("run", "nunique"))
+        colour = palette.colour(name)
+        ax.plot(at.x, at["mean"], color=colour, label=f"{name} ({g.run.nunique()} seed{'' if g.run.nunique() == 1 else 's'})", gid=f"training:{name}")
+        if (at.runs > 1).any():
+            banded = True
+            ax.fill_between(at.x, at.low, at.high, color=colour, alpha=0.2, linewidth=0, gid=f"training_band:{name}")
+    if banded:
+        ax.fill_between([], [], [], color="gray", alpha=0.2, linewidth=0, label="min .. max over seeds")
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel("training tokens" if by_tokens else "step")
+    ax.set_ylabel("training loss (nats, mean over each logging window)")
+    ax.set_title("training loss (mean over seeds)", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    _legend(ax, len(names))
+    _caption(fig, setup)
     return fig
 
 
@@ -288,7 +550,7 @@ def tasks_figure(summary: pd.DataFrame):
 
     plt = _pyplot()
     tasks, names = list(dict.fromkeys(summary.task)), list(dict.fromkeys(summary.label))
-    colours = _colours(names)
+    palette = Palette(extra=names)
     cols = min(len(tasks), 4)
     block = math.ceil(len(tasks) / cols)  # rows of panels per score
     fig, axes = plt.subplots(2 * block, cols, figsize=(3.4 * cols + 2.6, 3.0 * 2 * block), squeeze=False,
@@ -301,12 +563,12 @@ def tasks_figure(summary: pd.DataFrame):
             for name, h in g.groupby("label", sort=False):
                 h = h.sort_values("multiple")
                 rand = bool((h.random_positions > 0).any())
-                handles[name], = ax.plot(h.multiple, 100 * h[column], color=colours[name], label=name,
+                handles[name], = ax.plot(h.multiple, 100 * h[column], color=palette.colour(name), label=name,
                                          linestyle="--" if rand else "-", marker="s" if rand else "o", markersize=5,
                                          gid=f"{gid}:{task}:{name}")
                 if h[f"{prefix}_lo"].notna().any():
                     ax.fill_between(h.multiple, 100 * h[f"{prefix}_lo"], 100 * h[f"{prefix}_hi"],
-                                    color=colours[name], alpha=0.15, linewidth=0,
+                                    color=palette.colour(name), alpha=0.15, linewidth=0,
                                     gid=f"{band}:{task}:{name}")
             ax.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_size")
             _log_axes(ax, sorted(set(g.multiple) | {1}), multiples=True, log_y=False)

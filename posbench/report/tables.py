@@ -59,7 +59,21 @@ from ..eval.token_nll import row_key
 from ..intervals import Cell, Estimator
 from ..runs.rundir import RunDir, atomic_write_text
 from .baselines import run_blocks
-from .figures import positions_figure, ppl_figure, probe_figure, run_figure, save
+from .figures import (
+    MIN_BIN_TOKENS,
+    MIN_BIN_WINDOWS,
+    REFERENCE_MIN_TRAIN_LEN,
+    Palette,
+    positions_figure,
+    ppl_figure,
+    probe_figure,
+    reference_lines,
+    run_figure,
+    save,
+    seed_counts,
+    setup_caption,
+    training_figure,
+)
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
 from .tasks import TaskReport, read_tasks, write_task_report
 
@@ -68,8 +82,13 @@ NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
               "bootstrap over the scored tokens]; bold: the lowest ppl of a column and every line whose 95% "
-              "interval of the ratio to it contains 1 (none where a comparison has no interval)")
+              "interval of the ratio to it contains 1 (none where a comparison has no interval); '(1 seed)': a "
+              "cell averaged over a different number of seeds than the rest of its line (the seeds column)")
 REFERENCE = (shipped_dir("reference") or Path("results/reference")) / "alibi_paper_L512.csv"  # wheel or checkout
+# What the packaged reference's rows leave out, for its panel's title: the paper's WikiText-103 model
+# (Press et al. 2022, sec. 4; conf/model/alibi_paper.yaml), 247M parameters, 286k updates of 73,728
+# tokens (conf/experiment/alibi_paper.yaml). A --reference CSV may carry these columns itself.
+REFERENCE_SETUP = {"data": "WikiText-103", "params": 247_000_000, "train_tokens": 286_000 * 73_728}
 
 
 # ---------------------------------------------------------------- reading
@@ -297,36 +316,48 @@ def params_text(params, pos_params) -> str:
 
 
 def _table_cells(summary: pd.DataFrame):
-    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, bold?)}).
-    Lines get a ``params`` extra column ('5.52M (0.26M)') when any row has parameter counts."""
+    """-> lengths, extra line columns, and per line: (keys, seeds, {eval_len: (cell args, bold?,
+    seeds note)}). ``seeds`` is the line's usual seed count; a cell averaged over another count gets
+    the note ' (1 seed)' (:func:`posbench.report.figures.seed_counts`). Lines get a ``params``
+    extra column ('5.52M (0.26M)') when any row has parameter counts."""
     summary = with_labels(summary)
     lengths = sorted(summary.eval_len.unique())
     extra = [c for c in ("model", "data", "split") if c in summary and summary[c].nunique() > 1]
     if "params" in summary and summary.params.notna().any():
         summary = summary.assign(params=[params_text(a, b) for a, b in zip(summary.params, summary.pos_params)])
         extra = ["params"] + extra
-    summary = summary.assign(bold=_bold(summary))
+    counts, usual = seed_counts(summary)
+    summary = summary.assign(bold=_bold(summary), cell_seeds=counts, line_seeds=usual)
     several = len(summary.groupby(["label", "train_len"] + extra)) > 1  # one line: nothing to compare
     lines = []
     for keys, g in summary.groupby(["label", "train_len"] + extra, sort=False):
         cells = {r.eval_len: ((r.ppl_mean, r.ppl_std, getattr(r, "ppl_ci_low", math.nan),
-                               getattr(r, "ppl_ci_high", math.nan)), several and r.bold) for r in g.itertuples()}
-        lines.append((keys, int(g.seeds.max()), cells))
+                               getattr(r, "ppl_ci_high", math.nan)), several and r.bold, _seeds_note(r.cell_seeds, r.line_seeds))
+                 for r in g.itertuples()}
+        lines.append((keys, int(g.line_seeds.max()), cells))
     return lengths, extra, lines
+
+
+def _seeds_note(count, usual) -> str:
+    """' (1 seed)' after a cell averaged over another number of seeds than its line's usual one."""
+    if pd.isna(count) or count == usual:
+        return ""
+    return f" ({int(count)} seed{'' if count == 1 else 's'})"
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
     """Labels as rows, eval lengths as columns, 'mean ± std [95% interval]' cells; in bold the
-    lowest ppl of each column and the lines not distinguishable from it (:data:`TABLE_NOTE`)."""
+    lowest ppl of each column and the lines not distinguishable from it; '(1 seed)' after a cell
+    averaged over another number of seeds than the line's ``seeds`` (:data:`TABLE_NOTE`)."""
     lengths, extra, lines = _table_cells(summary)
     head = ["encoding", "train_len", "seeds", *(PARAMS_HEAD.get(c, c) for c in extra), *(f"L={n}" for n in lengths)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (label, tlen, *rest), seeds, cells in lines:
         row = [label, str(tlen), str(seeds), *map(str, rest)]
         for n in lengths:
-            (mean, std, low, high), best = cells.get(n, ((None, None, math.nan, math.nan), False))
+            (mean, std, low, high), best, note = cells.get(n, ((None, None, math.nan, math.nan), False, ""))
             text = "" if n not in cells else _fmt(mean, std, " ± ", low, high)
-            row.append(f"**{text}**" if best else text)
+            row.append((f"**{text}**" if best else text) + note)
         out.append("| " + " | ".join(row) + " |")
     return "\n".join(out)
 
@@ -349,9 +380,9 @@ def latex_table(summary: pd.DataFrame) -> str:
     for (label, tlen, *rest), seeds, cells in lines:
         row = [latex_escape(label), str(tlen), str(seeds), *map(latex_escape, rest)]
         for n in lengths:
-            (mean, std, low, high), best = cells.get(n, ((None, None, math.nan, math.nan), False))
+            (mean, std, low, high), best, note = cells.get(n, ((None, None, math.nan, math.nan), False, ""))
             text = "" if n not in cells else _fmt(mean, std, r" $\pm$ ", low, high)
-            row.append(rf"\textbf{{{text}}}" if best else text)
+            row.append((rf"\textbf{{{text}}}" if best else text) + note)
         out.append(" & ".join(row) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}",
             r"\caption{Perplexity at evaluation length $L$: " + latex_escape(TABLE_NOTE).replace("±", r"$\pm$")
@@ -417,8 +448,9 @@ def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tupl
     runs = df.groupby("run")[["model", "data", "variant"]].first()
 
     def labelled(t: pd.DataFrame) -> pd.DataFrame:
-        if not t.empty:
-            t = with_labels(t.drop(columns="variant").join(runs[[c for c in runs if c not in t]], on="run"))
+        if not t.empty:  # the run's variant (--by) replaces collect's empty one
+            t = t.drop(columns="variant")
+            t = with_labels(t.join(runs[[c for c in runs if c not in t]], on="run"))
             check_one_config(t)
         return t
 
@@ -445,8 +477,9 @@ def failures_markdown(failed: list[tuple[str, str]]) -> str:
 
 
 def read_reference(path: str | Path) -> pd.DataFrame:
-    """A published results table (encoding, train_len, eval_len, ppl[, source]) for the figure's
-    second panel; an empty ppl is a length the paper could not run."""
+    """A published results table (encoding, train_len, eval_len, ppl[, source, data, params,
+    train_tokens]) for the figure's published panel; an empty ppl is a length the paper could not
+    run. The packaged table gets the columns it lacks from :data:`REFERENCE_SETUP`."""
     path = Path(path)
     if not path.is_file():
         raise PosbenchError(f"report: --reference {str(path)!r} does not exist; pass a CSV with columns "
@@ -456,7 +489,90 @@ def read_reference(path: str | Path) -> pd.DataFrame:
     if missing:
         raise PosbenchError(f"report: reference {str(path)!r} lacks column(s) {', '.join(missing)}; "
                             "valid: a CSV with columns encoding, train_len, eval_len, ppl")
+    if path.resolve() == REFERENCE.resolve():
+        ref = ref.assign(**{k: v for k, v in REFERENCE_SETUP.items() if k not in ref})
     return ref
+
+
+# ---------------------------------------------------------------- what the figures are captioned with
+def run_setup(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of the results rows ``df``: its model, params, data, steps, train_len,
+    ``batch_size`` (train.batch_size of its config.yaml; NaN without one) and ``train_tokens``
+    (steps x batch_size x train_len windows' tokens)."""
+    cols = [c for c in ("model", "params", "data", "steps", "train_len") if c in df]
+    if "run" not in df:
+        return df[cols].drop_duplicates().assign(batch_size=math.nan, train_tokens=math.nan)
+    runs = df.groupby("run", sort=False)[cols].first()
+    batch = [(_hashed_config(run) or {}).get("train.batch_size", math.nan) for run in runs.index]
+    runs = runs.assign(batch_size=pd.to_numeric(pd.Series(batch, index=runs.index), errors="coerce"))
+    steps = runs.steps if "steps" in runs else math.nan
+    return runs.assign(train_tokens=steps * runs.batch_size * runs.train_len).reset_index()
+
+
+def read_metrics(run: str | Path) -> pd.DataFrame:
+    """A run's metrics.jsonl (step, loss, lr, ...), a torn or blank line left out; empty without one."""
+    import json
+
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        return pd.DataFrame()
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record and "loss" in record:
+            records.append(record)
+    return pd.DataFrame(records)
+
+
+def training_curves(df: pd.DataFrame, palette: Palette, setup: pd.DataFrame) -> pd.DataFrame:
+    """Every run's logged training loss, one row per run and step, with ``tokens`` (step x
+    batch_size x train_len) and the ``name`` of the figure line the run trained: its line with
+    non-overlapping windows and no RoPE scaling (``alibi``, not ``alibi sliding/16``), else its
+    first. Empty where no run has metrics.jsonl (shipped baselines have none)."""
+    if "run" not in df:
+        return pd.DataFrame()
+    rows = with_labels(df) if "label" not in df else df
+    rows = rows.assign(name=palette.names(rows), plain=(rows["mode"] == "nonoverlapping") & (rows.rope_scaling == "none"))
+    per_run = setup.set_index("run")
+    frames = []
+    for run, g in rows.groupby("run", sort=False):
+        metrics = read_metrics(run)
+        if metrics.empty:
+            continue
+        name = (g[g.plain] if g.plain.any() else g).name.iloc[0]
+        per_step = per_run.batch_size.get(run, math.nan) * per_run.train_len.get(run, math.nan)
+        frames.append(metrics[["step", "loss"]].assign(run=run, name=name, tokens=metrics.step * per_step))
+    return pd.concat(frames, ignore_index=True).sort_values(["run", "step"]) if frames else pd.DataFrame()
+
+
+def _setup_line(setup: pd.DataFrame) -> str:
+    caption = setup_caption(setup)
+    return f"Setup: {caption}." if caption else ""
+
+
+def _reference_note(summary: pd.DataFrame, ref: pd.DataFrame | None) -> str:
+    """Why report.png has no published panel, where a reference was asked for."""
+    if ref is None or reference_lines(summary, ref):
+        return ""
+    shared = ", ".join(sorted(set(summary.encoding) & set(ref.encoding))) or "none"
+    return (f"The published panel ({ref.source.dropna().iloc[0] if 'source' in ref and ref.source.notna().any() else 'reference'}, "
+            f"train_len {'/'.join(map(str, sorted(ref.train_len.unique())))}) is left out: it is drawn beside a line with "
+            f"non-overlapping windows and no RoPE scaling, of an encoding it has (here: {shared}), trained at "
+            f">= {REFERENCE_MIN_TRAIN_LEN} tokens (here: train_len {'/'.join(map(str, sorted(summary.train_len.unique())))}) "
+            "and evaluated past it.")
+
+
+FIGURE_TEXT = {  # report.md's line under each figure
+    "report": "Perplexity (band: 95% interval of each ppl) and ppl(L) / ppl(train_len) (band: the paired 95% "
+              "interval of the ratio) vs L / train_len; hollow markers: cells with another seed count than "
+              "the rest of their line.",
+    "positions": f"Mean NLL by position in the window, each line at its longest window (L in the legend); bins fed by "
+                 f"fewer than {MIN_BIN_WINDOWS} windows or {MIN_BIN_TOKENS} tokens per seed are left out.",
+    "training": "Training loss vs training tokens, mean over seeds (band: min .. max).",
+}
 
 
 class Report(NamedTuple):
@@ -468,24 +584,30 @@ class Report(NamedTuple):
 
 
 def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
-    """One run's figure (:func:`posbench.report.figures.run_figure`), written to ``path``."""
-    save(run_figure(summarize(df) if "ppl_mean" not in df else df, title), Path(path))
+    """One run's figure (:func:`posbench.report.figures.run_figure`), written to ``path``; captioned
+    with the rows' setup (:func:`run_setup`) where ``df`` holds results rows."""
+    summarized = "ppl_mean" in df
+    setup = None if summarized else run_setup(df)
+    save(run_figure(df if summarized else summarize(df), title, setup), Path(path))
 
 
 def draw_run(run_dir: str | Path) -> None:
     """A run dir's own figures, drawn from its files by the command that trained or evaluated it,
     last: ppl_vs_length.png from results.csv (intervals from token_nll.npz), under the results
     lock so it shows the table as written, and learned_bias.png/.svg from the checkpoint where
-    the encoding learns a bias, and ``<probe>.png`` from each probe's rows (passkey.csv, ...)."""
+    the encoding learns a bias, and ``<probe>.png`` from each probe's rows (passkey.csv, ...);
+    each captioned with the run's setup (:func:`run_setup`)."""
     run = RunDir(run_dir)
     with locked(run.path):
+        setup = ""
         if run.results.is_file():
-            rows = backfill(read_results(run.results))
-            plot_ppl_vs_length(rows.assign(run=str(run.path)), run.plot)
+            rows = backfill(read_results(run.results)).assign(run=str(run.path))
+            plot_ppl_vs_length(rows, run.plot)
+            setup = setup_caption(run_setup(rows))
         for name, cls in probe_files(run.path).items():
             rows = with_labels(pd.read_csv(run.path / f"{name}.csv"))
             fig = probe_figure(rows, name, getattr(cls, "metric", "accuracy"), getattr(cls, "grid", None))
-            fig.suptitle(f"{name}: {run.path.name}", fontsize="medium")
+            fig.suptitle(f"{name}: {run.path.name}" + (f"\n{setup}" if setup else ""), fontsize="medium")
             save(fig, run.path / f"{name}.png")
     found = trained_encoding(run.path)
     if found is not None:
@@ -496,10 +618,12 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
-    (``fmt='latex'``), report.png/.svg (perplexity vs length, beside the paper's numbers from
-    ``reference``: 'auto' is results/reference/alibi_paper_L512.csv where it exists, None none),
-    and positions.png/.svg and <probe>.png/.svg where runs have positions.csv / a probe's rows
-    (passkey.csv, ...).
+    (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
+    beside the paper's numbers from ``reference`` where the comparison means something
+    (:func:`posbench.report.figures.reference_lines`): 'auto' is
+    results/reference/alibi_paper_L512.csv where it exists, None none), training.png/.svg where
+    runs have metrics.jsonl, and positions.png/.svg and <probe>.png/.svg where runs have
+    positions.csv / a probe's rows (passkey.csv, ...). All figures share one colour per line.
     ``by``: config keys whose values tell lines apart (see the module docstring); ``baselines``:
     shipped runs' folders (:mod:`posbench.report.baselines`) reported beside ``paths``.
     Where runs have tasks.csv, also the task report (:func:`posbench.report.tasks.write_task_report`:
@@ -540,17 +664,25 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     summary = summarize(df)
     text = extrapolation_summary(summary)
     table = markdown_table(summary)
-    figures = {"report": ppl_figure(summary, ref, log_y=log_y)}
+    palette, setup = Palette(summary), run_setup(df)  # one colour per line in every figure
+    figures = {"report": ppl_figure(summary, ref, log_y=log_y, palette=palette, setup=setup)}
     if not positions.empty:
-        figures["positions"] = positions_figure(positions, log_y=log_y)
+        figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup)
+    curves = training_curves(df, palette, setup)
+    if not curves.empty:
+        figures["training"] = training_figure(curves, palette, setup[setup.run.isin(set(curves.run))])
     for name, (rows, cls) in probes.items():
         figures[name] = probe_figure(rows, name, getattr(cls, "metric", "accuracy"), getattr(cls, "grid", None))
+        figures[name].suptitle(setup_caption(setup[setup.run.isin(set(rows.run))]), fontsize="small")
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
-    shown = "".join(f"\n![{name}]({name}.png)\n" for name in figures)
+    shown = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{FIGURE_TEXT[name]}\n" if name in FIGURE_TEXT else "")
+                    for name in figures)
     atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
-                      + "".join(f"- {line.strip()}\n" for line in text) + f"\n## Figures\n{shown}")
+                      + "".join(f"- {line.strip()}\n" for line in text)
+                      + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in (_setup_line(setup), _reference_note(summary, ref)) if t)
+                      + shown)
     if fmt == "latex":
         table = latex_table(summary)
         files.append(out / "report.tex")
