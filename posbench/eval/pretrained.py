@@ -24,7 +24,6 @@ from omegaconf import DictConfig, OmegaConf
 from ..build import resolve_device
 from ..config import EvalConfig, typed
 from ..data.corpus import load_corpus
-from ..errors import PosbenchError
 from ..pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text
 from .ladder import perplexity_ladder, result_rows, scored_tokens
@@ -69,9 +68,43 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     ladder = perplexity_ladder(model, tokens, lengths, ecfg, device, None if dtype == torch.float32 else dtype,
                                tokenizer=corpus.tokenizer, n_tokens=n)
     measured = measured_config(cfg, model, precision)
-    out = Path(str(cfg.get("out") or Path("outputs") / "pretrained" / model.name))
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(cfg, model)
     atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
     rows = write_results(RunDir(out), result_rows(measured, ladder, 0))
     return out, rows
 
+
+
+def probe_pretrained(cfg: DictConfig):
+    """``posbench eval pretrained=PATH probe=NAME``: a probe of a pretrained model, its prompts
+    built by the model's tokenizer (pieces without the special tokens it adds to whole texts),
+    rows merged into the output folder's ``<name>.csv``. -> (probe, rows, output folder)."""
+    from ..encodings.rotary import rope_scaling, scaling_factor
+    from ..pretrained import PieceTokenizer
+    from .probes import Subject, build_probe, probe_rows, write_probe
+
+    ecfg = typed(EvalConfig, cfg.eval, "eval")
+    probe = build_probe(cfg.probe)
+    device = resolve_device(str(cfg.device))
+    precision = str(cfg.get("precision") or "auto")
+    model, tokenizer, _ = load_pretrained(str(cfg.pretrained), device, precision)
+    train_len = model.encoding.train_len
+
+    def scaling(length):
+        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
+        return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
+
+    dtype = next(model.parameters()).dtype
+    subject = Subject(model, PieceTokenizer(tokenizer), device, None if dtype == torch.float32 else dtype, train_len,
+                      ecfg.batch_tokens, scaling)
+    measured = measured_config(cfg, model, precision)
+    rows = probe_rows(probe, measured, probe.run(subject, probe.lengths(train_len)))
+    out = output_dir(cfg, model)  # made once there is something to write
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
+    return probe, write_probe(RunDir(out), probe, rows, cfg.probe), out
+
+
+def output_dir(cfg: DictConfig, model) -> Path:
+    out = Path(str(cfg.get("out") or Path("outputs") / "pretrained" / model.name))
+    out.mkdir(parents=True, exist_ok=True)
+    return out

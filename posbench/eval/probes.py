@@ -68,7 +68,6 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
                             f"train.random_positions={train_cfg.train.random_positions}; valid: runs trained "
                             "without train.random_positions (the perplexity ladder evaluates this run)")
     train_len = int(train_cfg.train.train_len)
-    lengths = probe.lengths(train_len)
     corpus = load_corpus(train_cfg.data)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
 
@@ -77,9 +76,15 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
         return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
 
     subject = Subject(model, corpus.tokenizer, device, dtype, train_len, ecfg.batch_tokens, scaling)
-    rows = probe_rows(probe, train_cfg, probe.run(subject, lengths))
-    write_probe(run, probe, rows, cfg.probe)
-    return probe, rows
+    return probe, measure(probe, subject, train_cfg, run, cfg.probe)
+
+
+def measure(probe: Probe, subject: Subject, train_cfg: DictConfig, run: RunDir, node) -> pd.DataFrame:
+    """Run ``probe`` on ``subject`` at its lengths (of ``subject.train_len``), and merge the rows
+    into ``run``'s ``<name>.csv``: the same for a trained run and a pretrained model."""
+    rows = probe_rows(probe, train_cfg, probe.run(subject, probe.lengths(subject.train_len)))
+    write_probe(run, probe, rows, node)
+    return rows
 
 
 def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict]) -> pd.DataFrame:
