@@ -230,6 +230,11 @@ class Cell:
     def mean(self) -> float:
         return float(np.mean(self.nll)) if self.nll.size else math.nan
 
+    def only(self, index: np.ndarray) -> Cell:
+        """The cell restricted to the seeds at ``index``."""
+        return Cell(self.seeds[index], self.nll[index], None if self.blocks is None else self.blocks[index],
+                    self.sizes, self.tokens_id)
+
 
 class Estimator:
     """Intervals of cells and of their differences, one bootstrap index matrix per block count."""
@@ -259,10 +264,13 @@ class Estimator:
         either has fewer than MIN_SEEDS seeds: the paired bootstrap, when both scored the same tokens."""
         if not (a.nll.size and b.nll.size):
             return Interval(math.nan, math.nan, math.nan, NONE)
-        if same_models:
+        if same_models:  # the seeds both cells have, so the estimate and its interval pair the same models
             common, ia, ib = np.intersect1d(a.seeds, b.seeds, return_indices=True)
+            if not common.size:
+                return Interval(math.nan, math.nan, math.nan, NONE)
+            a, b = a.only(ia), b.only(ib)
             if common.size >= MIN_SEEDS:
-                d = t_interval(a.nll[ia] - b.nll[ib], self.level)
+                d = t_interval(a.nll - b.nll, self.level)
                 return Interval(a.mean - b.mean, d.low, d.high, "paired t")
         elif a.nll.size >= MIN_SEEDS and b.nll.size >= MIN_SEEDS:
             return welch_interval(a.nll, b.nll, self.level)

@@ -174,3 +174,21 @@ def test_report_of_two_smoke_runs_has_paired_bootstrap_intervals(tmp_path):
     assert ((longer.ratio_ci_low < longer.ratio_mean) & (longer.ratio_mean < longer.ratio_ci_high)).all()
     assert tidy.tied_best.notna().all()  # every comparison has an interval
     assert "alibi: ppl(L=512) / ppl(L=32) = " in proc.stdout and "[" in proc.stdout.split("alibi: ppl(L=512)")[1]
+
+
+def test_a_line_ratio_at_a_cell_with_fewer_seeds_pairs_the_same_models():
+    """2 seeds at train_len, 1 at a longer length: the ratio pairs seed 0 with seed 0, so the
+    interval holds the per-seed estimate (it compared seed 0 with the mean of both before)."""
+    from posbench.intervals import Cell, Estimator
+
+    rng = np.random.default_rng(0)
+    sizes = np.full(20, 50)
+    blocks = lambda level: (level + 0.05 * rng.standard_normal(20)) * sizes  # noqa: E731
+    base = Cell(np.array([0, 1]), np.array([2.30, 2.40]), np.stack([blocks(2.30), blocks(2.40)]), sizes, ("d",))
+    base.nll = base.blocks.sum(1) / sizes.sum()
+    later = Cell(np.array([0]), np.zeros(1), np.stack([blocks(2.36)]), sizes, ("d",))
+    later.nll = later.blocks.sum(1) / sizes.sum()
+    d = Estimator().difference(later, base, same_models=True)
+    estimate = later.nll[0] - base.nll[0]
+    assert d.estimate == pytest.approx(estimate) and d.low < estimate < d.high and d.method == "bootstrap"
+    assert not d.low < later.mean - base.mean < d.high  # against both seeds' mean it would lie outside

@@ -372,8 +372,10 @@ def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log
     _legend(ours, len(names))
     if matched:
         top = max(top, _draw_reference(axes[0, 2], reference, summary, matched, palette, setup))
+    ratios = summary.ratio_mean.dropna() if "ratio_mean" in summary else pd.Series(dtype=float)
+    wide = not ratios.empty and ratios.max() / max(ratios.min(), 1e-9) > 2  # a few % would get no log-scale ticks
     for ax in axes[0]:
-        _log_axes(ax, _powers_of_two(top), multiples=True, log_y=log_y)
+        _log_axes(ax, _powers_of_two(top), multiples=True, log_y=log_y and (ax is not ratio or wide))
         ax.set_xlabel("evaluation length / train length")
     _caption(fig, setup)
     return fig
