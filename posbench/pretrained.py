@@ -94,6 +94,32 @@ class PositionScheme:
             rotary.attention_scaling = saved[1]
 
 
+    @contextmanager
+    def extended(self, ext):
+        """A training-free extension (:class:`posbench.extension.Extension`) through transformers'
+        attention interface, for the block; nothing for ``none``."""
+        if ext.method == "none":
+            yield self
+            return
+        if self.rotary is None:
+            raise PosbenchError(f"eval.extension={ext.method} works on rotary (RoPE) models; this model's positions "
+                                f"are {self.name!r}; valid: eval.extension=none")
+        from transformers import AttentionInterface
+
+        from . import extension
+
+        AttentionInterface.register(extension.HF_NAME, extension.hf_attention)
+        config = self.rotary.config
+        saved = config._attn_implementation
+        extension._ACTIVE.update(ext=ext, inv_freq=self.rotary.inv_freq.detach().clone())
+        config._attn_implementation = extension.HF_NAME
+        try:
+            yield self
+        finally:
+            config._attn_implementation = saved
+            extension._ACTIVE.clear()
+
+
 def hf_inv_freq(config, kind: str, factor: float, train_len: int, window: int) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, attention factor) of posbench's scaling ``kind`` at ``factor`` from
     Hugging Face's own rope functions on a copy of the model's config: ``pi`` is HF's linear,

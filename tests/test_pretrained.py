@@ -242,3 +242,35 @@ def test_piece_tokenizer_leaves_out_the_special_tokens_a_post_processor_adds():
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     assert tok.encode("a b").ids == [0, 1, 2] and PieceTokenizer(tok).encode("a b").ids == [1, 2]
     assert PieceTokenizer(tok).get_vocab_size() == 3
+
+
+def test_extensions_run_through_the_models_own_attention_and_are_undone(models):
+    from posbench.extension import Extension
+    from posbench.pretrained import load_pretrained
+
+    model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
+    config = model.model.config
+    before = config._attn_implementation
+    x = torch.randint(0, 2000, (1, 3 * CONTEXT))
+    plain = model.hidden(x)
+    for ext in (Extension("self_extend", 4 * CONTEXT, 4, CONTEXT), Extension("rerope", 4 * CONTEXT, None, CONTEXT)):
+        with model.encoding.extended(ext):
+            torch.testing.assert_close(model.hidden(x), plain, rtol=1e-4, atol=1e-5)  # window past T: plain RoPE
+    for ext in (Extension("self_extend", 16, 4, CONTEXT), Extension("rerope", 16, None, CONTEXT),
+                Extension("logn", None, None, CONTEXT)):
+        with model.encoding.extended(ext):
+            assert not torch.allclose(model.hidden(x), plain, atol=1e-4)
+    assert config._attn_implementation == before
+    torch.testing.assert_close(model.hidden(x), plain)
+
+
+def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path, smoke_run):
+    out = tmp_path / "out"
+    posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[64,256]", "eval.max_tokens=1024", f"out={out}",
+             "eval.extension=self_extend", "eval.extension_window=16", "eval.extension_group=4")
+    posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[64,256]", "eval.max_tokens=1024", f"out={out}",
+             "eval.extension=logn", "eval.rope_scaling=yarn")
+    rows = pd.read_csv(out / "results.csv")
+    assert sorted(set(rows.rope_scaling)) == ["self_extend(W=16,G=4)", "yarn+logn"] and (rows.status == "ok").all()
+    bad = posbench("eval", f"checkpoint={smoke_run}", "eval.extension=logn", check=False)
+    assert bad.returncode == 2 and "eval.extension=logn applies to pretrained= models" in bad.stderr

@@ -231,6 +231,14 @@ def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame
     return rows
 
 
+def check_no_extension(ecfg: EvalConfig) -> None:
+    """Training-free extensions run on pretrained models (through transformers' attention
+    interface); posbench's own runs take the RoPE scalings only."""
+    if ecfg.extension != "none":
+        raise PosbenchError(f"eval.extension={ecfg.extension} applies to pretrained= models; valid for a posbench "
+                            "run: eval.extension=none (eval.rope_scaling= scales its rotary encoding)")
+
+
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
     """A trained run dir -> (run, checkpoint state, its config with ``cfg.eval``, eval config)."""
     keep_freed_memory()
@@ -284,6 +292,7 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
     whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
     run, state, train_cfg, ecfg = open_run(cfg)
+    check_no_extension(ecfg)
     corpus = load_corpus(train_cfg.data)
     tokens = corpus.splits[ecfg.split]
     lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))

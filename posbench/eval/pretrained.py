@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..build import resolve_device
 from ..config import EvalConfig, typed
 from ..data.corpus import load_corpus
+from ..extension import Extension
 from ..pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text
 from .ladder import perplexity_ladder, result_rows, scored_tokens
@@ -41,6 +42,17 @@ def pretrained_lengths(ecfg: EvalConfig, context: int) -> list[int]:
     if list(ecfg.multiples) != DEFAULT_MULTIPLES:
         return sorted({m * context for m in ecfg.multiples})
     return sorted({max(1, int(m * context)) for m in MULTIPLES})
+
+
+def extension_of(ecfg: EvalConfig, model) -> Extension:
+    return Extension(ecfg.extension, ecfg.extension_window, ecfg.extension_group, model.encoding.train_len)
+
+
+def scaling_label(kind: str, ext: Extension) -> str:
+    """A row's ``rope_scaling``: the scaling, the extension (``self_extend(W=512,G=8)``), or both."""
+    if ext.method == "none":
+        return kind
+    return ext.label if kind == "none" else f"{kind}+{ext.label}"
 
 
 def measured_config(cfg: DictConfig, model, precision: str) -> DictConfig:
@@ -65,8 +77,12 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     ecfg.strides(lengths)
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     dtype = next(model.parameters()).dtype
-    ladder = perplexity_ladder(model, tokens, lengths, ecfg, device, None if dtype == torch.float32 else dtype,
-                               tokenizer=corpus.tokenizer, n_tokens=n)
+    ext = extension_of(ecfg, model)
+    with model.encoding.extended(ext):
+        ladder = perplexity_ladder(model, tokens, lengths, ecfg, device, None if dtype == torch.float32 else dtype,
+                                   tokenizer=corpus.tokenizer, n_tokens=n)
+    for row in ladder:  # the row key names the extension, so no method's rows replace another's
+        row["rope_scaling"] = scaling_label(row["rope_scaling"], ext)
     measured = measured_config(cfg, model, precision)
     out = output_dir(cfg, model)
     atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
@@ -98,7 +114,11 @@ def probe_pretrained(cfg: DictConfig):
     subject = Subject(model, PieceTokenizer(tokenizer), device, None if dtype == torch.float32 else dtype, train_len,
                       ecfg.batch_tokens, scaling)
     measured = measured_config(cfg, model, precision)
-    rows = probe_rows(probe, measured, probe.run(subject, probe.lengths(train_len)))
+    ext = extension_of(ecfg, model)
+    with model.encoding.extended(ext):
+        found = probe.run(subject, probe.lengths(train_len))
+    measured.eval.rope_scaling = scaling_label(ecfg.rope_scaling, ext)
+    rows = probe_rows(probe, measured, found)
     out = output_dir(cfg, model)  # made once there is something to write
     atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
     return probe, write_probe(RunDir(out), probe, rows, cfg.probe), out

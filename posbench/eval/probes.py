@@ -59,9 +59,10 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
     ``<name>.csv`` (rows of the same key replaced)."""
     from ..data.corpus import load_corpus
     from ..encodings.rotary import rope_scaling, scaling_factor
-    from .ladder import load_model, open_run
+    from .ladder import check_no_extension, load_model, open_run
 
     run, state, train_cfg, ecfg = open_run(cfg)
+    check_no_extension(ecfg)
     probe = build_probe(cfg.probe)
     if train_cfg.train.get("random_positions") is not None:
         raise PosbenchError(f"probe={probe.name} runs positions 0..T-1, but {run.path} was trained with "

@@ -1,0 +1,152 @@
+"""Training-free context extension of rotary models at the attention: Self-Extend, ReRoPE, log-n.
+
+Each changes which positions the rotary angles of a query-key pair use, or the scale of the
+query, at inference only; the weights stay as trained. For a query at position i and a key at
+j <= i (d = i - j), with q and k the projections before rotation and R(p) the rotation by p:
+
+* **Self-Extend** (Jin et al. 2024, "LLM Maybe LongLM", datamllab/LongLM; neighbour window W,
+  group size G): d < W: R(i)q . R(j)k as trained; d >= W: R(i // G + W - W // G)q . R(j // G)k,
+  so far keys are seen at grouped distances that stay within what the model trained on.
+* **ReRoPE** (Su 2023, bojone/rerope; window W): d < W as trained; d >= W: R(W)q . k, the
+  relative position clipped at W.
+* **log-n** (Chiang & Cholak 2022; Qwen's ``use_logn_attn``): q times max(1, log_{L} (i + 1)),
+  L the trained context, so attention stays as sharp over more keys.
+
+:func:`extended_attention` computes any of them exactly, query chunk by query chunk (two score
+blocks of (chunk, keys) at a time, so memory grows with the length, not its square), and
+:func:`direct_logits` is the definition above written out pair by pair, which the tests hold it
+to. Hugging Face models use it through transformers' attention interface
+(:func:`hf_attention`): the q and k it receives are already rotated by positions 0..T-1, so it
+rotates them back first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import PosbenchError
+
+METHODS = ("none", "self_extend", "rerope", "logn")
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A method and its parameters (``eval.extension``, ``eval.extension_window``,
+    ``eval.extension_group``); ``train_len``: the model's trained context."""
+
+    method: str = "none"
+    window: int | None = None
+    group: int | None = None
+    train_len: int = 0
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise PosbenchError(f"eval.extension={self.method!r} is not valid; valid choices: {', '.join(METHODS)}")
+        if self.method in ("self_extend", "rerope") and not (self.window and self.window > 0):
+            raise PosbenchError(f"eval.extension={self.method} needs eval.extension_window > 0 (the neighbour "
+                                f"window W), got {self.window}; e.g. eval.extension_window=512")
+        if self.method == "self_extend" and not (self.group and self.group > 1):
+            raise PosbenchError(f"eval.extension=self_extend needs eval.extension_group > 1 (the group size G), got "
+                                f"{self.group}; e.g. eval.extension_group=8")
+
+    @property
+    def label(self) -> str:
+        """How results rows name it: ``self_extend(W=512,G=8)``, ``rerope(W=512)``, ``logn``."""
+        if self.method == "self_extend":
+            return f"self_extend(W={self.window},G={self.group})"
+        if self.method == "rerope":
+            return f"rerope(W={self.window})"
+        return self.method
+
+    def positions(self, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query position, key position) of the far pairs (d >= W) for queries ``i`` (Tq, 1)
+        and keys ``j`` (1, Tk)."""
+        if self.method == "self_extend":
+            return i // self.group + self.window - self.window // self.group, j // self.group
+        return torch.full_like(i, self.window), torch.zeros_like(j)  # rerope
+
+    def query_scale(self, i: torch.Tensor) -> torch.Tensor:
+        """log-n's factor per query position (ones for the other methods)."""
+        if self.method != "logn":
+            return torch.ones_like(i, dtype=torch.float32)
+        n = (i + 1).float()
+        return torch.where(n > self.train_len, torch.log(n) / math.log(self.train_len), torch.ones_like(n))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate the last dim of ``x`` by ``angles`` (..., hs/2), half-split pairs (x_k, x_{k+hs/2}),
+    the convention of Llama and of posbench's ``pairing=half``."""
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    return x * cos + rotate_half(x) * sin
+
+
+def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor, ext: Extension,
+                       scaling: float, chunk: int = 256) -> torch.Tensor:
+    """Causal attention of unrotated ``q`` (B, H, T, hs), ``k``, ``v`` (B, H, T, hs) under ``ext``
+    -> (B, H, T, hs). ``inv_freq`` (hs/2,): the rotary frequencies; ``scaling``: the logit scale."""
+    T = q.shape[-2]
+    pos = torch.arange(T, device=q.device)
+    freq = inv_freq.float().to(q.device)
+    k_near = rotate(k.float(), pos[:, None] * freq)
+    if ext.method in ("self_extend", "rerope"):
+        k_far = rotate(k.float(), ext.positions(pos[:, None], pos[None, :])[1][0][:, None] * freq)  # (B, H, T, hs)
+    out = torch.empty_like(q, dtype=torch.float32)
+    for start in range(0, T, chunk):
+        i = pos[start:start + chunk, None]  # (C, 1)
+        j = pos[None, :T]  # (1, T)
+        qc = q[..., start:start + chunk, :].float() * ext.query_scale(i[:, 0])[:, None]
+        scores = rotate(qc, i * freq) @ k_near.transpose(-1, -2)  # (B, H, C, T)
+        if ext.method in ("self_extend", "rerope"):
+            far = (i - j) >= ext.window
+            qi, _ = ext.positions(i, j)
+            q_far = rotate(qc, qi * freq)  # (B, H, C, hs)
+            scores = torch.where(far, q_far @ k_far.transpose(-1, -2), scores)
+        scores = (scores * scaling).masked_fill(j > i, float("-inf"))
+        out[..., start:start + chunk, :] = scores.softmax(-1) @ v.float()
+    return out.to(q.dtype)
+
+
+def direct_logits(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, ext: Extension) -> torch.Tensor:
+    """The module docstring's definition, one (i, j) pair at a time, for tests: (H, T, hs) q, k
+    unrotated -> (H, T, T) logits before the causal mask and the logit scale."""
+    H, T, _ = q.shape
+    out = torch.zeros(H, T, T)
+    for i in range(T):
+        scale = max(1.0, math.log(i + 1) / math.log(ext.train_len)) if ext.method == "logn" else 1.0
+        for j in range(i + 1):
+            qi, kj = i, j
+            if ext.method == "self_extend" and i - j >= ext.window:
+                qi, kj = i // ext.group + ext.window - ext.window // ext.group, j // ext.group
+            elif ext.method == "rerope" and i - j >= ext.window:
+                qi, kj = ext.window, 0
+            a = rotate(q[:, i].float() * scale, qi * inv_freq.float())
+            b = rotate(k[:, j].float(), kj * inv_freq.float())
+            out[:, i, j] = (a * b).sum(-1)
+    return out
+
+
+_ACTIVE: dict = {}  # what hf_attention applies: {"ext": Extension, "inv_freq": tensor}, set by PositionScheme.extended
+HF_NAME = "posbench_extension"
+
+
+def hf_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+    """transformers' attention-function signature (``ALL_ATTENTION_FUNCTIONS``): ``query`` (B, H,
+    T, hs) and ``key``/``value`` (B, H_kv, T, hs), the first two rotated by positions 0..T-1 ->
+    (output (B, T, H, hs), None). Rotates q and k back, shares the KV heads among the query heads
+    (grouped-query attention), and attends under the active :class:`Extension`."""
+    ext, inv_freq = _ACTIVE["ext"], _ACTIVE["inv_freq"]
+    T = query.shape[-2]
+    back = -torch.arange(T, device=query.device)[:, None] * inv_freq.float().to(query.device)
+    q, k = rotate(query.float(), back), rotate(key.float(), back)
+    groups = query.shape[1] // key.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = extended_attention(q, k, v.float(), inv_freq, ext, scaling)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
