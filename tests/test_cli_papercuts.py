@@ -137,3 +137,15 @@ def test_train_log_keeps_what_the_run_printed(smoke_run, tmp_path):
                     f"hydra.run.dir={run}")
     log = (run / "train.log").read_text()
     assert "| copy | nope | 4 | 1x |" in log and proc.stdout.strip().splitlines()[-1] in log
+
+
+def test_a_new_run_dir_with_an_equals_sign_is_taken_as_typed():
+    """`hydra.run.dir=runs/threads=2` failed in Hydra's grammar ("mismatched input '='") before the
+    dir existed; a new run or sweep dir is quoted like an existing one."""
+    from posbench.cli import path_arguments
+
+    assert path_arguments("train", ["hydra.run.dir=runs/threads=2", "seed=1"], False) == [
+        "hydra.run.dir='runs/threads=2'", "seed=1"]
+    assert path_arguments("train", ["hydra.sweep.dir=multirun/a=b"], True) == ["hydra.sweep.dir='multirun/a=b'"]
+    assert path_arguments("train", ["hydra.run.dir=runs/plain", "encoding=alibi,rope"], True) == [
+        "hydra.run.dir=runs/plain", "encoding=alibi,rope"]
