@@ -57,3 +57,18 @@ def test_an_unknown_baseline_is_one_line_naming_the_shipped_ones(tmp_path):
         resolve_baseline("nosuch")
     proc = posbench("report", tmp_path, "--baseline", "nosuch", check=False)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_shipped_baseline_is_found_by_name_and_reports_its_shipped_table(tmp_path):
+    """`--baseline zoo_quick` resolves to results/baselines/zoo_quick (posbench/baselines in a
+    wheel), and its runs report the numbers its README and report.csv ship."""
+    from posbench.report.baselines import shipped_baselines
+
+    assert "zoo_quick" in shipped_baselines()
+    bundle = resolve_baseline("zoo_quick")
+    assert len(list(bundle.rglob(BLOCKS_FILE))) == 15
+    summary = report([], tmp_path, reference=None, baselines=[bundle]).summary
+    shipped = pd.read_csv(bundle / "report" / "report.csv")
+    columns = ["label", "eval_len", "ppl_mean", "ppl_ci_low", "ppl_ci_high", "ratio_ci_low", "ratio_ci_high"]
+    pd.testing.assert_frame_equal(summary[columns].reset_index(drop=True), shipped[columns].reset_index(drop=True),
+                                  check_dtype=False)
