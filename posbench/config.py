@@ -439,19 +439,21 @@ def hashed_part(data: dict) -> dict:
     return kept
 
 
-RUN_NAME_MAX = 120  # characters of a run dir's name (file systems stop at 255 bytes)
+RUN_NAME_MAX = 255  # bytes of a run dir's name: where file systems stop (NAME_MAX)
 
 
 def run_name(overrides: str) -> str:
     """A run dir's name: the command line's overrides (Hydra's ``override_dirname``), or
-    ``default``; a longer one than :data:`RUN_NAME_MAX` keeps its start and gets a hash of the
-    whole, so every command line still has a name of its own."""
+    ``default``. A name longer than :data:`RUN_NAME_MAX` bytes, which no file system takes, keeps
+    its start and gets a hash of the whole, so every command line still has a name of its own;
+    every name that fits stays as it was (existing run dirs are found again)."""
     if not overrides:
         return "default"
-    if len(overrides) <= RUN_NAME_MAX:
+    if len(overrides.encode()) <= RUN_NAME_MAX:
         return overrides
     digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
-    return f"{overrides[:RUN_NAME_MAX - 9].rstrip(',')}-{digest}"
+    start = overrides.encode()[:RUN_NAME_MAX - 9].decode(errors="ignore")
+    return f"{start}-{digest}"
 
 
 def code_version() -> str:
