@@ -44,6 +44,16 @@ def pretrained_lengths(ecfg: EvalConfig, context: int) -> list[int]:
     return sorted({max(1, int(m * context)) for m in MULTIPLES})
 
 
+def open_pretrained(cfg: DictConfig):
+    """-> (model, tokenizer, end-of-text token, device, autocast dtype (None in fp32), precision)
+    of ``cfg.pretrained`` on ``cfg.device``."""
+    device = resolve_device(str(cfg.device))
+    precision = str(cfg.get("precision") or "auto")
+    model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
+    dtype = next(model.parameters()).dtype
+    return model, tokenizer, eos, device, None if dtype == torch.float32 else dtype, precision
+
+
 def extension_of(ecfg: EvalConfig, model) -> Extension:
     return Extension(ecfg.extension, ecfg.extension_window, ecfg.extension_group, model.encoding.train_len)
 
@@ -68,19 +78,15 @@ def measured_config(cfg: DictConfig, model, precision: str) -> DictConfig:
 def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     """The ladder of ``cfg.pretrained`` on ``cfg.data``, written to the output folder."""
     ecfg = typed(EvalConfig, cfg.eval, "eval")
-    device = resolve_device(str(cfg.device))
-    precision = str(cfg.get("precision") or "auto")
-    model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
+    model, tokenizer, eos, device, dtype, precision = open_pretrained(cfg)
     corpus = load_corpus(cfg.data, tokenizer=tokenizer, eos_token=eos)
     tokens = corpus.splits[ecfg.split]
     lengths = pretrained_lengths(ecfg, model.encoding.train_len)
     ecfg.strides(lengths)
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
-    dtype = next(model.parameters()).dtype
     ext = extension_of(ecfg, model)
     with model.encoding.extended(ext):
-        ladder = perplexity_ladder(model, tokens, lengths, ecfg, device, None if dtype == torch.float32 else dtype,
-                                   tokenizer=corpus.tokenizer, n_tokens=n)
+        ladder = perplexity_ladder(model, tokens, lengths, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
     for row in ladder:  # the row key names the extension, so no method's rows replace another's
         row["rope_scaling"] = scaling_label(row["rope_scaling"], ext)
     measured = measured_config(cfg, model, precision)
@@ -101,17 +107,14 @@ def probe_pretrained(cfg: DictConfig):
 
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     probe = build_probe(cfg.probe)
-    device = resolve_device(str(cfg.device))
-    precision = str(cfg.get("precision") or "auto")
-    model, tokenizer, _ = load_pretrained(str(cfg.pretrained), device, precision)
+    model, tokenizer, _, device, dtype, precision = open_pretrained(cfg)
     train_len = model.encoding.train_len
 
     def scaling(length):
         factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
         return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
 
-    dtype = next(model.parameters()).dtype
-    subject = Subject(model, PieceTokenizer(tokenizer), device, None if dtype == torch.float32 else dtype, train_len,
+    subject = Subject(model, PieceTokenizer(tokenizer), device, dtype, train_len,
                       ecfg.batch_tokens, scaling)
     measured = measured_config(cfg, model, precision)
     ext = extension_of(ecfg, model)
