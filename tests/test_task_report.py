@@ -181,6 +181,7 @@ def test_report_of_tasks_only_writes_tables_figure_and_no_perplexity_report(tmp_
     assert {"token:copy:rope +rand", "token:sort:nope", "token_interval:copy:nope"} <= ids
     texts = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
     assert {"copy (train size 20)", "rope +rand", "train size", "exact match (%)", "token accuracy (%)"} <= texts
+    assert "setup" in ids and "0.0123M params, 1,000 steps" in " ".join(t for t in texts if t)  # the caption
     assert task_report([sweep], tmp_path / "again").files[-1] == tmp_path / "again/tasks.svg"
 
 

@@ -540,13 +540,14 @@ TASK_SCORES = (  # column, interval prefix, line gid, band gid, y label
     ("token_acc", "token", "token", "token_interval", "token accuracy (%)"))
 
 
-def tasks_figure(summary: pd.DataFrame):
+def tasks_figure(summary: pd.DataFrame, setup: pd.DataFrame | None = None):
     """Accuracy (%) vs eval size as a multiple of the train size (log2 x), one panel per task:
     exact match in the upper panels, per-token accuracy in the lower ones (beyond the training
     size exact match is often 0 for every line, and token accuracy still tells them apart). One
     line per label (:mod:`posbench.report.tasks`) with its 95% interval shaded. A label has one
     colour in every panel; lines trained on randomized positions are dashed with squares; the
-    dashed grey line marks the train size (1x). One legend for all panels."""
+    dashed grey line marks the train size (1x). One legend for all panels; ``setup`` (one row per
+    run: model, params, steps) captions it."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -586,4 +587,5 @@ def tasks_figure(summary: pd.DataFrame):
     extra = [Line2D([], [], color="gray", linestyle="--", linewidth=1, label="train size"),
              Patch(color="gray", alpha=0.15, linewidth=0, label=TASK_INTERVAL_LABEL)]
     fig.legend(handles=[*handles.values(), *extra], loc="outside right upper", fontsize="small")
+    _caption(fig, setup)
     return fig

@@ -68,8 +68,9 @@ def _figure(panels: int):
     return fig, fig.subplots(1, panels, squeeze=False), matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
-def learned_bias_figure(table: pd.DataFrame, title: str):
-    """One run's bias by distance: a panel per layer in ``table``, a line per head."""
+def learned_bias_figure(table: pd.DataFrame, title: str, caption: str = ""):
+    """One run's bias by distance: a panel per layer in ``table``, a line per head; ``caption``
+    (the run's setup: model, corpus, steps, tokens) under the title."""
     layers = sorted(table.layer.unique())
     fig, axes, colours = _figure(len(layers))
     for ax, layer in zip(axes[0], layers):
@@ -77,24 +78,31 @@ def learned_bias_figure(table: pd.DataFrame, title: str):
         ax.set_title(f"layer {layer}" if len(layers) > 1 else "all layers")
     axes[0][0].set_ylabel("bias added to the logit")
     axes[0][-1].legend(fontsize="small", ncol=2)
-    fig.suptitle(title)
+    fig.suptitle(_titled(title, caption, fig))
     fig.tight_layout()
     return fig
+
+
+def _titled(title: str, caption: str, fig) -> str:
+    import textwrap
+
+    return title + (f"\n{textwrap.fill(caption, int(16 * fig.get_figwidth()))}" if caption else "")
 
 
 def _default_distance(encoding: PositionEncoding) -> int:
     return 4 * encoding.dims.train_len  # past the training length, to show how it extrapolates
 
 
-def write_run_figure(encoding: PositionEncoding, run_dir: str | Path, max_distance: int | None = None) -> list[Path]:
-    """``learned_bias.png`` and ``.svg`` in ``run_dir`` when the encoding has a learned bias;
-    -> the files written (none otherwise)."""
+def write_run_figure(encoding: PositionEncoding, run_dir: str | Path, max_distance: int | None = None,
+                     caption: str = "") -> list[Path]:
+    """``learned_bias.png`` and ``.svg`` in ``run_dir`` when the encoding has a learned bias,
+    ``caption`` (the run's setup) under its title; -> the files written (none otherwise)."""
     from .figures import save
 
     if not has_learned_bias(encoding):
         return []
     table = bias_by_distance(encoding, max_distance or _default_distance(encoding))
-    fig = learned_bias_figure(table, f"{encoding.name}: learned bias by distance")
+    fig = learned_bias_figure(table, f"{encoding.name}: learned bias by distance", caption)
     return save(fig, Path(run_dir) / FILE, also_svg=True)
 
 
@@ -140,9 +148,10 @@ def _labels(configs: list[dict]) -> list[str]:
     return labels
 
 
-def write_report_figure(runs: list[str | Path], out: str | Path) -> list[Path]:
+def write_report_figure(runs: list[str | Path], out: str | Path, caption: str = "") -> list[Path]:
     """``learned_bias.png`` / ``.svg`` in ``out``: a panel per encoding (config), drawing every
-    run's bias by distance, every layer and head; nothing when no run has a learned bias."""
+    run's bias by distance, every layer and head, ``caption`` (the runs' setup) under the title;
+    nothing when no run has a learned bias."""
     from .figures import save
 
     found = [(str(run), got) for run in sorted(map(str, runs)) if (got := run_bias(run)) is not None]
@@ -160,6 +169,6 @@ def write_report_figure(runs: list[str | Path], out: str | Path) -> list[Path]:
             _draw(ax, table, f"bias:{label}:{number}:", colours)
         ax.set_title(f"{label} ({len(mine)} run{'s' * (len(mine) > 1)})")
     axes[0][0].set_ylabel("bias added to the logit")
-    fig.suptitle("learned bias by distance (a line per head, layer and run)")
+    fig.suptitle(_titled("learned bias by distance (a line per head, layer and run)", caption, fig))
     fig.tight_layout()
     return save(fig, Path(out) / FILE, also_svg=True)

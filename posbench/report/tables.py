@@ -611,7 +611,7 @@ def draw_run(run_dir: str | Path) -> None:
             save(fig, run.path / f"{name}.png")
     found = trained_encoding(run.path)
     if found is not None:
-        write_run_figure(found[1], run.path)
+        write_run_figure(found[1], run.path, caption=setup)
 
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
@@ -689,5 +689,6 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         atomic_write_text(files[-1], table + "\n")
     for name, fig in figures.items():
         files += save(fig, out / f"{name}.png", also_svg=True)
-    files += write_report_figure(sorted(set(df.run)), out)  # learned_bias.png/.svg, runs with a learned bias
+    # learned_bias.png/.svg, runs with a learned bias
+    files += write_report_figure(sorted(set(df.run)), out, caption=setup_caption(setup))
     return Report(summary, table + failures_markdown(failed), text, files)

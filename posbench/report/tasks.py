@@ -223,6 +223,21 @@ def tasks_markdown(summary: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------- files
+def task_setup(tasks: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of tasks.csv rows, for the figure's caption: ``model`` (model.name of the
+    run's config.yaml, where it has one), ``params`` and ``steps`` (the step it was evaluated at)."""
+    from omegaconf import OmegaConf
+
+    if "run" not in tasks or tasks.empty:
+        return pd.DataFrame(columns=["run", "model", "params", "steps"])
+    runs = tasks.groupby("run", sort=False).agg(params=("params", "first"), steps=("step", "max")).reset_index()
+    models = []
+    for run in runs.run:
+        config = Path(run) / "config.yaml"
+        models.append(OmegaConf.select(OmegaConf.load(config), "model.name") if config.is_file() else None)
+    return runs.assign(model=models)
+
+
 def write_task_report(tasks: pd.DataFrame, out: str | Path, footer: str = "") -> TaskReport:
     """tasks_report.csv (the summary), tasks_report.md (tables, verdicts, ``footer``) and
     tasks.png/.svg (:func:`posbench.report.figures.tasks_figure`) in ``out``, from :func:`read_tasks` rows."""
@@ -232,7 +247,7 @@ def write_task_report(tasks: pd.DataFrame, out: str | Path, footer: str = "") ->
     files = [out / "tasks_report.csv", out / "tasks_report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
     atomic_write_text(files[1], f"# Algorithmic tasks\n\n{table}{footer}\n\n## Figure\n\n![tasks](tasks.png)\n")
-    files += save(tasks_figure(summary), out / "tasks.png", also_svg=True)
+    files += save(tasks_figure(summary, task_setup(tasks)), out / "tasks.png", also_svg=True)
     return TaskReport(summary, table, task_verdicts(summary), files)
 
 
