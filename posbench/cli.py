@@ -662,6 +662,12 @@ def cmd_encodings(args: list[str]) -> None:
         print(f"{name:<{width}}  {cls.hook_kind():<6}  {total:>6}  {pos:>8}  {cls.description}  [{cls.paper}]{plugin}")
     print("(params: all parameters of the default model, model=tiny with the default corpus's vocabulary; "
           "position: those of the position encoding)")
+    from .length_scaling import MODEL_OPTIONS
+
+    print("\nmodel options, with any encoding (posbench train encoding=E OPTION):")
+    width = max(len(o) for o, _, _ in MODEL_OPTIONS)
+    for option, description, paper in MODEL_OPTIONS:
+        print(f"{option:<{width}}  {description}  [{paper}]")
 
 
 def cmd_check(args: list[str]) -> None:
@@ -670,23 +676,32 @@ def cmd_check(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="posbench check", description=COMMANDS["check"],
                                      epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")
     parser.add_argument("encoding", help="a registered name, or the class as pkg.module:Class")
-    parser.add_argument("options", nargs="*", metavar="KEY=VALUE", help="constructor options (YAML values)")
+    parser.add_argument("options", nargs="*", metavar="KEY=VALUE",
+                        help="constructor options (YAML values); model.KEY=VALUE: a model option to check with it "
+                             "(e.g. model.length_scaling=ssmax)")
     parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run (default: all)")
     ns = parser.parse_args(args)
     import yaml
 
-    options = {}
+    options, model = {}, {}
     for item in ns.options:
         key, eq, value = item.partition("=")
         if not eq:
             fail(f"option {item!r} is not KEY=VALUE; valid: e.g. base=500000.0")
-        options[key] = yaml.safe_load(value)  # 2.0 -> float, true -> bool, as in a config file
+        if key.startswith("model."):
+            model[key.removeprefix("model.")] = yaml.safe_load(value)
+        else:
+            options[key] = yaml.safe_load(value)  # 2.0 -> float, true -> bool, as in a config file
+    if model:
+        from .config import model_config
+
+        model_config(model)  # an unknown or bad model option is one line
     cls = resolve(ns.encoding)
     checks = [c for c in ns.only.split(",") if c]
     failed = 0
     for check in checks:
         try:
-            check_encoding(cls, options, [check])
+            check_encoding(cls, options, [check], model=model)
             print(f"ok    {check}")
         except ConformanceError as e:
             failed += 1

@@ -93,11 +93,18 @@ class ModelConfig:
     dropout: float = 0.0
     attn_chunk: int = 1024  # query chunk for biased / content-dependent attention
     embed_scale: str = "sqrt_d"  # sqrt_d: token embeddings x sqrt(d_model) for every encoding; none: x 1
+    length_scaling: str = "none"  # none | logn | ssmax: the query times a factor growing with log n (length_scaling.py)
+    ssmax_init: float = 0.43  # SSMax's s at initialisation (length_scaling=ssmax only)
 
     def __post_init__(self):
+        from .length_scaling import SCALINGS
+
         if self.embed_scale not in EMBED_SCALES:
             raise PosbenchError(f"model.embed_scale={self.embed_scale!r} is not valid; "
                                 f"valid choices: {', '.join(EMBED_SCALES)}")
+        if self.length_scaling not in SCALINGS:
+            raise PosbenchError(f"model.length_scaling={self.length_scaling!r} is not valid; "
+                                f"valid choices: {', '.join(SCALINGS)}")
 
     def embed_factor(self) -> float:
         """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
@@ -415,6 +422,11 @@ def flat_items(d: dict, prefix: str = ""):
             yield f"{prefix}{k}", v
 
 
+# keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
+# value a config without the key means: the report's config diffs and --by labels read them
+IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none"}
+
+
 def hashed_part(data: dict) -> dict:
     """The part of a config (plain containers) that :func:`config_hash` covers: without
     ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN``, the ``HASHED_UNLESS_NULL_TRAIN``
@@ -432,6 +444,11 @@ def hashed_part(data: dict) -> dict:
         kept["train"] = {k: v for k, v in train.items() if k not in NOT_HASHED_TRAIN
                          and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)
                          and not (cosine and k in ("schedule", "decay_frac"))}
+    if isinstance(kept.get("model"), dict):  # runs from before model.length_scaling keep their hash
+        model = kept["model"]
+        scaling = model.get("length_scaling", "none")
+        kept["model"] = {k: v for k, v in model.items()
+                         if not (k == "length_scaling" and v == "none") and not (k == "ssmax_init" and scaling != "ssmax")}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":

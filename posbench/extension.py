@@ -10,7 +10,9 @@ j <= i (d = i - j), with q and k the projections before rotation and R(p) the ro
 * **ReRoPE** (Su 2023, bojone/rerope; window W): d < W as trained; d >= W: R(W)q . k, the
   relative position clipped at W.
 * **log-n** (Chiang & Cholak 2022; Qwen's ``use_logn_attn``): q times max(1, log_{L} (i + 1)),
-  L the trained context, so attention stays as sharp over more keys.
+  L the trained context, so attention stays as sharp over more keys; the factor is
+  :func:`posbench.length_scaling.logn_factor`, the one posbench's own models train with
+  (``model.length_scaling=logn``).
 
 :func:`extended_attention` computes any of them exactly, query chunk by query chunk (two score
 blocks of (chunk, keys) at a time, so memory grows with the length, not its square), and
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import PosbenchError
+from .length_scaling import logn_factor
 
 METHODS = ("none", "self_extend", "rerope", "logn")
 
@@ -72,8 +75,7 @@ class Extension:
         """log-n's factor per query position (ones for the other methods)."""
         if self.method != "logn":
             return torch.ones_like(i, dtype=torch.float32)
-        n = (i + 1).float()
-        return torch.where(n > self.train_len, torch.log(n) / math.log(self.train_len), torch.ones_like(n))
+        return logn_factor(i + 1, self.train_len)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from .attention import causal_attention
 from .config import ModelConfig
 from .encodings import ModelDims, PositionEncoding
 from .encodings.randomized import check_positions
+from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 
 
@@ -33,6 +34,8 @@ class Attention(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
+        if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
+            q = cache["length_scaling"](q, cache["key_counts"], layer)
         y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
@@ -58,6 +61,9 @@ class LanguageModel(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
+        # model.length_scaling: a module only where scaling is on, so other runs' state dicts are as before
+        self.length_scaling = (LengthScaling(cfg.length_scaling, cfg.n_layers, cfg.n_heads, encoding.dims.train_len,
+                                             cfg.ssmax_init) if cfg.length_scaling != "none" else None)
         self._init_weights()
         self.emb_scale = cfg.embed_factor()  # the same for every encoding (model.embed_scale)
 
@@ -67,8 +73,8 @@ class LanguageModel(nn.Module):
         them at N(0, d^-0.5) as well (tensor2tensor/fairseq) was measured worse here with tied
         embeddings (README, "Reference results")."""
         for name, p in self.named_parameters():
-            if name.startswith("encoding."):
-                continue  # encodings initialise their own parameters
+            if name.startswith(("encoding.", "length_scaling.")):
+                continue  # encodings and the length scaling initialise their own parameters
             if p.dim() >= 2:
                 # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
@@ -91,6 +97,8 @@ class LanguageModel(nn.Module):
         else:
             check_positions(positions, idx.shape[1])
             positions = positions.to(idx.device)
+        if self.length_scaling is not None:
+            cache["length_scaling"], cache["key_counts"] = self.length_scaling, key_counts(idx.shape[1], idx.device)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)
         x = self.drop(self.encoding.embed(x, positions, idx))
         for layer, block in enumerate(self.blocks):

@@ -65,17 +65,20 @@ def resolve(encoding: str | type[PositionEncoding]) -> type[PositionEncoding]:
     return encoding_class({"name": encoding})
 
 
-def _model(cls, options, *, d_model=32, n_layers=2, n_heads=4, d_ff=64, chunk=8, train_len=16, perturb=False):
+def _model(cls, options, *, d_model=32, n_layers=2, n_heads=4, d_ff=64, chunk=8, train_len=16, perturb=False,
+           model: Mapping[str, Any] | None = None):
     """A small model; ``perturb`` moves the encoding's parameters off their init so every term
-    counts (a table that starts at zero would hide a wrong flag)."""
+    counts (a table that starts at zero would hide a wrong flag); ``model``: more ModelConfig
+    options (a model option such as ``length_scaling`` checked with the encoding)."""
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk)
-    model = LanguageModel(cfg, VOCAB, cls.build(LanguageModel.dims(cfg, train_len, VOCAB), dict(options)))
+    cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk,
+                      **dict(model or {}))
+    net = LanguageModel(cfg, VOCAB, cls.build(LanguageModel.dims(cfg, train_len, VOCAB), dict(options)))
     if perturb:
         with torch.no_grad():
-            for p in model.encoding.parameters():
+            for p in net.encoding.parameters():
                 p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.dtype))
-    return model.eval()
+    return net.eval()
 
 
 def _tokens(B: int, T: int, seed: int) -> torch.Tensor:
@@ -88,19 +91,19 @@ def _fail(check: str, cls: type, message: str) -> None:
 
 # ---- the checks ------------------------------------------------------------------------------
 
-def check_causality(cls, options) -> None:
-    model, x = _model(cls, options, perturb=True), _tokens(2, 16, 0)
+def check_causality(cls, options, model=None) -> None:
+    net, x = _model(cls, options, perturb=True, model=model), _tokens(2, 16, 0)
     y = x.clone()
     y[:, 10:] = _tokens(2, 6, 1)
     with torch.no_grad():
-        a, b = model(x), model(y)
+        a, b = net(x), net(y)
     if not torch.allclose(a[:, :10], b[:, :10], atol=1e-5):
         _fail("causality", cls, f"changing tokens 10.. changed the logits of tokens < 10 by up to "
                                 f"{(a[:, :10] - b[:, :10]).abs().max():.2e}: a query sees keys after it")
 
 
-def check_kernels(cls, options) -> None:
-    enc = _model(cls, options, perturb=True).encoding
+def check_kernels(cls, options, model=None) -> None:
+    enc = _model(cls, options, perturb=True, model=model).encoding
     for grad, T, chunk in [(True, 37, 64), (False, 37, 64), (False, 37, 10), (True, 150, 64)]:
         torch.manual_seed(1)
         q, k, v = (torch.randn(2, enc.dims.n_heads, T, enc.dims.head_dim) for _ in range(3))
@@ -115,30 +118,35 @@ def check_kernels(cls, options) -> None:
 
 
 def _per_layer_forward(model: LanguageModel, x: torch.Tensor) -> torch.Tensor:
-    """The model's forward with nothing shared between layers (a fresh cache per layer)."""
+    """The model's forward with nothing shared between layers (a fresh cache per layer, holding
+    only the model's length scaling)."""
+    from .length_scaling import key_counts
+
     positions = torch.arange(x.shape[1])
     h = model.drop(model.encoding.embed(model.tok_emb(x) * model.emb_scale, positions, x))
+    scaling = ({"length_scaling": model.length_scaling, "key_counts": key_counts(x.shape[1])}
+               if model.length_scaling is not None else {})
     for layer, block in enumerate(model.blocks):
-        h = block(h, model.encoding, positions, layer, {})
+        h = block(h, model.encoding, positions, layer, dict(scaling))
     return model.ln_f(h) @ model.tok_emb.weight.t()
 
 
-def check_layer_invariant(cls, options) -> None:
+def check_layer_invariant(cls, options, model=None) -> None:
     x = _tokens(2, 16, 3)
     for chunk in (1024, 7):  # one (H, T, T) bias per forward; Toeplitz slices or per-chunk biases
-        model = _model(cls, options, chunk=chunk, perturb=True)
-        if not model.encoding.layer_invariant_bias:  # the instance's claim (an option may change it)
+        net = _model(cls, options, chunk=chunk, perturb=True, model=model)
+        if not net.encoding.layer_invariant_bias:  # the instance's claim (an option may change it)
             return
         with torch.no_grad():
-            got, want = model(x), _per_layer_forward(model, x)
+            got, want = net(x), _per_layer_forward(net, x)
         if not torch.allclose(got, want, atol=1e-5):
             _fail("layer_invariant", cls, "claims layer_invariant_bias, but a forward reusing layer 0's bias "
                                           f"differs from one building every layer's by {(got - want).abs().max():.2e} "
                                           "(set layer_invariant_bias = False)")
 
 
-def check_relative(cls, options) -> None:
-    enc = _model(cls, options, perturb=True).encoding
+def check_relative(cls, options, model=None) -> None:
+    enc = _model(cls, options, perturb=True, model=model).encoding
     if not enc.relative_bias:
         return
     q_pos, k_pos = torch.arange(40, 60), torch.arange(0, 60)
@@ -150,35 +158,36 @@ def check_relative(cls, options) -> None:
                                        f"of layer {layer} by {(a - b).abs().max():.2e} (set relative_bias = False)")
 
 
-def check_reads_positions(cls, options) -> None:
-    model, x = _model(cls, options, perturb=True, train_len=16), _tokens(2, 24, 1)
+def check_reads_positions(cls, options, model=None) -> None:
+    net, x = _model(cls, options, perturb=True, train_len=16, model=model), _tokens(2, 24, 1)
     gapped = torch.randperm(64, generator=torch.Generator().manual_seed(2))[:24].sort().values
     try:
         with torch.no_grad():
-            ordinary, other = model(x), model(x, positions=gapped)
+            ordinary, other = net(x), net(x, positions=gapped)
     except PositionRangeError:
         return  # a table too short for position 63: it reads positions (and says so by refusing)
     changed = not torch.allclose(ordinary, other, atol=1e-5)
-    if changed != model.encoding.reads_positions:
-        _fail("reads_positions", cls, f"says reads_positions = {model.encoding.reads_positions}, but gapped positions "
+    if changed != net.encoding.reads_positions:
+        _fail("reads_positions", cls, f"says reads_positions = {net.encoding.reads_positions}, but gapped positions "
                                       f"{'change' if changed else 'do not change'} the output")
 
 
-def check_bf16(cls, options) -> None:
-    model = _model(cls, options).train()
+def check_bf16(cls, options, model=None) -> None:
+    net = _model(cls, options, model=model).train()
     x = _tokens(2, 17, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model(x[:, :-1], targets=x[:, 1:])
+        loss = net(x[:, :-1], targets=x[:, 1:])
     loss.backward()
     if not torch.isfinite(loss):
         _fail("bf16", cls, f"the loss under bf16 autocast is {loss.item()}")
-    for name, param in model.encoding.named_parameters():
+    scaling = net.length_scaling.named_parameters("length_scaling") if net.length_scaling is not None else []
+    for name, param in [*net.encoding.named_parameters(), *scaling]:
         if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0:
             _fail("bf16", cls, f"parameter {name!r} gets no finite non-zero gradient: it cannot learn")
 
 
-def _long_model(cls, options):
-    return _model(cls, options, d_model=64, n_layers=2, n_heads=4, d_ff=128, chunk=64, train_len=128)
+def _long_model(cls, options, model=None):
+    return _model(cls, options, d_model=64, n_layers=2, n_heads=4, d_ff=128, chunk=64, train_len=128, model=model)
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -196,17 +205,17 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
-def check_long(cls, options) -> None:
+def check_long(cls, options, model=None) -> None:
     """One forward at 16x the training length (train_len 128 -> 2048 tokens, query chunks of 64):
     finite logits, and no tensor over the chunked bound."""
-    model, T = _long_model(cls, options), 16 * 128
-    enc, cfg = model.encoding, model.cfg
+    net, T = _long_model(cls, options, model), 16 * 128
+    enc, cfg = net.encoding, net.cfg
     bound = 2 * max(enc.pair_cost() * cfg.attn_chunk * T,  # one query chunk's scores or bias
                     T * max(cfg.d_ff, 3 * cfg.d_model, VOCAB))  # the token-wise activations
     tracker = _LargestTensor()
     try:
         with torch.no_grad(), tracker:
-            logits = model(_tokens(1, T, 5))
+            logits = net(_tokens(1, T, 5))
     except PositionRangeError:
         return  # refuses clearly, as a learned table must
     if not torch.isfinite(logits).all():
@@ -225,10 +234,12 @@ CHECKS: dict[str, Callable[[type, Mapping], None]] = {
 
 
 def check_encoding(encoding: str | type[PositionEncoding], options: Mapping[str, Any] | None = None,
-                   checks: list[str] | None = None) -> list[str]:
+                   checks: list[str] | None = None, model: Mapping[str, Any] | None = None) -> list[str]:
     """Run ``checks`` (default: all of :data:`CHECKS`) on ``encoding`` built with ``options``
-    (default: its constructor's defaults). -> the names of the checks run; raises
-    :class:`ConformanceError` at the first that fails."""
+    (default: its constructor's defaults), in models with the ModelConfig options ``model``
+    (e.g. ``{"length_scaling": "ssmax"}``: a model option is held to the same checks with every
+    encoding). -> the names of the checks run; raises :class:`ConformanceError` at the first that
+    fails."""
     cls = resolve(encoding)
     names = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in names if n not in CHECKS]
@@ -237,7 +248,7 @@ def check_encoding(encoding: str | type[PositionEncoding], options: Mapping[str,
     threads = torch.get_num_threads()
     try:
         for name in names:
-            CHECKS[name](cls, dict(options or {}))
+            CHECKS[name](cls, dict(options or {}), dict(model or {}))
     finally:
         torch.set_num_threads(threads)
     return names

@@ -141,12 +141,15 @@ def _hashed_config(run: str) -> dict | None:
     """The keys of a run's config.yaml that its config_hash covers, flattened ('train.lr')."""
     from omegaconf import OmegaConf
 
-    from ..config import flat_items, hashed_part
+    from ..config import IMPLIED_WHEN_ABSENT, flat_items, hashed_part
 
     path = Path(run) / "config.yaml"
     if not path.is_file():
         return None
-    return dict(flat_items(hashed_part(OmegaConf.to_container(OmegaConf.load(path), resolve=False))))
+    found = dict(flat_items(hashed_part(OmegaConf.to_container(OmegaConf.load(path), resolve=False))))
+    if any(k.startswith("model.") for k in found):  # a model section: its implied settings
+        found = {**{k: v for k, v in IMPLIED_WHEN_ABSENT.items() if k.startswith("model.")}, **found}
+    return found
 
 
 def config_diff(runs: list[str], hashes: list[str]) -> str:

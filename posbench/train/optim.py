@@ -42,9 +42,10 @@ def make_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW; weight decay on the network's matrices (the tied token embedding included), none on
     norms, biases and every position-encoding parameter (``encoding.*``: tables, slopes, MLPs, GRU
     and convolution weights, complex's per-word tables), so an encoding's extra parameters are
-    never pulled towards zero (minGPT likewise leaves its position embedding undecayed)."""
+    never pulled towards zero (minGPT likewise leaves its position embedding undecayed), nor SSMax's
+    scales (``length_scaling.s``)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith("encoding.") else no_decay).append(p)
+        (decay if p.dim() >= 2 and not name.startswith(("encoding.", "length_scaling.")) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2))
