@@ -253,6 +253,74 @@ class Rotary(PositionEncoding):
         return f"{super().extra_repr()}, pairing={self.pairing}"
 
 
+PARTIAL_FORMS = ("highest", "neox")
+
+
+@register
+class PartialRotary(Rotary):
+    """RoPE on a fraction p of each head's rotary pairs; the other pairs are not rotated and
+    carry no position (NoPE channels). Two forms, both with r = floor(p * hs/2) rotated pairs:
+
+    * ``highest`` (p-RoPE; Barbero et al., ICLR 2025, "Round and Round We Go! What makes Rotary
+      Positional Encodings useful?", ``apply_p_rope`` in their code): RoPE's own frequencies
+      theta_i = base^(-2i/hs) for the r highest (i < r); the lowest hs/2 - r, whose rotations are
+      so slow that they act as semantic channels which drift over long contexts, are removed
+      (frequency 0). p = 1 is RoPE. The paper trains p = 0.25 and 0.75; 0.75 is the default.
+    * ``neox`` (GPT-NeoX's ``rotary_pct``, Black et al. 2022; Hugging Face ``partial_rotary_factor``):
+      the first 2r dims rotated with frequencies base^(-2i/(2r)), i < r: the whole range of
+      frequencies packed into fewer pairs (GPT-NeoX 20B and Pythia use 0.25). NeoX rotates dims
+      [0, 2r) in their own rotate-half layout; here pair i is laid out as ``pairing`` says, the
+      same function up to a fixed permutation of each head's q and k dims (as for ``pairing``;
+      ``tests/test_partial_rope.py`` checks the logits against NeoX's layout).
+
+    RoPE scalings at inference apply to the rotated pairs as for ``rope``, with the frequencies of
+    the form (``ntk`` and ``yarn`` on the head size the frequencies are spread over: hs for
+    ``highest``, 2r for ``neox``); YaRN's attention factor multiplies every pair, so the logits
+    scale as for ``rope``.
+    """
+
+    name = "p_rope"
+    paper = "Barbero et al. 2025, Round and Round We Go! (p-RoPE); GPT-NeoX rotary_pct"
+    description = "rope on the highest fraction p of its frequencies (or NeoX's first p of the dims), the rest unrotated"
+
+    def __init__(self, dims: ModelDims, fraction: float = 0.75, form: str = "highest", base: float = 10000.0,
+                 pairing: str = "half"):
+        super().__init__(dims, base, pairing)
+        if form not in PARTIAL_FORMS:
+            raise PosbenchError(f"p_rope form {form!r} is not valid; valid choices: {', '.join(PARTIAL_FORMS)}")
+        pairs = int(float(fraction) * (dims.head_dim // 2))
+        if not 0 < fraction <= 1 or pairs < 1:
+            raise PosbenchError(f"p_rope fraction must be in (0, 1] and rotate at least one of the "
+                                f"{dims.head_dim // 2} pairs of a head, got {fraction}")
+        self.fraction, self.form, self.pairs = float(fraction), form, pairs
+
+    def inv_freq(self, kind: str, s: float, device=None) -> torch.Tensor:
+        """(hs/2,): the rotated pairs' frequencies under scaling (kind, s), zeros for the others
+        (``pi`` scales positions, not frequencies: its frequencies are the unscaled ones)."""
+        hs = self.dims.head_dim
+        spread = hs if self.form == "highest" else 2 * self.pairs  # the head size the frequencies span
+        if kind == "ntk":
+            freq = rope_inv_freq(spread, ntk_base(self.base, s, spread), device)
+        elif kind == "yarn":
+            freq = yarn_inv_freq(spread, self.base, s, self.dims.train_len, device)
+        else:
+            freq = rope_inv_freq(spread, self.base, device)
+        out = torch.zeros(hs // 2, device=device)
+        out[:self.pairs] = freq[:self.pairs]
+        return out
+
+    def angle_table(self, positions: torch.Tensor, kind: str, s: float):
+        if kind not in ("none", "pi", "ntk", "yarn"):
+            raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+        pos = positions.float() / s if kind == "pi" else positions.float()
+        angles = pos[:, None] * self.inv_freq(kind, s, positions.device)[None, :]
+        m = yarn_attention_factor(s) if kind == "yarn" else 1.0
+        return angles.cos() * m, angles.sin() * m
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, fraction={self.fraction}, form={self.form}"
+
+
 def xpos_zeta(head_dim: int) -> torch.Tensor:
     """zeta_i = (2i/hs + 0.4) / 1.4 for i < hs/2 (Sun et al. 2022). -> (hs/2,)."""
     return (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim + 0.4) / 1.4
