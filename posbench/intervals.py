@@ -1,39 +1,48 @@
-"""95% intervals for perplexities and their ratios: over seeds, or a paired block bootstrap.
+"""95% intervals for perplexities and their ratios, covering both the seeds' and the text's variation.
 
 Everything is computed on the log scale, the mean NLL per token (ln ppl), where a perplexity is
-an average and a ratio of perplexities a difference; intervals are exponentiated at the end.
+an average and a ratio of perplexities a difference; intervals are exponentiated at the end. A
+cell's point estimate is the mean over seeds of their mean NLLs (the geometric mean of their
+perplexities), and every interval is built around it: estimate ± q sqrt(v), so the estimate is
+always inside (the percentile bootstrap used before could leave it outside).
 
-**Over seeds** (a cell with k >= :data:`MIN_SEEDS` seeds): the t-interval of the seeds' mean
-NLLs x_1 .. x_k,
+Two things vary between what a table shows and what a reader wants to know: the model (another
+seed trains another model) and the text (another sample of text like the validation split scores
+differently). An interval covers both; v is the sum of
 
-    mean(x) ± t_{0.975, k-1} * s / sqrt(k),      s² = sum (x_i - mean(x))² / (k - 1).
+* **the seeds' variance** of the mean, s² / k over k seeds' mean NLLs x_1 .. x_k,
+  s² = sum (x_i - mean(x))² / (k - 1) (for a ratio of one line, ppl(L) / ppl(train_len): over the
+  per-seed differences d_i = x_i(L) - x_i(train_len), since the same models score both lengths;
+  for two lines, no seeds in common: s_a² / k_a + s_b² / k_b, Welch); and
+* **the text's variance**: the variance of the estimate over a block bootstrap of the scored
+  tokens (below), the same resamples for both sides of a difference, so text that is hard for both
+  cancels.
 
-A ratio ppl(L) / ppl(train_len) of one line is a paired difference, d_i = x_i(L) - x_i(train_len)
-for each seed i (the same model scores both), with the same interval on d. Two lines have no
-seeds in common (different models), so their ratio gets Welch's interval on the difference of
-means, df from the Welch-Satterthwaite formula.
+q is Student's t at the Welch-Satterthwaite degrees of freedom, (sum v)² / sum (v_j² / df_j),
+with df_j = k_j - 1 for a seed term and infinite for the text term: with 2 seeds whose spread
+dominates, q is near t_1 = 12.7 and the interval honestly wide; where the text dominates, q is
+near the normal 1.96. :func:`combined_interval`; ``tests/test_intervals.py`` checks its coverage
+by simulation, with seeds and text both varying: 0.93-0.98 with 3 or more seeds; with 2 seeds
+0.85-0.97, since one degree of freedom makes the seeds' variance (and so the df) a rough guess
+when the text's variance is comparable (t at 1 df would cover always, at five times the width). ``ci_method`` names what a row's interval holds:
+``seeds+text``; ``text (1 seed)`` where a line has one seed (its seeds' spread is unknown, so the
+interval covers the text only, and figures mark those cells); ``t`` for runs without per-token
+NLL (the seeds only); ``none``.
 
-**Paired block bootstrap** (fewer seeds, or where the t-interval does not apply): every length of
-every run scores the same tokens 1 .. n of the split (:mod:`posbench.eval.ladder`), so all cells
-share one sample of text. The n scored tokens are cut into :data:`BLOCKS` contiguous blocks of
-n / BLOCKS tokens (rounded); a resample draws BLOCKS block indices with replacement, and a
-cell's resampled mean NLL is
+**The block bootstrap of the text**: every length of every run scores the same tokens 1 .. n of
+the split (:mod:`posbench.eval.ladder`), so all cells share one sample of text. The n scored tokens
+are cut into :data:`BLOCKS` contiguous blocks of n / BLOCKS tokens (rounded); a resample draws
+BLOCKS block indices with replacement, and a cell's resampled mean NLL is
 
     sum over drawn blocks of NLL sums / sum over drawn blocks of token counts,
 
 averaged over the cell's seeds. The same :data:`RESAMPLES` x n_blocks index matrix serves every
 cell with the same blocks: a ratio's numerator and denominator (and every column of a table)
-see the same resampled text, so the text's difficulty, shared by both, cancels in the ratio.
-The interval is the 2.5th and 97.5th percentile of the resampled statistic (percentile method).
-Blocks, not tokens: the losses of neighbouring tokens are correlated (one window's context, one
-document's topic and style), and resampling single tokens would treat them as independent and
-give an interval too narrow. The dependence reaches across whole documents, so the blocks are
-as long as the bootstrap allows: as few as still make a usable percentile bootstrap (20);
-``docs/evaluation.md`` shows the measurements behind that choice.
-
-The two intervals answer different questions. Over seeds: how much would a retrained model
-differ on this text. Bootstrap: how much would this model's numbers differ on other text like
-it. Each report row says which it used (``ci_method``).
+see the same resampled text. Blocks, not tokens: the losses of neighbouring tokens are correlated
+(one window's context, one document's topic and style), and resampling single tokens would treat
+them as independent and give a variance too small. The dependence reaches across whole documents,
+so the blocks are as long as the bootstrap allows (20); ``docs/evaluation.md`` shows the
+measurements behind that choice.
 
 **Scores over instances** (the algorithmic tasks, :mod:`posbench.report.tasks`): a proportion of
 k successes in n instances gets the Wilson score interval (:func:`wilson_interval`); per-instance
@@ -52,7 +61,7 @@ from typing import NamedTuple
 import numpy as np
 
 LEVEL = 0.95
-MIN_SEEDS = 3  # t over seeds from 3 seeds (2 degrees of freedom) on; fewer: the bootstrap
+MIN_SEEDS = 3  # the task report's t over seeds from 3 seeds (2 degrees of freedom) on (posbench.report.tasks)
 BLOCKS = 20  # bootstrap resampling units: contiguous blocks of n / BLOCKS scored tokens (docs/evaluation.md)
 RESAMPLES = 2000  # percentile-interval resamples: Monte Carlo error of a 2.5% quantile ~ 0.4%-points
 
@@ -115,7 +124,7 @@ class Interval(NamedTuple):
     estimate: float
     low: float
     high: float
-    method: str  # 't', 'paired t', 'welch', 'bootstrap', or 'none' (no interval: low = high = NaN)
+    method: str  # 'seeds+text', 'text (1 seed)', 't', 'welch', 'wilson', 'pooled t', or 'none' (low = high = NaN)
 
 
 NONE = "none"
@@ -237,7 +246,9 @@ class Cell:
 
 
 class Estimator:
-    """Intervals of cells and of their differences, one bootstrap index matrix per block count."""
+    """Intervals of cells and of their differences that carry both sources of variation: the
+    seeds' spread and the text's (module docstring, "Seeds and text together"); one bootstrap
+    index matrix per block count."""
 
     def __init__(self, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0):
         self.level, self.resamples, self.seed = level, resamples, seed
@@ -251,17 +262,20 @@ class Estimator:
         return bootstrap_means(cell.blocks, cell.sizes, self._index[nb]).mean(0)
 
     def cell(self, c: Cell) -> Interval:
-        """Mean NLL over seeds: t over seeds with >= MIN_SEEDS seeds, else the block bootstrap."""
-        if c.nll.size >= MIN_SEEDS:
-            return t_interval(c.nll, self.level)
-        if c.nll.size and c.blocks is not None:
-            return percentile_interval(c.mean, self._boot(c), self.level)
-        return Interval(c.mean, math.nan, math.nan, NONE)
+        """Mean NLL over seeds: seeds and text where the runs kept their per-token NLL, the seeds'
+        t alone where not; one seed: the text alone ("text (1 seed)")."""
+        k = c.nll.size
+        if not k:
+            return Interval(math.nan, math.nan, math.nan, NONE)
+        seeds = [(float(np.var(c.nll, ddof=1)) / k, k - 1)] if k >= 2 else []
+        text = self._boot(c) if c.blocks is not None else None
+        return combined_interval(c.mean, seeds, text, self.level, k == 1)
 
     def difference(self, a: Cell, b: Cell, same_models: bool = False) -> Interval:
         """mean NLL(a) - mean NLL(b), the log of ppl(a) / ppl(b). ``same_models``: a and b are the same
-        runs at two lengths (one line), paired by seed; else two lines, Welch over seeds. Where
-        either has fewer than MIN_SEEDS seeds: the paired bootstrap, when both scored the same tokens."""
+        runs at two lengths (one line), paired by seed (the seeds both have): the variance over
+        seeds of the per-seed difference; else two lines, Welch's two variances. Either way plus
+        the text's, from the paired bootstrap, when both scored the same tokens."""
         if not (a.nll.size and b.nll.size):
             return Interval(math.nan, math.nan, math.nan, NONE)
         if same_models:  # the seeds both cells have, so the estimate and its interval pair the same models
@@ -269,13 +283,38 @@ class Estimator:
             if not common.size:
                 return Interval(math.nan, math.nan, math.nan, NONE)
             a, b = a.only(ia), b.only(ib)
-            if common.size >= MIN_SEEDS:
-                d = t_interval(a.nll - b.nll, self.level)
-                return Interval(a.mean - b.mean, d.low, d.high, "paired t")
-        elif a.nll.size >= MIN_SEEDS and b.nll.size >= MIN_SEEDS:
-            return welch_interval(a.nll, b.nll, self.level)
-        diff = a.mean - b.mean
-        if (a.blocks is None or b.blocks is None or a.tokens_id != b.tokens_id
-                or not np.array_equal(a.sizes, b.sizes)):
-            return Interval(diff, math.nan, math.nan, NONE)
-        return percentile_interval(diff, self._boot(a) - self._boot(b), self.level)
+            k = common.size
+            seeds = [(float(np.var(a.nll - b.nll, ddof=1)) / k, k - 1)] if k >= 2 else []
+            one = k == 1
+        else:
+            seeds = [(float(np.var(c.nll, ddof=1)) / c.nll.size, c.nll.size - 1) for c in (a, b) if c.nll.size >= 2]
+            one = min(a.nll.size, b.nll.size) == 1
+        paired = not (a.blocks is None or b.blocks is None or a.tokens_id != b.tokens_id
+                      or not np.array_equal(a.sizes, b.sizes))
+        text = self._boot(a) - self._boot(b) if paired else None
+        return combined_interval(a.mean - b.mean, seeds, text, self.level, one)
+
+
+def combined_interval(estimate: float, seeds: list[tuple[float, float]], text: np.ndarray | None,
+                      level: float = LEVEL, one_seed: bool = False) -> Interval:
+    """estimate ± q sqrt(sum of the seed variances + the text variance), centred on the estimate.
+
+    ``seeds``: (variance of the mean over seeds, its degrees of freedom) per line (none for a line
+    of one seed); ``text``: bootstrap resamples of the estimate over the text's blocks (None: no
+    per-token NLL), whose variance counts with infinite degrees of freedom. q is Student's t at the
+    Welch-Satterthwaite df (sum v)² / sum (v² / df), the normal quantile where only the text
+    varies. Method: ``seeds+text``, ``text (1 seed)`` (a line of one seed: the seeds' spread is
+    unknown and not in it), ``t`` (seeds only: runs without per-token NLL), or ``none``."""
+    if text is None and (one_seed or not seeds):
+        return Interval(estimate, math.nan, math.nan, NONE)
+    method = "text (1 seed)" if one_seed and text is not None else "seeds+text" if text is not None else "t"
+    v_seeds = sum(v for v, _ in seeds)
+    v_text = float(np.var(text, ddof=1)) if text is not None else 0.0
+    total = v_seeds + v_text
+    if total == 0:
+        return Interval(estimate, estimate, estimate, method)
+    denom = sum(v * v / df for v, df in seeds if v > 0)
+    df = total * total / denom if denom > 0 else math.inf
+    q = t_quantile((1 + level) / 2, df) if df < 1e4 else NormalDist().inv_cdf((1 + level) / 2)
+    half = q * math.sqrt(total)
+    return Interval(estimate, estimate - half, estimate + half, method)

@@ -5,8 +5,8 @@
 Each run is placed by its config.yaml: its budget (train.steps x train.batch_size x
 train.train_len training tokens) and its line, the encoding, with T5's unscaled form
 (encoding.bias_scale=none) as a line of its own, ``t5 (unscaled)``. Seeds are averaged as
-`posbench report` averages them, with the same 95% intervals (t over seeds where a cell has >= 3,
-else the paired block bootstrap over the scored tokens).
+`posbench report` averages them, with the same 95% intervals (the seeds' spread and the text's,
+posbench/intervals.py).
 
 Writes into --out:
   budget.csv  tidy: line, seed ('mean' for the average over seeds), steps, train_tokens,

@@ -42,7 +42,7 @@ def test_a_run_beside_a_baseline_reports_as_beside_the_baseline_run_itself(smoke
     shipped = report([rope_run], tmp_path / "shipped", reference=None, baselines=[bundle]).summary
     assert set(shipped.encoding) == {"alibi", "rope"}
     pd.testing.assert_frame_equal(direct[INTERVALS].reset_index(drop=True), shipped[INTERVALS].reset_index(drop=True))
-    assert (shipped.ci_method == "bootstrap").all() and shipped.vs_best_ci_low.notna().all()  # paired, from blocks
+    assert (shipped.ci_method == "text (1 seed)").all() and shipped.vs_best_ci_low.notna().all()  # paired blocks
     # the CLI: --baseline DIR, and --export-baseline
     out = tmp_path / "cli"
     proc = posbench("report", rope_run, "--baseline", bundle, "--out", out, "--no-reference")

@@ -75,13 +75,13 @@ def by_gid(ax) -> dict:
 
 # ---------------------------------------------------------------- 1. the ratio panel
 def test_ratio_panel_draws_each_lines_ratio_and_its_paired_interval(tmp_path):
-    """alibi: 3 seeds, the ratio's interval is the paired t over seeds; nope: 1 seed, the paired
-    block bootstrap over its tokens. The band is that interval, not each ppl's."""
+    """alibi: 3 seeds, the ratio's interval covers the seeds and the text; nope: 1 seed, the text
+    only (paired blocks). The band is that interval, not each ppl's."""
     for seed, (a, b, c) in enumerate([(10.0, 10.5, 11.0), (11.0, 11.2, 11.9), (12.0, 13.0, 13.1)]):
         run(tmp_path / f"alibi{seed}", rows("alibi", seed, {64: a, 128: b, 256: c}, train_len=64))
     run(tmp_path / "nope", rows("nope", 0, {64: 10.0, 128: 12.0, 256: 20.0}, chash="h2", train_len=64))
     summary = summarize(collect([tmp_path]))
-    assert set(summary.ratio_method[summary.eval_len > 64]) == {"paired t", "bootstrap"}
+    assert set(summary.ratio_method[summary.eval_len > 64]) == {"seeds+text", "text (1 seed)"}
     ours, ratio = ppl_figure(summary).axes
     drawn = by_gid(ratio)
     for name in ("alibi", "nope"):
@@ -94,8 +94,8 @@ def test_ratio_panel_draws_each_lines_ratio_and_its_paired_interval(tmp_path):
         assert drawn[f"ratio:{name}"].get_color() == by_gid(ours)[f"ours:{name}"].get_color()
     assert list(drawn["ratio_one"].get_ydata()) == [1, 1]
     legend = [t.get_text() for t in ratio.get_legend().get_texts()]
-    assert legend[0] == ratio_interval_label({"paired t", "bootstrap"})
-    assert "paired t over seeds" in legend[0] and "block bootstrap over tokens" in legend[0]
+    assert legend[0] == ratio_interval_label({"seeds+text", "text (1 seed)"})
+    assert "seeds and text" in legend[0] and "text only" in legend[0]
     assert ratio.get_ylabel() == "ppl(L) / ppl(train_len)"
 
     done = report([tmp_path], tmp_path / "out", reference=None)

@@ -115,7 +115,7 @@ def test_pairing_makes_the_ratio_interval_far_narrower():
     a, b = correlated_cells(np.random.default_rng(3))
     est = Estimator()
     paired = est.difference(b, a)
-    assert paired.method == "bootstrap" and paired.low > 0  # the 2% gap is resolved
+    assert paired.method == "text (1 seed)" and paired.low > 0  # the 2% gap is resolved
     # unpaired: numerator and denominator resampled independently
     ia, ib = resample_indices(a.sizes.size, seed=1), resample_indices(a.sizes.size, seed=2)
     unpaired = bootstrap_means(b.blocks[0], b.sizes, ib) - bootstrap_means(a.blocks[0], a.sizes, ia)
@@ -124,7 +124,7 @@ def test_pairing_makes_the_ratio_interval_far_narrower():
     assert (paired.high - paired.low) < 0.2 * (high - low)
     # the cells' own intervals overlap although the paired difference excludes 0
     ca, cb = est.cell(a), est.cell(b)
-    assert ca.method == cb.method == "bootstrap" and cb.low < ca.high
+    assert ca.method == cb.method == "text (1 seed)" and cb.low < ca.high
 
 
 def test_estimator_method_by_seeds_and_tokens():
@@ -134,9 +134,10 @@ def test_estimator_method_by_seeds_and_tokens():
     later = Cell(np.array([0, 1, 2]), np.array([4.1, 4.2, 4.4]))
     paired = est.difference(later, three, same_models=True)
     d = np.array([0.1, 0.1, 0.2])
-    assert paired.method == "paired t"
+    assert paired.method == "t"  # no per-token NLL: the seeds alone
     assert paired.high == pytest.approx(d.mean() + 4.3027 * d.std(ddof=1) / math.sqrt(3), abs=1e-4)
-    assert est.difference(later, three).method == "welch"  # two lines: no seed pairing
+    welch = est.difference(later, three)  # two lines: no seed pairing, Welch's interval
+    assert welch[:3] == pytest.approx(welch_interval(later.nll, three.nll)[:3]) and welch.method == "t"
     a, b = correlated_cells(np.random.default_rng(4))
     b.tokens_id = ("sotu", "test", b.tokens_id[2])  # other tokens: nothing to pair
     assert est.difference(b, a).method == "none" and math.isnan(est.difference(b, a).low)
@@ -165,7 +166,7 @@ def test_report_of_two_smoke_runs_has_paired_bootstrap_intervals(tmp_path):
             assert stored[row_key(r)].astype(np.float64).mean() == pytest.approx(r["nll"], rel=1e-5)
     proc = posbench("report", tmp_path / "alibi", tmp_path / "rope", "--out", tmp_path / "out", "--no-reference")
     tidy = pd.read_csv(tmp_path / "out/report.csv")
-    assert (tidy.ci_method == "bootstrap").all() and (tidy.n_ok == 1).all()
+    assert (tidy.ci_method == "text (1 seed)").all() and (tidy.n_ok == 1).all()
     assert (tidy.block_tokens == 103).all()  # the smoke budget of 2,048 tokens in 20 blocks of 102 or 103
     assert ((tidy.ppl_ci_low < tidy.ppl_mean) & (tidy.ppl_mean < tidy.ppl_ci_high)).all()
     at_train = tidy[tidy.eval_len == tidy.train_len]
@@ -190,5 +191,63 @@ def test_a_line_ratio_at_a_cell_with_fewer_seeds_pairs_the_same_models():
     later.nll = later.blocks.sum(1) / sizes.sum()
     d = Estimator().difference(later, base, same_models=True)
     estimate = later.nll[0] - base.nll[0]
-    assert d.estimate == pytest.approx(estimate) and d.low < estimate < d.high and d.method == "bootstrap"
+    assert d.estimate == pytest.approx(estimate) and d.low < estimate < d.high and d.method == "text (1 seed)"
     assert not d.low < later.mean - base.mean < d.high  # against both seeds' mean it would lie outside
+
+
+def simulated_cells(rng, k: int, sd_seed: float, sd_text: float, lengths: int = 1, n_blocks: int = BLOCKS,
+                    block_tokens: int = 100, text: np.ndarray | None = None):
+    """k seeds scoring the same text at ``lengths`` lengths: block b's mean loss for seed s is
+    mu_L + u_s + t_b + e_sb, u the seed's effect (sd ``sd_seed``), t the text's (shared by every
+    seed and length; its mean over the blocks has sd ``sd_text``), e a little of both's interplay.
+    The truth is mu_L = 4.0 + 0.05 L (expectation over seeds and texts). ``text``: the blocks' t
+    (another line scoring the same text), else drawn. -> one Cell per length."""
+    u = rng.normal(0, sd_seed, k)
+    t = rng.normal(0, sd_text * math.sqrt(n_blocks), n_blocks) if text is None else text
+    sizes = np.full(n_blocks, block_tokens)
+    cells = []
+    for length in range(lengths):
+        e = rng.normal(0, 0.2 * sd_seed + 0.01, (k, n_blocks))
+        u_at = u * (1 + 0.5 * length) + rng.normal(0, 0.3 * sd_seed, k) * length  # the ratio varies by seed too
+        blocks = (4.0 + 0.05 * length + u_at[:, None] + t[None, :] + e) * sizes
+        cells.append(Cell(np.arange(k), blocks.sum(1) / sizes.sum(), blocks, sizes, ("sim",)))
+    return cells, t
+
+
+@pytest.mark.parametrize("k, sd_seed, sd_text", [(3, 0.02, 0.02), (3, 0.005, 0.03), (2, 0.03, 0.01), (5, 0.03, 0.0)])
+def test_intervals_cover_the_truth_when_seeds_and_text_both_vary(k, sd_seed, sd_text):
+    """Coverage by simulation: each replicate draws k seeds and one text; the 95% interval of a
+    cell (truth 4.0), of a line's ratio (truth 0.05) and of two lines' difference (truth 0) must
+    hold the truth about 95% of the time. The seeds-only t interval, the one used before for 3
+    or more seeds, misses the shared text's variation."""
+    rng = np.random.default_rng(k * 100 + int(1000 * sd_text))
+    est = Estimator(resamples=500)
+    hits = {"cell": [], "ratio": [], "lines": [], "seeds only": []}
+    for _ in range(300):
+        (base, later), text = simulated_cells(rng, k, sd_seed, sd_text, lengths=2)
+        (other,), _ = simulated_cells(rng, k, sd_seed, sd_text, text=text)  # another model, the same text
+        cell, ratio = est.cell(base), est.difference(later, base, same_models=True)
+        hits["cell"].append(cell.low <= 4.0 <= cell.high)
+        hits["ratio"].append(ratio.low <= 0.05 <= ratio.high)
+        lines = est.difference(other, base)
+        hits["lines"].append(lines.low <= 0 <= lines.high)
+        seeds_only = t_interval(base.nll)
+        hits["seeds only"].append(seeds_only.low <= 4.0 <= seeds_only.high)
+        for iv in (cell, ratio, lines):  # the estimate is the interval's centre
+            assert iv.method == "seeds+text" and iv.estimate == pytest.approx((iv.low + iv.high) / 2)
+    coverage = {name: float(np.mean(h)) for name, h in hits.items()}
+    for name in ("cell", "ratio", "lines"):  # binomial sd 0.013 around 0.95; 2 seeds: approximate (intervals.py)
+        assert (0.82 if k == 2 else 0.9) <= coverage[name] <= (0.995 if k == 2 else 0.99), coverage
+    if sd_text >= sd_seed:
+        assert coverage["seeds only"] < 0.85, coverage  # what the interval ignored before
+
+
+def test_one_seed_covers_the_text_and_says_so():
+    rng = np.random.default_rng(7)
+    est, hits = Estimator(resamples=500), []
+    for _ in range(300):
+        (cell,), _ = simulated_cells(rng, 1, 0.0, 0.03)
+        iv = est.cell(cell)
+        assert iv.method == "text (1 seed)" and iv.estimate == pytest.approx((iv.low + iv.high) / 2)
+        hits.append(iv.low <= 4.0 <= iv.high)
+    assert 0.9 <= np.mean(hits) <= 0.99

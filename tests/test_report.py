@@ -95,15 +95,19 @@ def test_old_results_read_with_neutral_values(tmp_path):
 def test_summary_averages_seeds_and_keeps_sliding_windows_apart(sweep):
     summary = summarize(collect([sweep]))
     alibi = summary[summary.label == "alibi"].set_index("eval_len")
-    assert alibi.loc[32, "ppl_mean"] == 11.0 and alibi.loc[32, "ppl_std"] == pytest.approx(math.sqrt(2))
+    # the geometric mean, the centre of the interval (exp of the mean NLL), and the std of the ppls
+    assert alibi.loc[32, "ppl_mean"] == pytest.approx(math.sqrt(120)) and alibi.loc[32, "ppl_std"] == pytest.approx(math.sqrt(2))
     assert (alibi.loc[32, "ppl_min"], alibi.loc[32, "ppl_max"], alibi.loc[32, "seeds"]) == (10.0, 12.0, 2)
     sliding = summary[summary.label == "alibi sliding/16"].set_index("eval_len")
-    assert sliding.ppl_mean.to_dict() == {32: 9.25, 64: 9.25} and (sliding.stride == 16).all()
+    assert sliding.ppl_mean.to_dict() == pytest.approx({32: math.sqrt(85.5), 64: math.sqrt(85.5)})
+    assert (sliding.stride == 16).all()
     assert summary.label.unique().tolist() == ["alibi", "alibi sliding/16", "nope"]
 
-    # two seeds and one: the paired block bootstrap over the scored tokens, around exp(mean NLL)
+    # two seeds: their spread and the text's (block bootstrap over the scored tokens); one seed: the
+    # text's; both around exp(mean NLL)
     ok = summary.dropna(subset=["ppl_mean"])
-    assert (ok.ci_method == "bootstrap").all() and (ok.block_tokens == 103).all()  # 2,048 tokens, 20 blocks
+    assert (ok.block_tokens == 103).all()  # 2,048 tokens, 20 blocks
+    assert (ok.ci_method == ok.seeds.map({2: "seeds+text", 1: "text (1 seed)"})).all()
     assert ((ok.ppl_ci_low < np.exp(ok.nll_mean)) & (np.exp(ok.nll_mean) < ok.ppl_ci_high)).all()
     assert summary[summary.ppl_mean.isna()].ci_method.eq("none").all()
 
@@ -111,12 +115,13 @@ def test_summary_averages_seeds_and_keeps_sliding_windows_apart(sweep):
     assert table[0] == "| encoding | train_len | seeds | L=32 | L=64 | L=128 | L=256 |"
     cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[4:-1]] for line in table[2:]}
     number, ci = r"\d+\.\d\d", r" \[\d+\.\d\d, \d+\.\d\d\]"
-    assert re.fullmatch(f"11\\.00 ± 1\\.41{ci}", cells["alibi"][0]) and re.fullmatch(f"10\\.50{ci}", cells["nope"][0])
-    # lowest ppl per column in bold (the others are apart beyond their intervals): sliding at 32
-    # and 64, nope n/a past 64, alibi the only line left
+    assert cells["alibi"][0] == "**10.95 ± 1.41 [4.54, 26.43]**" and re.fullmatch(f"\\*\\*10\\.50{ci}\\*\\*", cells["nope"][0])
+    # lowest ppl per column in bold, and every line not apart from it beyond their intervals: two
+    # seeds 20% apart give alibi an interval at t with about 1 df, tied with everything; nope n/a
+    # past 64, alibi the only line left
     bold = {label: [c.startswith("**") for c in row] for label, row in cells.items()}
-    assert bold == {"alibi": [False, False, True, True], "alibi sliding/16": [True, True, False, False],
-                    "nope": [False, False, False, False]}
+    assert bold == {"alibi": [True, True, True, True], "alibi sliding/16": [True, True, False, False],
+                    "nope": [True, True, False, False]}
     assert cells["alibi sliding/16"][2:] == ["", ""] and cells["nope"][2:] == ["n/a", "n/a"]
     assert all(re.fullmatch(f"(\\*\\*)?{number}( ± {number})?{ci}(\\*\\*)?", c) for row in cells.values()
                for c in row if c not in ("", "n/a"))
@@ -151,7 +156,7 @@ def test_latex_table_is_booktabs_with_escaped_names_and_bold_best(tmp_path):
     assert re.fullmatch(rf"kerple\\_log & 32 & 1 & \\textbf\{{10\.00{ci}\}} & 12\.00{ci} \\\\", tex[6]), tex[6]
     assert re.fullmatch(rf"rope\+dynamic\\_ntk & 32 & 1 & 11\.00{ci} & \\textbf\{{11\.50{ci}\}} \\\\", tex[7]), tex[7]
     assert tex[8:10] == [r"\bottomrule", r"\end{tabular}"] and tex[-1] == r"\end{table}"
-    assert r"mean $\pm$ std over seeds [95\% interval: t over seeds where a cell has $\geq$ 3" in tex[-3]
+    assert r"mean $\pm$ std over seeds [95\% interval covering the seeds' spread and the text's" in tex[-3]
 
 
 def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
@@ -178,7 +183,7 @@ def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
     ]
     rope = summary[summary.encoding == "rope"].set_index("eval_len")
     low, high = rope.ratio_ci_low, rope.ratio_ci_high
-    assert (rope.ratio_method == "bootstrap").all() and (low[32], high[32]) == (1, 1)
+    assert (rope.ratio_method == "text (1 seed)").all() and (low[32], high[32]) == (1, 1)
     assert (low < rope.ratio_mean).iloc[1:].all() and (rope.ratio_mean < high).iloc[1:].all()
     # the paired ratio interval is far narrower than either cell's
     assert (rope.ratio_ci_high / rope.ratio_ci_low).iloc[1:].max() < 1.01 < (rope.ppl_ci_high / rope.ppl_ci_low).min()
@@ -198,14 +203,14 @@ def test_no_verdict_without_an_interval_and_t_over_three_seeds(tmp_path):
     assert alibi.loc[32, ["ppl_ci_low", "ppl_ci_high"]].tolist() == pytest.approx(np.exp(x.mean() + np.array([-half, half])))
     d = np.log([10.5 / 10, 11.2 / 11, 13.0 / 12])  # each seed's ratio: paired by seed
     half = 4.302653 * d.std(ddof=1) / math.sqrt(3)
-    assert alibi.loc[64, "ratio_method"] == "paired t"
+    assert alibi.loc[64, "ratio_method"] == "t"  # the seeds only: no per-token NLL
     assert alibi.loc[64, ["ratio_ci_low", "ratio_ci_high"]].tolist() == pytest.approx(np.exp(d.mean() + np.array([-half, half])))
-    assert alibi.loc[64, "ratio_mean"] == pytest.approx(np.mean([1.05, 11.2 / 11, 13 / 12]))
+    assert alibi.loc[64, "ratio_mean"] == pytest.approx(np.exp(d.mean()))  # geometric: the interval's centre
     nope = summary[summary.encoding == "nope"]
     assert (nope.ci_method == "none").all() and nope.ppl_ci_low.isna().all() and nope.tied_best.isna().all()
     assert "**" not in markdown_table(summary)  # alibi vs nope (1 seed, no tokens) cannot be compared
     lines = extrapolation_summary(summary)
-    assert lines[0] == "train_len=32: ppl at train_len spans 11.00 .. 20.00 across 2 encodings (spread 81.8%)"
+    assert lines[0] == "train_len=32: ppl at train_len spans 10.97 .. 20.00 across 2 encodings (spread 82.3%)"
     assert lines[-1] == ("  nope: ppl(L=64) / ppl(L=32) = 1.050 [no interval]; within 10% of ppl(L=32) up to L=32 (1x); "
                          "L=64: no interval")
 
@@ -236,9 +241,9 @@ def test_by_tells_runs_apart_by_a_config_key(tmp_path):
     summary = report(runs, tmp_path / "out", by=["encoding.bias_scale"]).summary
     assert sorted(set(summary.label)) == ["t5 [bias_scale=none]", "t5 [bias_scale=sqrt_head_dim]"]
     at32 = summary[summary.eval_len == 32].set_index("label")
-    assert at32.seeds.tolist() == [3, 3] and at32.ci_method.tolist() == ["t", "t"]
-    assert at32.loc["t5 [bias_scale=none]", "ppl_mean"] == pytest.approx(12.0)
-    assert at32.loc["t5 [bias_scale=sqrt_head_dim]", "ppl_mean"] == pytest.approx(11.0)
+    assert at32.seeds.tolist() == [3, 3] and at32.ci_method.tolist() == ["seeds+text", "seeds+text"]
+    assert at32.loc["t5 [bias_scale=none]", "ppl_mean"] == pytest.approx((11 * 12 * 13) ** (1 / 3))  # geometric
+    assert at32.loc["t5 [bias_scale=sqrt_head_dim]", "ppl_mean"] == pytest.approx((10 * 11 * 12) ** (1 / 3))
     assert "| t5 [bias_scale=none] |" in (tmp_path / "out/report.md").read_text()
     # two keys, one that some runs predate ('unset'), and the CLI's comma form
     proc = posbench("report", *runs, "--out", tmp_path / "cli", "--by", "encoding.bias_scale,train.steps", "--no-reference")
@@ -269,7 +274,8 @@ def test_comparison_figure_lines_interval_marker_and_ratio_panel(sweep, tmp_path
     lines = {line.get_gid(): line for line in ours.lines}
     assert set(lines) == {"ours:alibi", "ours:alibi sliding/16", "ours:nope", "train_len"}
     assert lines["ours:alibi"].get_xdata().tolist() == [1, 2, 4, 8]  # multiples of train_len
-    assert lines["ours:alibi"].get_ydata().tolist() == [11.0, 11.5, 11.5, 12.2]
+    geometric = [math.sqrt(a * b) for a, b in [(10, 12), (10.5, 12.5), (11, 12), (11.2, 13.2)]]  # of 2 seeds
+    assert lines["ours:alibi"].get_ydata().tolist() == pytest.approx(geometric)
     assert lines["ours:alibi sliding/16"].get_linestyle() == ":" and lines["ours:alibi"].get_linestyle() == "-"
     assert lines["train_len"].get_xdata()[0] == 1
     bands = {c.get_gid(): c for c in ours.collections}
@@ -360,9 +366,10 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
     md = (out / "report.md").read_text()
     assert "| alibi sliding/16 | 32 | 2 | **9.25 ± 0.35 [" in md and "![positions](positions.png)" in md
-    assert re.search(r"- alibi: ppl\(L=256\) / ppl\(L=32\) = 1\.110 \[1\.\d\d\d, 1\.\d\d\d\]; within 10% of "
-                     r"ppl\(L=32\) up to L=128 \(4x\)\n", md)
-    assert "Cells: mean ± std over seeds [95% interval" in md
+    # two seeds whose ratios differ: an interval wide enough to leave L=128 undecided
+    assert ("- alibi: ppl(L=256) / ppl(L=32) = 1.110 [0.994, 1.239]; within 10% of ppl(L=32) up to L=64 (2x); "
+            "L=128: not distinguishable from 10%\n") in md
+    assert "Cells: geometric mean ± std over seeds [95% interval" in md
     tidy = pd.read_csv(out / "report.csv")
     assert len(tidy) == 4 + 2 + 4 and set(tidy.label) == {"alibi", "alibi sliding/16", "nope"}
     assert tidy.set_index(["label", "eval_len"]).loc[("alibi", 32), "word_ppl_mean"] == 22.0
@@ -406,7 +413,7 @@ def test_scripts_read_only_plain_nonoverlapping_lines(sweep, tmp_path):
     table = subprocess.run([sys.executable, ROOT / "scripts/encoding_table.py", tmp_path / "reversed.csv"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == ["`alibi`", "`nope`"]
-    assert re.search(r"\| 11\.0 \| 12\.2 \| 1\.110 \[1\.\d\d\d, 1\.\d\d\d\] \| partly \|$", table[2])  # not sliding's 9.25
+    assert table[2].endswith("| 11.0 | 12.2 | 1.110 [0.994, 1.239] | not distinguishable (yes/partly) |")  # not sliding's
     # a variant beside its default, both runs also scored with sliding windows
     sliding = {32: 5.0, 64: 5.0, 128: 5.0, 256: 5.0}
     write_run(tmp_path / "zoo/alibi", rows("alibi", 0, {32: 10.0, 64: 10.5, 128: 11.0, 256: 11.2}),

@@ -57,10 +57,11 @@ MIN_BIN_WINDOWS = 4
 # 512-token models (our quick presets train at 64 and 128).
 REFERENCE_MIN_TRAIN_LEN = 64
 # legend entries, on two or three lines each so that three panels fit side by side
-INTERVAL_LABEL = "95% interval of each ppl\n(t over >= 3 seeds, else block bootstrap)"
+INTERVAL_LABEL = "95% interval of each ppl\n(seeds and text; 1 seed: text only)"
 SEEDS_LABEL = "hollow: another seed count\nthan the rest of its line"
-RATIO_METHODS = {"paired t": "paired t over seeds (>= 3 seeds)",
-                 "bootstrap": "paired block bootstrap over tokens\n(< 3 seeds; the seeds' spread not in it)"}
+RATIO_METHODS = {"seeds+text": "seeds and text\n(paired by seed and by text block)",
+                 "text (1 seed)": "text only, paired blocks\n(1 seed; the seeds' spread not in it)",
+                 "t": "paired t over seeds\n(no per-token NLL: the text's spread not in it)"}
 
 
 def _pyplot():

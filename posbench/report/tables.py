@@ -21,8 +21,9 @@ results.csv files written before a column existed read with its neutral value
 (:func:`posbench.eval.results.backfill`). The figures are drawn by :mod:`posbench.report.figures`.
 
 Every cell, every ratio ppl(L) / ppl(train_len) and every comparison between lines gets a 95%
-interval (:mod:`posbench.intervals`: t over seeds where there are at least 3, else a paired
-block bootstrap over the scored tokens, read from each run's ``token_nll.npz``), and a verdict
+interval covering the seeds' spread and the text's (:mod:`posbench.intervals`: the seeds'
+variance plus that of a paired block bootstrap over the scored tokens, read from each run's
+``token_nll.npz``), centred on the geometric mean over seeds, and a verdict
 is printed only where the interval supports it: bold marks the lowest perplexity of a column
 and every line not distinguishable from it; "within 10%" counts a length only when the whole
 interval of its ratio is; a length whose interval straddles the bound is "not distinguishable".
@@ -80,8 +81,8 @@ from .tasks import TaskReport, read_tasks, write_task_report
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
-TABLE_NOTE = ("mean ± std over seeds [95% interval: t over seeds where a cell has >= 3, else a paired block "
-              "bootstrap over the scored tokens]; bold: the lowest ppl of a column and every line whose 95% "
+TABLE_NOTE = ("geometric mean ± std over seeds [95% interval covering the seeds' spread and the text's (a block bootstrap "
+              "over the scored tokens), centred on the geometric mean; a line of one seed: the text's only]; bold: the lowest ppl of a column and every line whose 95% "
               "interval of the ratio to it contains 1 (none where a comparison has no interval); '(1 seed)': a "
               "cell averaged over a different number of seeds than the rest of its line (the seeds column)")
 REFERENCE = (shipped_dir("reference") or Path("results/reference")) / "alibi_paper_L512.csv"  # wheel or checkout
@@ -186,14 +187,17 @@ def check_one_config(df: pd.DataFrame) -> None:
 
 # ---------------------------------------------------------------- summary
 def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFrame:
-    """Mean, std, min, max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
+    """Geometric mean (``ppl_mean``: exp of the mean log ppl, the centre of its interval), std, min,
+    max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
     (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label``, its
     parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them) and the
     interval columns of :func:`add_intervals` (bootstrap intervals where rows carry their ``run``
     dir and it holds token_nll.npz)."""
     df = with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
-    stats = ok.groupby(GROUP, dropna=False).ppl.agg(["mean", "std", "min", "max", "count"])
+    stats = ok.assign(log_ppl=np.log(ok.ppl)).groupby(GROUP, dropna=False).agg(
+        gmean=("log_ppl", "mean"), std=("ppl", "std"), min=("ppl", "min"), max=("ppl", "max"), count=("ppl", "count"))
+    stats["gmean"] = np.exp(stats.gmean)
     stats.columns = ["ppl_mean", "ppl_std", "ppl_min", "ppl_max", "n_ok"]
     means = ok.groupby(GROUP, dropna=False)[["nll", "bpb", "word_ppl"]].mean().add_suffix("_mean")
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
@@ -236,7 +240,8 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
 
     - ``ppl_ci_low``, ``ppl_ci_high``, ``ci_method``: exp of the 95% interval of the mean NLL;
       ``block_tokens``: the length of the cell's bootstrap blocks (NA: no per-token NLL);
-    - ``ratio_mean``, ``ratio_std`` (over seeds of each seed's ppl(L) / ppl(train_len)),
+    - ``ratio_mean`` (the geometric mean over seeds of each seed's ppl(L) / ppl(train_len), the
+      centre of its interval), ``ratio_std`` (their std),
       ``ratio_ci_low``, ``ratio_ci_high``, ``ratio_method``: the line's ratio to its train_len cell,
       paired (by seed, or by resampled blocks);
     - ``vs_best``, ``vs_best_ci_low``, ``vs_best_ci_high``: exp(mean NLL - the lowest mean NLL among
@@ -262,7 +267,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
             per_seed = np.exp(cell.nll[ia] - base.nll[ib])
             d = estimator.difference(cell, base, same_models=True)
             row = at[i]
-            ratio["ratio_mean"][row] = float(per_seed.mean()) if per_seed.size else math.nan
+            ratio["ratio_mean"][row] = math.exp(d.estimate) if per_seed.size else math.nan  # the geometric mean
             ratio["ratio_std"][row] = float(per_seed.std(ddof=1)) if per_seed.size > 1 else math.nan
             ratio["ratio_ci_low"][row], ratio["ratio_ci_high"][row] = math.exp(d.low), math.exp(d.high)
             ratio["ratio_method"][row] = d.method
