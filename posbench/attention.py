@@ -13,6 +13,8 @@ no ``bias``/``score``    fused ``scaled_dot_product_attention`` (``is_causal``; 
 consecutive positions
 ``bias``, other          the bias of each query chunk against its keys, per layer
 ``score`` / ``value``    explicit softmax attention in query chunks (memory linear in T)
+``decay``                SDPA in query chunks, each with its (B, H, chunk, keys) mask of
+                         c_i - c_j (c the cumulative log forget gates) plus any bias
 =======================  ====================================================================
 
 Why these choices (the measurements behind them are in results/bench/, made by
@@ -59,13 +61,17 @@ ATTN_BUDGET = 1 << 25  # elements of one fp32 score / bias tensor in the chunked
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: PositionEncoding,
                      positions: torch.Tensor, layer: int, chunk_size: int = 1024,
-                     cache: dict | None = None) -> torch.Tensor:
-    """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass."""
+                     cache: dict | None = None, decay: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass.
+    ``decay``: (B, H, T) cumulative log forget gates c (the ``decay`` hook's gates summed over
+    T): the logit of (i, j) gains c_i - c_j, after the logit scale."""
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
     if "score" in hooks or "value" in hooks:
-        return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T))
+        return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay)
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
+    if decay is not None:
+        return _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit)
     cache = {} if cache is None else cache
     if "bias" not in hooks:
         if explicit:
@@ -162,7 +168,30 @@ def sdpa_chunks(q, k, v, rows, scale, mask_of):
     return torch.cat(outs[::-1], dim=2)
 
 
-def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size):
+def _decay_mask(decay: torch.Tensor, q_pos, k_pos, s: int, e: int) -> torch.Tensor:
+    """(B, H, e - s, e): c_i - c_j for queries [s, e) and keys [0, e), -inf above the diagonal (fp32)."""
+    mask = decay[:, :, s:e, None] - decay[:, :, None, :e]
+    return mask.masked_fill(_future(q_pos, k_pos), float("-inf"))
+
+
+def _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit):
+    """SDPA per query chunk with the decay mask (B, H, rows, keys), plus the encoding's bias, if any."""
+    B, H, T, _ = q.shape
+    biased = "bias" in enc.hooks()
+    rows = _rows(chunk_size, B * H * T * (2 if biased else 1))
+
+    def mask_of(s, e):
+        mask = _decay_mask(decay, positions[s:e], positions[:e], s, e)
+        if biased:
+            mask = mask + enc.bias(positions[s:e], positions[:e], layer).float()
+        return mask.to(q.dtype)
+
+    if explicit and rows >= T:
+        return _explicit(q, k, v, mask_of(0, T), enc.logit_scale())
+    return sdpa_chunks(q, k, v, rows, enc.logit_scale(), mask_of)
+
+
+def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None):
     hooks, scale = enc.hooks(), enc.logit_scale()
     outs = []
     for start, end in _chunks(q.shape[2], chunk_size):
@@ -174,6 +203,8 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size):
         logits = logits * scale
         if "bias" in hooks:
             logits = logits + enc.bias(q_pos, k_pos, layer).float()
+        if decay is not None:
+            logits = logits + _decay_mask(decay.float(), q_pos, k_pos, start, end)
         probs = logits.masked_fill(_future(q_pos, k_pos), float("-inf")).softmax(dim=-1)
         out = probs.to(vc.dtype) @ vc
         if "value" in hooks:
@@ -182,7 +213,8 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size):
     return torch.cat(outs[::-1], dim=2)
 
 
-def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor, layer: int = 0):
+def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor, layer: int = 0,
+                        decay: torch.Tensor | None = None):
     """Plain full-matrix attention in fp32, for tests comparing kernels."""
     return _explicit_chunks(q.float(), k.float(), v.float(), enc, positions, layer,
-                            chunk_size=q.shape[2])
+                            chunk_size=q.shape[2], decay=decay)

@@ -36,7 +36,9 @@ class Attention(nn.Module):
         q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
         if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
             q = cache["length_scaling"](q, cache["key_counts"], layer)
-        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache)
+        # a data-dependent decay (FoX): the cumulative log forget gates of this layer's input
+        decay = enc.decay(x, layer).float().cumsum(-1) if "decay" in enc.hooks() else None
+        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, decay)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
 

@@ -25,6 +25,9 @@ hook           what it changes                                 examples
 ``score``      content-dependent logit terms that need q and   shaw, xl, deberta,
                k themselves (and ``value`` for terms added     tener, cope
                to the attention output)
+``decay``      a data-dependent decay: per-token log forget    fox
+               gates log f_t (B, H, T) from the layer's input,
+               the logit of (i, j) gaining sum_{j<t<=i} log f_t
 =============  ==============================================  ===================
 
 ``bias`` is written with broadcasting element-wise ops on position tensors, so
@@ -50,7 +53,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 
-HOOKS = ("embed", "rotate", "bias", "score", "value")
+HOOKS = ("embed", "rotate", "bias", "score", "value", "decay")
 
 REGISTRY: dict[str, type["PositionEncoding"]] = {}
 
@@ -126,6 +129,12 @@ class PositionEncoding(nn.Module):
         """probs: (B, H, Tq, Tk) attention weights -> extra output (B, H, Tq, hs)."""
         raise NotImplementedError
 
+    def decay(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """x: (B, T, D), the attention layer's input (after its norm) -> log forget gates (B, H, T),
+        each <= 0: the logit of query i and key j <= i gains sum_{t = j+1 .. i} log f_t (the
+        attention kernel sums them, :func:`posbench.attention.causal_attention`'s ``decay``)."""
+        raise NotImplementedError
+
     def pair_cost(self) -> int:
         """fp32 values per (query, key) pair (per batch row) that ``bias`` / ``score`` hold at
         once; the kernels size their query chunks by it to bound memory. Default: one per head."""
@@ -143,8 +152,10 @@ class PositionEncoding(nn.Module):
 
     @classmethod
     def hook_kind(cls) -> str:
-        """One word for tables: embed, rotate, bias, score, or none."""
+        """One word for tables: embed, rotate, bias, score, decay, or none."""
         hooks = cls.hooks()
+        if "decay" in hooks:
+            return "decay"
         if "score" in hooks or "value" in hooks:
             return "score"
         return hooks[0] if hooks else "none"
