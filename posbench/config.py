@@ -95,6 +95,7 @@ class ModelConfig:
     embed_scale: str = "sqrt_d"  # sqrt_d: token embeddings x sqrt(d_model) for every encoding; none: x 1
     length_scaling: str = "none"  # none | logn | ssmax: the query times a factor growing with log n (length_scaling.py)
     ssmax_init: float = 0.43  # SSMax's s at initialisation (length_scaling=ssmax only)
+    qk_norm: bool = False  # RMSNorm on each head's q and k (learned gain), before the encoding's rotate
 
     def __post_init__(self):
         from .length_scaling import SCALINGS
@@ -424,7 +425,7 @@ def flat_items(d: dict, prefix: str = ""):
 
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
-IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none"}
+IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False}
 
 
 def hashed_part(data: dict) -> dict:
@@ -448,7 +449,8 @@ def hashed_part(data: dict) -> dict:
         model = kept["model"]
         scaling = model.get("length_scaling", "none")
         kept["model"] = {k: v for k, v in model.items()
-                         if not (k == "length_scaling" and v == "none") and not (k == "ssmax_init" and scaling != "ssmax")}
+                         if not (k == "length_scaling" and v == "none") and not (k == "ssmax_init" and scaling != "ssmax")
+                         and not (k == "qk_norm" and v is False)}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":

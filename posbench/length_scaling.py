@@ -45,6 +45,8 @@ MODEL_OPTIONS = (
      "Chiang & Cholak 2022, Overcoming a Theoretical Limitation of Self-Attention; Qwen use_logn_attn"),
     ("model.length_scaling=ssmax", "q x s log n, s learned per layer and head (model.ssmax_init)",
      "Nakanishi 2025, Scalable-Softmax Is Superior for Attention"),
+    ("model.qk_norm=true", "RMSNorm on each head's q and k (a learned gain) before the encoding's rotate",
+     "Henry et al. 2020, Query-Key Normalization; Dehghani et al. 2023; OLMo 2, Qwen3"),
 )
 
 

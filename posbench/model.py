@@ -22,10 +22,17 @@ from .loss import linear_cross_entropy
 
 
 class Attention(nn.Module):
+    """Causal self-attention. ``model.qk_norm``: RMSNorm over each head's q and k, one learned gain
+    of head_dim shared by the heads, before the encoding's ``rotate`` (QK-norm: Henry et al. 2020,
+    Dehghani et al. 2023; in this form OLMo 2's and Qwen3's ``q_norm``/``k_norm``); it bounds the
+    logits' size, so attention cannot sharpen by growing q and k."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        hs = cfg.d_model // cfg.n_heads
+        self.q_norm, self.k_norm = (nn.RMSNorm(hs, eps=1e-6), nn.RMSNorm(hs, eps=1e-6)) if cfg.qk_norm else (None, None)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.chunk = cfg.attn_chunk
         self.dropout = nn.Dropout(cfg.dropout)
@@ -33,6 +40,8 @@ class Attention(nn.Module):
     def forward(self, x, enc: PositionEncoding, positions, layer: int, cache: dict):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.q_norm is not None:  # in fp32, as Qwen3's RMSNorm (and no bf16 input beside an fp32 gain)
+            q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
         if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
             q = cache["length_scaling"](q, cache["key_counts"], layer)

@@ -1,4 +1,5 @@
-"""model.length_scaling (log-n and SSMax) against their definitions, written out independently."""
+"""The model options that compose with any encoding, against their definitions written out
+independently: model.length_scaling (log-n and SSMax) and model.qk_norm."""
 
 import math
 
@@ -18,14 +19,20 @@ from posbench.train.optim import make_optimizer
 VOCAB, TRAIN_LEN = 40, 8
 
 
-def model(encoding="alibi", scaling="none", chunk=1024, seed=0, **options) -> LanguageModel:
+def model(encoding="alibi", scaling="none", chunk=1024, seed=0, qk_norm=False, **options) -> LanguageModel:
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=chunk, length_scaling=scaling)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=chunk, length_scaling=scaling,
+                      qk_norm=qk_norm)
     enc = build_encoding({"name": encoding, **options}, LanguageModel.dims(cfg, TRAIN_LEN, VOCAB))
     net = LanguageModel(cfg, VOCAB, enc)
     if scaling == "ssmax":  # off its constant init, so a wrong (layer, head) index shows
         with torch.no_grad():
             net.length_scaling.s.uniform_(0.2, 0.8)
+    if qk_norm:  # gains off their init of ones
+        with torch.no_grad():
+            for block in net.blocks:
+                block.attn.q_norm.weight.uniform_(0.5, 2.0)
+                block.attn.k_norm.weight.uniform_(0.5, 2.0)
     return net.eval()
 
 
@@ -44,6 +51,9 @@ def direct_logits(net: LanguageModel, x: torch.Tensor) -> torch.Tensor:
     h = enc.embed(net.tok_emb(x) * net.emb_scale, pos, x)
     for layer, block in enumerate(net.blocks):
         q, k, v = block.attn.qkv(block.ln1(h)).view(B, T, 3, H, hs).permute(2, 0, 3, 1, 4)
+        if cfg.qk_norm:  # x / sqrt(mean(x^2) + eps) * gain over each head's dims
+            q = q / torch.sqrt((q * q).mean(-1, keepdim=True) + 1e-6) * block.attn.q_norm.weight
+            k = k / torch.sqrt((k * k).mean(-1, keepdim=True) + 1e-6) * block.attn.k_norm.weight
         q, k = enc.rotate(q, k, pos, layer)
         factor = torch.ones(H, T)
         for i in range(T):
@@ -85,6 +95,17 @@ def test_the_model_computes_the_definition(encoding, chunk, scaling):
     with torch.no_grad():
         got, want = net(x), direct_logits(net, x)
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("encoding, chunk, scaling", [("rope", 1024, "none"), ("alibi", 8, "none"), ("nope", 8, "ssmax")])
+def test_qk_norm_computes_the_definition(encoding, chunk, scaling):
+    net, x = model(encoding, scaling, chunk, qk_norm=True), torch.randint(0, VOCAB, (2, 5 * TRAIN_LEN))
+    with torch.no_grad():
+        got, want = net(x), direct_logits(net, x)
+    assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
+    assert "blocks.0.attn.q_norm.weight" in net.state_dict()
+    assert "blocks.0.attn.q_norm.weight" not in model(encoding).state_dict()  # off: checkpoints as before
+    assert check_encoding(encoding, model={"qk_norm": True}, checks=["causality", "kernels", "bf16"])
 
 
 def test_logn_leaves_the_training_length_alone():
@@ -129,6 +150,7 @@ def test_conformance_with_scaling(scaling):
 def test_config_hash_and_errors():
     assert config_hash(compose()) == "5905295095c6"  # the default job's hash from before the option
     assert config_hash(compose("model.ssmax_init=0.5")) == "5905295095c6"  # read only under ssmax
+    assert config_hash(compose("model.qk_norm=true")) != "5905295095c6"
     hashes = {config_hash(compose(*o)) for o in (["model.length_scaling=logn"], ["model.length_scaling=ssmax"],
                                                   ["model.length_scaling=ssmax", "model.ssmax_init=0.5"])}
     assert len(hashes) == 3 and "5905295095c6" not in hashes
