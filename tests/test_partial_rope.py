@@ -91,3 +91,17 @@ def test_bad_options_are_one_line():
         build_encoding({"name": "p_rope", "fraction": 0.01}, DIMS)  # rounds to no pair of 16
     with pytest.raises(PosbenchError, match=r"got 1.5"):
         build_encoding({"name": "p_rope", "fraction": 1.5}, DIMS)
+
+
+def test_rope_nope_rotates_all_but_every_nth_layer():
+    """Llama 4's pattern: RoPE where (l + 1) % 4 != 0, no position encoding in layers 3, 7, ..."""
+    dims = ModelDims(d_model=64, n_heads=2, n_layers=8, train_len=16)
+    hybrid, rope = build_encoding({"name": "rope_nope"}, dims), build_encoding({"name": "rope"}, dims)
+    q, k, pos = torch.randn(1, 2, 12, HS), torch.randn(1, 2, 12, HS), torch.arange(12)
+    for layer in range(8):
+        got, want = hybrid.rotate(q, k, pos, layer), rope.rotate(q, k, pos, layer) if (layer + 1) % 4 else (q, k)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), layer
+    assert [layer for layer in range(8) if build_encoding({"name": "rope_nope", "nope_every": 2}, dims).is_nope(layer)] \
+        == [1, 3, 5, 7]
+    with pytest.raises(PosbenchError, match=r"rope_nope nope_every must be an integer >= 2 .* got 1"):
+        build_encoding({"name": "rope_nope", "nope_every": 1}, dims)

@@ -321,6 +321,39 @@ class PartialRotary(Rotary):
         return f"{super().extra_repr()}, fraction={self.fraction}, form={self.form}"
 
 
+@register
+class HybridRotary(Rotary):
+    """RoPE in most layers and no position encoding (NoPE) in every ``nope_every``-th: layer l is
+    NoPE where (l + 1) % nope_every == 0. Llama 4's "iRoPE" interleaves them this way, one NoPE
+    layer in four (Hugging Face ``Llama4TextConfig.no_rope_layers``, default
+    ``(l + 1) % 4 != 0`` for RoPE); Yang et al. 2025 ("Rope to Nope and Back Again: A New Hybrid
+    Attention Strategy", arXiv 2501.18795) study the same hybrid. Llama 4 also scales the NoPE
+    layers' queries at long lengths (``attn_temperature_tuning``); that is not built here:
+    ``model.length_scaling=logn`` is the log-n scaling posbench has, on every layer. RoPE
+    scalings at inference apply to the RoPE layers. A model of fewer than ``nope_every`` layers
+    has no NoPE layer and is RoPE."""
+
+    name = "rope_nope"
+    paper = "Llama 4 iRoPE (Meta 2025); Yang et al. 2025, Rope to Nope and Back Again"
+    description = "rope in most layers, none in every nope_every-th (Llama 4: one layer in four)"
+
+    def __init__(self, dims: ModelDims, nope_every: int = 4, base: float = 10000.0, pairing: str = "half"):
+        super().__init__(dims, base, pairing)
+        if int(nope_every) != nope_every or nope_every < 2:
+            raise PosbenchError(f"rope_nope nope_every must be an integer >= 2 (every layer NoPE is encoding=nope), "
+                                f"got {nope_every}")
+        self.nope_every = int(nope_every)
+
+    def is_nope(self, layer: int) -> bool:
+        return (layer + 1) % self.nope_every == 0
+
+    def rotate(self, q, k, positions, layer):
+        return (q, k) if self.is_nope(layer) else super().rotate(q, k, positions, layer)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, nope_every={self.nope_every}"
+
+
 def xpos_zeta(head_dim: int) -> torch.Tensor:
     """zeta_i = (2i/hs + 0.4) / 1.4 for i < hs/2 (Sun et al. 2022). -> (hs/2,)."""
     return (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim + 0.4) / 1.4
