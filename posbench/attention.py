@@ -17,6 +17,10 @@ consecutive positions
                          c_i - c_j (c the cumulative log forget gates) plus any bias
 =======================  ====================================================================
 
+A sliding window (``window``: ``model.window``, or an encoding's ``attention_window(layer)``)
+hides the keys at i - j >= window in every path's mask; with no bias, where SDPA's
+``is_causal`` has no window, attention runs in query chunks with a (chunk, keys) mask.
+
 Why these choices (the measurements behind them are in results/bench/, made by
 ``posbench bench --kernels``; figures in a docstring go stale, so none are quoted here):
 
@@ -61,36 +65,44 @@ ATTN_BUDGET = 1 << 25  # elements of one fp32 score / bias tensor in the chunked
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: PositionEncoding,
                      positions: torch.Tensor, layer: int, chunk_size: int = 1024,
-                     cache: dict | None = None, decay: torch.Tensor | None = None) -> torch.Tensor:
+                     cache: dict | None = None, decay: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass.
     ``decay``: (B, H, T) cumulative log forget gates c (the ``decay`` hook's gates summed over
-    T): the logit of (i, j) gains c_i - c_j, after the logit scale."""
+    T): the logit of (i, j) gains c_i - c_j, after the logit scale. ``window``: sliding-window
+    attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i)."""
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
     if "score" in hooks or "value" in hooks:
-        return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay)
+        return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
+                                window)
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
     if decay is not None:
-        return _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit)
+        return _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit, window)
     cache = {} if cache is None else cache
     if "bias" not in hooks:
         if explicit:
-            return _explicit(q, k, v, _shared(cache, "causal", lambda: _causal_mask(positions, q.dtype)), scale)
+            mask = _shared(cache, f"causal{window}", lambda: _causal_mask(positions, q.dtype, window))
+            return _explicit(q, k, v, mask, scale)
+        if window:  # SDPA's is_causal has no window: a (chunk, keys) mask per query chunk
+            return sdpa_chunks(q, k, v, chunk_size, scale,
+                               lambda s, e: _causal_mask(positions, q.dtype, window, s, e))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if T <= chunk_size:
         if enc.layer_invariant_bias:
-            mask = _shared(cache, "bias", lambda: masked_bias(enc, positions, positions, layer, q.dtype))
+            mask = _shared(cache, f"bias{window}",
+                           lambda: masked_bias(enc, positions, positions, layer, q.dtype, window))
         else:
-            mask = masked_bias(enc, positions, positions, layer, q.dtype)
+            mask = masked_bias(enc, positions, positions, layer, q.dtype, window)
         if explicit:
             return _explicit(q, k, v, mask, scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if enc.relative_bias and enc.layer_invariant_bias and _contiguous(cache, positions):
-        table = _shared(cache, "toeplitz", lambda: _toeplitz(enc, positions, layer, chunk_size, q.dtype))
+        table = _shared(cache, f"toeplitz{window}",
+                        lambda: _toeplitz(enc, positions, layer, chunk_size, q.dtype, window))
         return sdpa_chunks(q, k, v, chunk_size, scale, lambda s, e: _toeplitz_slice(table, T, s, e))
     rows = _rows(chunk_size, enc.pair_cost() * T)
     return sdpa_chunks(q, k, v, rows, scale,
-                       lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype))
+                       lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype, window))
 
 
 def _rows(chunk_size: int, per_row: int) -> int:
@@ -114,18 +126,24 @@ def _contiguous(cache: dict, positions: torch.Tensor) -> bool:
     return cache["contiguous"]
 
 
-def _future(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    return k_pos[None, :] > q_pos[:, None]  # (Tq, Tk) True where j > i
+def _future(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """(Tq, Tk) True where the query does not see the key: j > i, and with a ``window`` i - j >= window."""
+    hidden = k_pos[None, :] > q_pos[:, None]
+    if window:
+        hidden = hidden | (q_pos[:, None] - k_pos[None, :] >= window)
+    return hidden
 
 
-def _causal_mask(positions: torch.Tensor, dtype) -> torch.Tensor:
-    zeros = torch.zeros(len(positions), len(positions), device=positions.device)
-    return zeros.masked_fill(_future(positions, positions), float("-inf")).to(dtype)
+def _causal_mask(positions: torch.Tensor, dtype, window: int = 0, s: int = 0, e: int | None = None) -> torch.Tensor:
+    """(e - s, e): 0 where query [s, e) sees key [0, e), -inf elsewhere (default: every query)."""
+    e = len(positions) if e is None else e
+    zeros = torch.zeros(e - s, e, device=positions.device)
+    return zeros.masked_fill(_future(positions[s:e], positions[:e], window), float("-inf")).to(dtype)
 
 
-def masked_bias(enc, q_pos, k_pos, layer, dtype) -> torch.Tensor:
+def masked_bias(enc, q_pos, k_pos, layer, dtype, window: int = 0) -> torch.Tensor:
     bias = enc.bias(q_pos, k_pos, layer).float()  # (H, Tq, Tk)
-    return bias.masked_fill(_future(q_pos, k_pos), float("-inf")).to(dtype)[None]
+    return bias.masked_fill(_future(q_pos, k_pos, window), float("-inf")).to(dtype)[None]
 
 
 def _explicit(q, k, v, mask, scale):
@@ -134,7 +152,7 @@ def _explicit(q, k, v, mask, scale):
     return logits.softmax(dim=-1).to(v.dtype) @ v
 
 
-def _toeplitz(enc, positions, layer, chunk, dtype) -> torch.Tensor:
+def _toeplitz(enc, positions, layer, chunk, dtype, window: int = 0) -> torch.Tensor:
     """(1, H, chunk, T): the masked bias of the last ``chunk`` queries against all T keys,
     built in row blocks of at most ``ATTN_BUDGET`` fp32 elements."""
     T = len(positions)
@@ -142,7 +160,7 @@ def _toeplitz(enc, positions, layer, chunk, dtype) -> torch.Tensor:
     table = torch.empty(1, enc.dims.n_heads, chunk, T, dtype=dtype, device=positions.device)
     step = _rows(chunk, enc.pair_cost() * T)
     for r in range(0, chunk, step):
-        table[:, :, r:r + step] = masked_bias(enc, q_pos[r:r + step], positions, layer, dtype)
+        table[:, :, r:r + step] = masked_bias(enc, q_pos[r:r + step], positions, layer, dtype, window)
     return table
 
 
@@ -168,20 +186,20 @@ def sdpa_chunks(q, k, v, rows, scale, mask_of):
     return torch.cat(outs[::-1], dim=2)
 
 
-def _decay_mask(decay: torch.Tensor, q_pos, k_pos, s: int, e: int) -> torch.Tensor:
-    """(B, H, e - s, e): c_i - c_j for queries [s, e) and keys [0, e), -inf above the diagonal (fp32)."""
+def _decay_mask(decay: torch.Tensor, q_pos, k_pos, s: int, e: int, window: int = 0) -> torch.Tensor:
+    """(B, H, e - s, e): c_i - c_j for queries [s, e) and keys [0, e), -inf where not seen (fp32)."""
     mask = decay[:, :, s:e, None] - decay[:, :, None, :e]
-    return mask.masked_fill(_future(q_pos, k_pos), float("-inf"))
+    return mask.masked_fill(_future(q_pos, k_pos, window), float("-inf"))
 
 
-def _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit):
+def _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit, window=0):
     """SDPA per query chunk with the decay mask (B, H, rows, keys), plus the encoding's bias, if any."""
     B, H, T, _ = q.shape
     biased = "bias" in enc.hooks()
     rows = _rows(chunk_size, B * H * T * (2 if biased else 1))
 
     def mask_of(s, e):
-        mask = _decay_mask(decay, positions[s:e], positions[:e], s, e)
+        mask = _decay_mask(decay, positions[s:e], positions[:e], s, e, window)
         if biased:
             mask = mask + enc.bias(positions[s:e], positions[:e], layer).float()
         return mask.to(q.dtype)
@@ -191,7 +209,7 @@ def _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit):
     return sdpa_chunks(q, k, v, rows, enc.logit_scale(), mask_of)
 
 
-def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None):
+def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, window=0):
     hooks, scale = enc.hooks(), enc.logit_scale()
     outs = []
     for start, end in _chunks(q.shape[2], chunk_size):
@@ -205,7 +223,7 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None):
             logits = logits + enc.bias(q_pos, k_pos, layer).float()
         if decay is not None:
             logits = logits + _decay_mask(decay.float(), q_pos, k_pos, start, end)
-        probs = logits.masked_fill(_future(q_pos, k_pos), float("-inf")).softmax(dim=-1)
+        probs = logits.masked_fill(_future(q_pos, k_pos, window), float("-inf")).softmax(dim=-1)
         out = probs.to(vc.dtype) @ vc
         if "value" in hooks:
             out = out + enc.value(probs, q_pos, k_pos, layer).to(out.dtype)
@@ -214,7 +232,7 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None):
 
 
 def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor, layer: int = 0,
-                        decay: torch.Tensor | None = None):
+                        decay: torch.Tensor | None = None, window: int = 0):
     """Plain full-matrix attention in fp32, for tests comparing kernels."""
     return _explicit_chunks(q.float(), k.float(), v.float(), enc, positions, layer,
-                            chunk_size=q.shape[2], decay=decay)
+                            chunk_size=q.shape[2], decay=decay, window=window)

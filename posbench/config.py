@@ -96,6 +96,7 @@ class ModelConfig:
     length_scaling: str = "none"  # none | logn | ssmax: the query times a factor growing with log n (length_scaling.py)
     ssmax_init: float = 0.43  # SSMax's s at initialisation (length_scaling=ssmax only)
     qk_norm: bool = False  # RMSNorm on each head's q and k (learned gain), before the encoding's rotate
+    window: int = 0  # sliding-window attention: each query sees its last `window` keys (itself included); 0: all
 
     def __post_init__(self):
         from .length_scaling import SCALINGS
@@ -331,6 +332,9 @@ def model_config(node) -> ModelConfig:
                             f"valid head counts: {[h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0 and h <= 64]}")
     if not 0 <= cfg.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.window < 0:
+        raise PosbenchError(f"model.window={cfg.window} is not valid; valid: 0 (full causal attention) or the "
+                            "number of keys a query sees, >= 1")
     return cfg
 
 
@@ -425,7 +429,7 @@ def flat_items(d: dict, prefix: str = ""):
 
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
-IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False}
+IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0}
 
 
 def hashed_part(data: dict) -> dict:
@@ -450,7 +454,7 @@ def hashed_part(data: dict) -> dict:
         scaling = model.get("length_scaling", "none")
         kept["model"] = {k: v for k, v in model.items()
                          if not (k == "length_scaling" and v == "none") and not (k == "ssmax_init" and scaling != "ssmax")
-                         and not (k == "qk_norm" and v is False)}
+                         and not (k == "qk_norm" and v is False) and not (k == "window" and v == 0)}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":

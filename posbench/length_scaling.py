@@ -47,6 +47,8 @@ MODEL_OPTIONS = (
      "Nakanishi 2025, Scalable-Softmax Is Superior for Attention"),
     ("model.qk_norm=true", "RMSNorm on each head's q and k (a learned gain) before the encoding's rotate",
      "Henry et al. 2020, Query-Key Normalization; Dehghani et al. 2023; OLMo 2, Qwen3"),
+    ("model.window=W", "sliding-window attention: each query sees its last W keys (itself included)",
+     "Beltagy et al. 2020, Longformer; Jiang et al. 2023, Mistral 7B"),
 )
 
 

@@ -25,7 +25,9 @@ class Attention(nn.Module):
     """Causal self-attention. ``model.qk_norm``: RMSNorm over each head's q and k, one learned gain
     of head_dim shared by the heads, before the encoding's ``rotate`` (QK-norm: Henry et al. 2020,
     Dehghani et al. 2023; in this form OLMo 2's and Qwen3's ``q_norm``/``k_norm``); it bounds the
-    logits' size, so attention cannot sharpen by growing q and k."""
+    logits' size, so attention cannot sharpen by growing q and k. ``model.window``: sliding-window
+    attention (Beltagy et al. 2020, Longformer; Mistral 7B), each query seeing its last ``window``
+    keys, itself included; an encoding may put a window on some layers (``attention_window``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -34,7 +36,7 @@ class Attention(nn.Module):
         hs = cfg.d_model // cfg.n_heads
         self.q_norm, self.k_norm = (nn.RMSNorm(hs, eps=1e-6), nn.RMSNorm(hs, eps=1e-6)) if cfg.qk_norm else (None, None)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.chunk = cfg.attn_chunk
+        self.chunk, self.window = cfg.attn_chunk, cfg.window
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, enc: PositionEncoding, positions, layer: int, cache: dict):
@@ -47,7 +49,8 @@ class Attention(nn.Module):
             q = cache["length_scaling"](q, cache["key_counts"], layer)
         # a data-dependent decay (FoX): the cumulative log forget gates of this layer's input
         decay = enc.decay(x, layer).float().cumsum(-1) if "decay" in enc.hooks() else None
-        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, decay)
+        windows = [w for w in (self.window, enc.attention_window(layer)) if w]  # model.window, the encoding's
+        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, decay, min(windows, default=0))
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
 

@@ -113,9 +113,10 @@ def check_kernels(cls, options, model=None) -> None:
         if "decay" in enc.hooks():  # the gates of a layer input, summed as the model sums them
             with torch.no_grad():
                 decay = enc.decay(torch.randn(2, T, enc.dims.d_model), 1).float().cumsum(-1)
+        window = (model or {}).get("window", 0) or enc.attention_window(1)  # a sliding window, where there is one
         with torch.set_grad_enabled(grad):
-            out = causal_attention(q, k, v, enc, pos, 1, chunk_size=chunk, cache={}, decay=decay)
-            ref = reference_attention(q, k, v, enc, pos, 1, decay=decay)
+            out = causal_attention(q, k, v, enc, pos, 1, chunk_size=chunk, cache={}, decay=decay, window=window)
+            ref = reference_attention(q, k, v, enc, pos, 1, decay=decay, window=window)
         if not torch.allclose(out.float(), ref, atol=1e-5, rtol=1e-5):
             _fail("kernels", cls, f"the attention kernel at T={T}, query chunk {chunk}, grad={grad} differs from "
                                   f"plain fp32 attention by up to {(out.float() - ref).abs().max():.2e}")

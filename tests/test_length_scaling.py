@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import compose
-from posbench.config import ModelConfig, TrainConfig, config_hash
+from posbench.config import ModelConfig, TrainConfig, config_hash, model_config
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.extension import Extension
@@ -19,10 +19,12 @@ from posbench.train.optim import make_optimizer
 VOCAB, TRAIN_LEN = 40, 8
 
 
-def model(encoding="alibi", scaling="none", chunk=1024, seed=0, qk_norm=False, **options) -> LanguageModel:
+def model(encoding="alibi", scaling="none", chunk=1024, seed=0, qk_norm=False, model_window=0, n_layers=2,
+          **options) -> LanguageModel:
+    """A small model; ``options`` are the encoding's."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, attn_chunk=chunk, length_scaling=scaling,
-                      qk_norm=qk_norm)
+    cfg = ModelConfig(d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, attn_chunk=chunk, length_scaling=scaling,
+                      qk_norm=qk_norm, window=model_window)
     enc = build_encoding({"name": encoding, **options}, LanguageModel.dims(cfg, TRAIN_LEN, VOCAB))
     net = LanguageModel(cfg, VOCAB, enc)
     if scaling == "ssmax":  # off its constant init, so a wrong (layer, head) index shows
@@ -69,7 +71,11 @@ def direct_logits(net: LanguageModel, x: torch.Tensor) -> torch.Tensor:
         logits = logits * enc.logit_scale()
         if "bias" in enc.hooks():
             logits = logits + enc.bias(pos, pos, layer)
-        probs = logits.masked_fill(pos[None, :] > pos[:, None], float("-inf")).softmax(-1)
+        window = min([w for w in (cfg.window, enc.attention_window(layer)) if w], default=0)
+        hidden = pos[None, :] > pos[:, None]
+        if window:  # query i sees keys i - window < j <= i
+            hidden = hidden | (pos[:, None] - pos[None, :] >= window)
+        probs = logits.masked_fill(hidden, float("-inf")).softmax(-1)
         out = probs @ v
         if "value" in enc.hooks():
             out = out + enc.value(probs, pos, pos, layer)
@@ -106,6 +112,34 @@ def test_qk_norm_computes_the_definition(encoding, chunk, scaling):
     assert "blocks.0.attn.q_norm.weight" in net.state_dict()
     assert "blocks.0.attn.q_norm.weight" not in model(encoding).state_dict()  # off: checkpoints as before
     assert check_encoding(encoding, model={"qk_norm": True}, checks=["causality", "kernels", "bf16"])
+
+
+@pytest.mark.parametrize("encoding, chunk, grad", [("rope", 8, False), ("nope", 1024, True), ("alibi", 8, False),
+                                                   ("alibi", 1024, False), ("shaw", 8, False), ("t5", 8, True)])
+def test_sliding_window_computes_the_definition(encoding, chunk, grad):
+    """model.window through every path: chunked SDPA with a window mask (no bias), training's
+    explicit path, ALiBi's Toeplitz slices and single mask, Shaw's content chunks."""
+    net, x = model(encoding, chunk=chunk, model_window=5), torch.randint(0, VOCAB, (2, 4 * TRAIN_LEN))
+    with torch.set_grad_enabled(grad):
+        got = net(x)
+    with torch.no_grad():
+        want = direct_logits(net, x)
+        unwindowed = model(encoding, chunk=chunk)(x)
+    assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
+    assert torch.allclose(got[:, :5], unwindowed[:, :5], atol=1e-5)  # the first 5 queries see every key anyway
+    assert not torch.allclose(got[:, 5:], unwindowed[:, 5:], atol=1e-4)
+
+
+def test_rnope_swa_windows_the_rope_layers_and_leaves_nope_layers_global():
+    net = model("rope_nope", n_layers=4, chunk=8, nope_every=2, window=6)
+    assert [net.encoding.attention_window(layer) for layer in range(4)] == [6, 0, 6, 0]
+    x = torch.randint(0, VOCAB, (2, 4 * TRAIN_LEN))
+    with torch.no_grad():
+        assert torch.allclose(net(x), direct_logits(net, x), atol=2e-5, rtol=1e-4)
+    assert check_encoding("rope_nope", {"nope_every": 2, "window": 6}, checks=["causality", "kernels"])
+    assert check_encoding("alibi", model={"window": 7}, checks=["causality", "kernels", "long"])
+    with pytest.raises(PosbenchError, match=r"model.window=-1 is not valid; valid: 0 \(full causal attention\)"):
+        model_config({"window": -1})
 
 
 def test_logn_leaves_the_training_length_alone():
@@ -151,6 +185,7 @@ def test_config_hash_and_errors():
     assert config_hash(compose()) == "5905295095c6"  # the default job's hash from before the option
     assert config_hash(compose("model.ssmax_init=0.5")) == "5905295095c6"  # read only under ssmax
     assert config_hash(compose("model.qk_norm=true")) != "5905295095c6"
+    assert config_hash(compose("model.window=0")) == "5905295095c6" != config_hash(compose("model.window=64"))
     hashes = {config_hash(compose(*o)) for o in (["model.length_scaling=logn"], ["model.length_scaling=ssmax"],
                                                   ["model.length_scaling=ssmax", "model.ssmax_init=0.5"])}
     assert len(hashes) == 3 and "5905295095c6" not in hashes

@@ -135,6 +135,13 @@ class PositionEncoding(nn.Module):
         attention kernel sums them, :func:`posbench.attention.causal_attention`'s ``decay``)."""
         raise NotImplementedError
 
+    def attention_window(self, layer: int) -> int:
+        """A sliding window this encoding puts on ``layer``'s attention (the query at i sees keys
+        i - window < j <= i), 0 for none (the default): e.g. RoPE layers with a window and global
+        NoPE layers (``rope_nope``'s ``window``). The model takes the narrower of this and
+        ``model.window``."""
+        return 0
+
     def pair_cost(self) -> int:
         """fp32 values per (query, key) pair (per batch row) that ``bias`` / ``score`` hold at
         once; the kernels size their query chunks by it to bound memory. Default: one per head."""

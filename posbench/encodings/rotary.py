@@ -331,18 +331,27 @@ class HybridRotary(Rotary):
     layers' queries at long lengths (``attn_temperature_tuning``); that is not built here:
     ``model.length_scaling=logn`` is the log-n scaling posbench has, on every layer. RoPE
     scalings at inference apply to the RoPE layers. A model of fewer than ``nope_every`` layers
-    has no NoPE layer and is RoPE."""
+    has no NoPE layer and is RoPE. ``window`` > 0 gives the RoPE layers sliding-window attention
+    over that many keys and leaves the NoPE layers global: RNoPE-SWA (Yang et al. 2025), the
+    layout of Cohere's Command A (three windowed RoPE layers to one global NoPE layer:
+    ``nope_every=4``)."""
 
     name = "rope_nope"
     paper = "Llama 4 iRoPE (Meta 2025); Yang et al. 2025, Rope to Nope and Back Again"
     description = "rope in most layers, none in every nope_every-th (Llama 4: one layer in four)"
 
-    def __init__(self, dims: ModelDims, nope_every: int = 4, base: float = 10000.0, pairing: str = "half"):
+    def __init__(self, dims: ModelDims, nope_every: int = 4, window: int = 0, base: float = 10000.0,
+                 pairing: str = "half"):
         super().__init__(dims, base, pairing)
         if int(nope_every) != nope_every or nope_every < 2:
             raise PosbenchError(f"rope_nope nope_every must be an integer >= 2 (every layer NoPE is encoding=nope), "
                                 f"got {nope_every}")
-        self.nope_every = int(nope_every)
+        if int(window) != window or window < 0:
+            raise PosbenchError(f"rope_nope window must be an integer >= 0 (0: no window), got {window}")
+        self.nope_every, self.window = int(nope_every), int(window)
+
+    def attention_window(self, layer: int) -> int:
+        return 0 if self.is_nope(layer) else self.window
 
     def is_nope(self, layer: int) -> bool:
         return (layer + 1) % self.nope_every == 0
@@ -351,7 +360,7 @@ class HybridRotary(Rotary):
         return (q, k) if self.is_nope(layer) else super().rotate(q, k, positions, layer)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, nope_every={self.nope_every}"
+        return f"{super().extra_repr()}, nope_every={self.nope_every}, window={self.window}"
 
 
 def xpos_zeta(head_dim: int) -> torch.Tensor:
