@@ -67,19 +67,33 @@ def peak_rss_mb() -> float:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: kB on most systems
 
+def split_entry(entry: str) -> tuple[str, list[str]]:
+    """'nope+model.length_scaling=ssmax' -> ('nope', ['model.length_scaling=ssmax']): a bench
+    entry is an encoding, optionally with config overrides (a model option, an encoding option)."""
+    name, *overrides = entry.split("+")
+    return name, overrides
+
+
+# the model options of `posbench encodings`, each measured with one encoding in the default bench
+MODEL_OPTION_ENTRIES = ("nope+model.length_scaling=ssmax", "rope+model.length_scaling=logn",
+                        "rope+model.qk_norm=true", "rope+model.window=64")
+
+
 def _posbench_model(encoding: str, train_len: int, max_len: int):
     """The benchmark model; a position table (``encoding.max_len``) gets ``max_len`` entries so it
-    can run at every measured length, as x-transformers' ``max_seq_len``."""
+    can run at every measured length, as x-transformers' ``max_seq_len``. ``encoding``: a bench
+    entry (:func:`split_entry`)."""
     from hydra import compose, initialize_config_dir
 
     from .build import build_model
     from .config import conf_dir
 
+    name, overrides = split_entry(encoding)
+    base = [f"encoding={name}", "model=tiny", f"train.train_len={train_len}", *overrides]
     with initialize_config_dir(str(conf_dir()), version_base=None):
-        cfg = compose("app_train", [f"encoding={encoding}", "model=tiny", f"train.train_len={train_len}"])
+        cfg = compose("app_train", base)
         if "max_len" in cfg.encoding:
-            cfg = compose("app_train", [f"encoding={encoding}", "model=tiny", f"train.train_len={train_len}",
-                                        f"encoding.max_len={max_len}"])
+            cfg = compose("app_train", [*base, f"encoding.max_len={max_len}"])
     return build_model(cfg, SHAPE["vocab"])
 
 
@@ -279,7 +293,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     from .build import autocast_dtype
     from .encodings import REGISTRY
 
-    unknown = sorted(set(encodings) - set(REGISTRY))
+    unknown = sorted({split_entry(e)[0] for e in encodings} - set(REGISTRY))
     if unknown:
         from .errors import PosbenchError
         raise PosbenchError(f"unknown encoding(s) {', '.join(unknown)}; valid choices: {', '.join(sorted(REGISTRY))}")
@@ -467,7 +481,9 @@ def main(argv: list[str] | None = None) -> None:
     from .encodings import REGISTRY
 
     parser = argparse.ArgumentParser(prog="posbench bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--encodings", nargs="+", default=sorted(REGISTRY), metavar="NAME", help="default: all")
+    parser.add_argument("--encodings", nargs="+", default=[*sorted(REGISTRY), *MODEL_OPTION_ENTRIES], metavar="NAME",
+                        help="default: all, and each model option with one encoding; NAME+KEY=VALUE adds a config "
+                             "override, e.g. nope+model.length_scaling=ssmax")
     parser.add_argument("--train-lens", nargs="*", type=int, default=[128, 512], metavar="T")
     parser.add_argument("--eval-lens", nargs="+", type=int, default=[1024, 4096, 8192, 16384], metavar="L")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per figure (after 2 warm-up steps)")

@@ -14,14 +14,15 @@ from posbench.build import keep_freed_memory
 
 def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     out = tmp_path / "bench"
-    done = posbench("bench", "--encodings", "alibi", "rope", "--train-lens", "16", "--eval-lens", "64", "128",
-                    "--steps", "1", "--no-peer", "--malloc", "posbench", "--out", str(out))
+    done = posbench("bench", "--encodings", "alibi", "rope", "nope+model.length_scaling=ssmax", "--train-lens", "16",
+                    "--eval-lens", "64", "128", "--steps", "1", "--no-peer", "--malloc", "posbench", "--out", str(out))
     rows = pd.read_csv(out / "bench.csv")
-    assert len(rows) == 2 * (1 + 2) and set(rows.kind) == {"train", "eval"} and set(rows.malloc) == {"posbench"}
+    assert len(rows) == 3 * (1 + 2) and set(rows.kind) == {"train", "eval"} and set(rows.malloc) == {"posbench"}
     assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 100).all()  # torch alone is > 100 MB resident
     assert (rows.params > 5e6).all()  # the tiny model: 5.25M parameters
     text = (out / "bench.md").read_text()
     assert "| alibi | posbench | 5.25M |" in text and "| rope | posbench | 5.25M |" in text
+    assert "| nope+model.length_scaling=ssmax | posbench | 5.25M |" in text  # a model option, with an encoding
     assert "every encoding evaluates at 128 tokens under 2 GB peak" in text
     assert "alibi evaluation" not in text  # the 2x-of-rope target is judged at 8,192 tokens only
     assert "wrote" in done.stdout
