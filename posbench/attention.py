@@ -13,6 +13,8 @@ no ``bias``/``score``    fused ``scaled_dot_product_attention`` (``is_causal``; 
 consecutive positions
 ``bias``, other          the bias of each query chunk against its keys, per layer
 ``score`` / ``value``    explicit softmax attention in query chunks (memory linear in T)
+``normalize``            explicit attention in query chunks, the encoding's weights in place
+                         of softmax (stick-breaking), their remainder on the query's own value
 ``decay``                SDPA in query chunks, each with its (B, H, chunk, keys) mask of
                          c_i - c_j (c the cumulative log forget gates) plus any bias
 =======================  ====================================================================
@@ -72,7 +74,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i)."""
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
-    if "score" in hooks or "value" in hooks:
+    if "score" in hooks or "value" in hooks or "normalize" in hooks:
         return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
                                 window)
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
@@ -223,8 +225,14 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, win
             logits = logits + enc.bias(q_pos, k_pos, layer).float()
         if decay is not None:
             logits = logits + _decay_mask(decay.float(), q_pos, k_pos, start, end)
-        probs = logits.masked_fill(_future(q_pos, k_pos, window), float("-inf")).softmax(dim=-1)
-        out = probs.to(vc.dtype) @ vc
+        hidden = _future(q_pos, k_pos, window)
+        if "normalize" in hooks:  # weights other than softmax's; what they leave goes to the query's own value
+            probs = enc.normalize(logits, q_pos, k_pos, hidden, layer)
+            rest = 1 - probs.sum(-1, keepdim=True)
+            out = probs.to(vc.dtype) @ vc + (rest * v[:, :, start:end].float()).to(vc.dtype)
+        else:
+            probs = logits.masked_fill(hidden, float("-inf")).softmax(dim=-1)
+            out = probs.to(vc.dtype) @ vc
         if "value" in hooks:
             out = out + enc.value(probs, q_pos, k_pos, layer).to(out.dtype)
         outs.append(out)

@@ -28,6 +28,9 @@ hook           what it changes                                 examples
 ``decay``      a data-dependent decay: per-token log forget    fox
                gates log f_t (B, H, T) from the layer's input,
                the logit of (i, j) gaining sum_{j<t<=i} log f_t
+``normalize``  attention weights from the logits in place of   stickbreaking
+               softmax; weights may sum to less than 1, the
+               rest going to the query's own value
 =============  ==============================================  ===================
 
 ``bias`` is written with broadcasting element-wise ops on position tensors, so
@@ -53,7 +56,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 
-HOOKS = ("embed", "rotate", "bias", "score", "value", "decay")
+HOOKS = ("embed", "rotate", "bias", "score", "value", "decay", "normalize")
 
 REGISTRY: dict[str, type["PositionEncoding"]] = {}
 
@@ -135,6 +138,13 @@ class PositionEncoding(nn.Module):
         attention kernel sums them, :func:`posbench.attention.causal_attention`'s ``decay``)."""
         raise NotImplementedError
 
+    def normalize(self, logits: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, hidden: torch.Tensor,
+                  layer: int) -> torch.Tensor:
+        """logits: (B, H, Tq, Tk) scaled fp32 logits of a query chunk against its keys, ``hidden``:
+        (Tq, Tk) True where the query may not see the key -> attention weights (B, H, Tq, Tk), 0
+        where hidden. Replaces softmax; 1 minus a query's weights goes to its own value."""
+        raise NotImplementedError
+
     def attention_window(self, layer: int) -> int:
         """A sliding window this encoding puts on ``layer``'s attention (the query at i sees keys
         i - window < j <= i), 0 for none (the default): e.g. RoPE layers with a window and global
@@ -159,10 +169,10 @@ class PositionEncoding(nn.Module):
 
     @classmethod
     def hook_kind(cls) -> str:
-        """One word for tables: embed, rotate, bias, score, decay, or none."""
+        """One word for tables: embed, rotate, bias, score, decay, normalize, or none."""
         hooks = cls.hooks()
-        if "decay" in hooks:
-            return "decay"
+        if "decay" in hooks or "normalize" in hooks:
+            return "decay" if "decay" in hooks else "normalize"
         if "score" in hooks or "value" in hooks:
             return "score"
         return hooks[0] if hooks else "none"
