@@ -29,8 +29,10 @@ FILE = "learned_bias.png"
 
 def has_learned_bias(encoding: PositionEncoding) -> bool:
     """True when the encoding adds a ``bias`` with trainable parameters (t5, kerple, fire,
-    dynamic, alibi with learned slopes)."""
-    return "bias" in encoding.hooks() and any(p.requires_grad for p in encoding.parameters())
+    dynamic, alibi with learned slopes; dape on a learned base: its MLP is not the bias)."""
+    own = encoding.base.parameters() if isinstance(getattr(encoding, "base", None), PositionEncoding) else \
+        encoding.parameters()  # a wrapper (dape) draws the bias of the encoding it wraps
+    return "bias" in encoding.hooks() and any(p.requires_grad for p in own)
 
 
 def bias_by_distance(encoding: PositionEncoding, max_distance: int) -> pd.DataFrame:
