@@ -18,7 +18,8 @@ A probe (docs/extending.md) subclasses :class:`posbench.eval.probe.Probe`:
   the column the report draws, a score in [0, 1]; ``grid``: a second key drawn as the rows of
   its heat map (passkey: depth), None for one row per line.
 
-Passkey retrieval (:mod:`.passkey`) is the built-in probe.
+The built-in probes: passkey retrieval (:mod:`.passkey`) and RULER's needles with distractors,
+``niah_multikey`` and ``niah_multivalue`` (:mod:`.needles`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..config import code_version, config_hash, typed
 from ..errors import PosbenchError
 from ..plugins import META_KEYS, TARGET, Registry
 from ..runs.rundir import RunDir, atomic_write_text
+from .needles import NiahMultiKey, NiahMultiValue
 from .passkey import Passkey
 from .probe import RUN_KEY, TRAILER, Probe, Subject
 from .results import locked, merge_csv
@@ -130,6 +132,6 @@ def probe_files(run_dir) -> dict[str, type[Probe] | None]:
     return found
 
 
-for _cls in (Passkey,):
+for _cls in (Passkey, NiahMultiKey, NiahMultiValue):
     PROBES.register(_cls)
 PROBES.load()
