@@ -129,7 +129,7 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 100
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
-    compile: bool = False  # torch.compile the model for training
+    compile: bool | str = "auto"  # torch.compile the model for training: true, false, or auto (compile_policy)
     preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
     random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.train.optim)
@@ -147,6 +147,8 @@ class TrainConfig:
         if not 0 <= self.warmup_steps:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         choice("train.schedule", self.schedule, SCHEDULES)
+        if isinstance(self.compile, str) and self.compile != "auto":
+            raise PosbenchError(f"train.compile={self.compile!r} is not valid; valid choices: true, false, auto")
         if not 0 < self.decay_frac <= 1:
             raise PosbenchError(f"train.decay_frac={self.decay_frac} is not valid; valid: a fraction in (0, 1]")
         bad = [s for s in self.save_steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= self.steps]
@@ -308,7 +310,7 @@ def _check_type(key: str, value, hint) -> Any:
     if container is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, container) or (container is int and isinstance(value, bool)):
-        raise PosbenchError(f"{key} must be {container.__name__}, got {value!r}")
+        raise PosbenchError(f"{key} must be {getattr(container, '__name__', str(container))}, got {value!r}")
     return value
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose, posbench
+from conftest import SMOKE, compose, posbench
 from posbench.build import build_model
 from posbench.config import DataConfig, EvalConfig, TrainConfig, conf_dir, config_hash, model_config, typed
 from posbench.errors import PosbenchError
@@ -148,3 +148,25 @@ def test_config_dataclass_defaults_equal_the_default_yaml(cls, yaml):
             differ[key] = (default, value)
     assert differ == {}
     assert sorted(k for k in declared if k not in fields) == []
+
+
+def test_compile_policy_compiles_where_it_was_measured_faster():
+    """train.compile=auto (results/bench/compile.md): compiled only on a CPU with AMX training in
+    bf16, for jobs of at least 200 steps; true and false are obeyed; tests stay eager."""
+    import torch
+
+    from posbench.config import TrainConfig
+    from posbench.train.loop import AUTO_COMPILE_MIN_STEPS, compile_policy
+
+    cpu, cuda, bf16 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16
+    assert AUTO_COMPILE_MIN_STEPS == 200 and TrainConfig().compile == "auto"
+    assert compile_policy("auto", cpu, bf16, 400, amx=True)  # the default job on an AMX machine
+    assert not compile_policy("auto", cpu, bf16, 40, amx=True)  # too short to pay for its compilation
+    assert not compile_policy("auto", cpu, None, 400, amx=False)  # fp32 on AVX2: 1.01-1.03x, cancelled by compiling
+    assert not compile_policy("auto", cpu, bf16, 400, amx=False)  # AVX512-BF16 without AMX: slower
+    assert not compile_policy("auto", cuda, bf16, 400, amx=False)  # not measured
+    assert compile_policy(True, cpu, None, 1, amx=False) and not compile_policy(False, cpu, bf16, 400, amx=True)
+    smoke = compose(*SMOKE)  # what the tests train: eager on any machine
+    assert not compile_policy(smoke.train.compile, cpu, bf16, int(smoke.train.steps), amx=True)
+    with pytest.raises(PosbenchError, match=r"train.compile='yes' is not valid; valid choices: true, false, auto"):
+        TrainConfig(compile="yes")
