@@ -54,7 +54,8 @@ WORDS = ("apple", "river", "candle", "garden", "window", "pencil", "mountain", "
 
 @dataclass
 class NeedlesConfig:
-    """A needles probe's options (conf/probe/niah_multikey.yaml, niah_multivalue.yaml)."""
+    """A needles probe's options (conf/probe/niah_multikey.yaml, niah_multivalue.yaml); the
+    defaults are niah_multikey's."""
 
     lengths: list[int] | None = None  # prompt lengths in tokens; None: multiples x train_len
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
@@ -193,11 +194,7 @@ class NiahMultiKey(Needles):
     name = "niah_multikey"
     paper = "Hsieh et al. 2024, RULER (niah_multikey_1)"
     description = "4 needles with different keys; the value of one is asked, the others distract"
-
-    @dataclass
-    class Options(NeedlesConfig):
-        keys: int = 4
-        values: int = 1
+    Options = NeedlesConfig  # its defaults: 4 keys, 1 value
 
 
 class NiahMultiValue(Needles):
