@@ -49,7 +49,7 @@ def test_help_of_train_and_eval_shows_their_own_groups_and_keys():
     assert "encoding: " in train and "alibi" in train and "train.*" in train and "eval.*" in train
     assert "probe:" not in train and "passkey" not in train  # probe belongs to posbench eval
     evaluate = posbench("eval", "--help").stdout
-    assert "checkpoint" in evaluate and re.search(r"probe: +passkey", evaluate)
+    assert "checkpoint" in evaluate and re.search(r"probe: +niah_multikey, niah_multivalue, passkey", evaluate)
     assert "encoding:" not in evaluate and "model:" not in evaluate  # the run's own config sets them
 
 

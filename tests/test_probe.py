@@ -163,7 +163,7 @@ def test_passkey_cli_writes_and_merges_passkey_csv(smoke_run_copy):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
-    (["probe=pass"], "unknown probe 'pass'; valid choices: passkey"),
+    (["probe=pass"], "unknown probe 'pass'; valid choices: niah_multikey, niah_multivalue, passkey"),
     (["probe=passkey", "probe.depths=[0,1.5]"], "probe.depths[1]=1.5 is not in [0, 1]"),
     (["probe=passkey", "probe.trials=0"], "probe.trials must be > 0, got 0"),
     (["probe=passkey", "probe.lengths=[16,64]"], "probe length 16 is too short for the passkey prompt"),
