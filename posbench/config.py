@@ -451,12 +451,12 @@ def hashed_part(data: dict) -> dict:
         kept["train"] = {k: v for k, v in train.items() if k not in NOT_HASHED_TRAIN
                          and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)
                          and not (cosine and k in ("schedule", "decay_frac"))}
-    if isinstance(kept.get("model"), dict):  # runs from before model.length_scaling keep their hash
+    if isinstance(kept.get("model"), dict):  # runs from before the model options keep their hash
         model = kept["model"]
-        scaling = model.get("length_scaling", "none")
+        implied = {k.removeprefix("model."): v for k, v in IMPLIED_WHEN_ABSENT.items() if k.startswith("model.")}
         kept["model"] = {k: v for k, v in model.items()
-                         if not (k == "length_scaling" and v == "none") and not (k == "ssmax_init" and scaling != "ssmax")
-                         and not (k == "qk_norm" and v is False) and not (k == "window" and v == 0)}
+                         if not (k in implied and type(v) is type(implied[k]) and v == implied[k])
+                         and not (k == "ssmax_init" and model.get("length_scaling", "none") != "ssmax")}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}
         if task.get("name", "lm") != "lm":
