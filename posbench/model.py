@@ -20,6 +20,9 @@ from .encodings.randomized import check_positions
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 
+# parameters that initialise themselves and get no weight decay: the encoding's and SSMax's scales
+OWN_PARAMETERS = ("encoding.", "length_scaling.")
+
 
 class Attention(nn.Module):
     """Causal self-attention. ``model.qk_norm``: RMSNorm over each head's q and k, one learned gain
@@ -87,7 +90,7 @@ class LanguageModel(nn.Module):
         them at N(0, d^-0.5) as well (tensor2tensor/fairseq) was measured worse here with tied
         embeddings (README, "Reference results")."""
         for name, p in self.named_parameters():
-            if name.startswith(("encoding.", "length_scaling.")):
+            if name.startswith(OWN_PARAMETERS):
                 continue  # encodings and the length scaling initialise their own parameters
             if p.dim() >= 2:
                 # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)

@@ -171,8 +171,9 @@ class PositionEncoding(nn.Module):
     def hook_kind(cls) -> str:
         """One word for tables: embed, rotate, bias, score, decay, normalize, or none."""
         hooks = cls.hooks()
-        if "decay" in hooks or "normalize" in hooks:
-            return "decay" if "decay" in hooks else "normalize"
+        for kind in ("decay", "normalize"):  # they decide the kernel whatever else is overridden
+            if kind in hooks:
+                return kind
         if "score" in hooks or "value" in hooks:
             return "score"
         return hooks[0] if hooks else "none"

@@ -20,6 +20,7 @@ import math
 import torch
 
 from ..config import TrainConfig
+from ..model import OWN_PARAMETERS
 
 
 def lr_lambda(tcfg: TrainConfig):
@@ -46,6 +47,6 @@ def make_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
     scales (``length_scaling.s``)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith(("encoding.", "length_scaling.")) else no_decay).append(p)
+        (decay if p.dim() >= 2 and not name.startswith(OWN_PARAMETERS) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2))
