@@ -203,21 +203,24 @@ class Rotary(PositionEncoding):
             return "none", 1.0
         return ("ntk" if kind == "dynamic_ntk" else kind), s
 
+    def inv_freq(self, kind: str, s: float, device=None, head_dim: int | None = None) -> torch.Tensor:
+        """(head_dim/2,): every pair's frequency under scaling (kind, s); ``pi`` scales the
+        positions instead (:meth:`angle_table`), so its frequencies are the unscaled ones.
+        ``head_dim``: the head size the frequencies are spread over (default the model's)."""
+        hs = head_dim or self.dims.head_dim
+        if kind == "ntk":
+            return rope_inv_freq(hs, ntk_base(self.base, s, hs), device)
+        if kind == "yarn":
+            return yarn_inv_freq(hs, self.base, s, self.dims.train_len, device)
+        return rope_inv_freq(hs, self.base, device)
+
     def angle_table(self, positions: torch.Tensor, kind: str, s: float):
         """cos, sin (T, hs/2) of every pair's angle at ``positions`` under scaling (kind, s),
         both times YaRN's attention factor when kind is ``yarn``."""
-        hs = self.dims.head_dim
-        if kind == "none":
-            angles = rope_angles(positions, hs, self.base)
-        elif kind == "pi":
-            angles = rope_angles(positions.float() / s, hs, self.base)  # Chen et al. 2023: p -> p / s
-        elif kind == "ntk":
-            angles = rope_angles(positions, hs, ntk_base(self.base, s, hs))
-        elif kind == "yarn":
-            inv_freq = yarn_inv_freq(hs, self.base, s, self.dims.train_len, positions.device)
-            angles = positions.float()[:, None] * inv_freq[None, :]
-        else:
+        if kind not in ("none", "pi", "ntk", "yarn"):
             raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+        pos = positions.float() / s if kind == "pi" else positions.float()  # PI, Chen et al. 2023: p -> p / s
+        angles = pos[:, None] * self.inv_freq(kind, s, positions.device)[None, :]
         if kind == "yarn":
             m = yarn_attention_factor(s)
             return angles.cos() * m, angles.sin() * m
@@ -294,28 +297,14 @@ class PartialRotary(Rotary):
                                 f"{dims.head_dim // 2} pairs of a head, got {fraction}")
         self.fraction, self.form, self.pairs = float(fraction), form, pairs
 
-    def inv_freq(self, kind: str, s: float, device=None) -> torch.Tensor:
-        """(hs/2,): the rotated pairs' frequencies under scaling (kind, s), zeros for the others
-        (``pi`` scales positions, not frequencies: its frequencies are the unscaled ones)."""
-        hs = self.dims.head_dim
-        spread = hs if self.form == "highest" else 2 * self.pairs  # the head size the frequencies span
-        if kind == "ntk":
-            freq = rope_inv_freq(spread, ntk_base(self.base, s, spread), device)
-        elif kind == "yarn":
-            freq = yarn_inv_freq(spread, self.base, s, self.dims.train_len, device)
-        else:
-            freq = rope_inv_freq(spread, self.base, device)
-        out = torch.zeros(hs // 2, device=device)
+    def inv_freq(self, kind: str, s: float, device=None, head_dim: int | None = None) -> torch.Tensor:
+        """(hs/2,): the rotated pairs' frequencies under scaling (kind, s), RoPE's spread over hs
+        (``highest``) or over the 2r rotated dims (``neox``); zeros for the other pairs."""
+        spread = self.dims.head_dim if self.form == "highest" else 2 * self.pairs
+        freq = super().inv_freq(kind, s, device, spread)
+        out = torch.zeros(self.dims.head_dim // 2, device=device)
         out[:self.pairs] = freq[:self.pairs]
         return out
-
-    def angle_table(self, positions: torch.Tensor, kind: str, s: float):
-        if kind not in ("none", "pi", "ntk", "yarn"):
-            raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
-        pos = positions.float() / s if kind == "pi" else positions.float()
-        angles = pos[:, None] * self.inv_freq(kind, s, positions.device)[None, :]
-        m = yarn_attention_factor(s) if kind == "yarn" else 1.0
-        return angles.cos() * m, angles.sin() * m
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fraction={self.fraction}, form={self.form}"
