@@ -26,18 +26,13 @@ answer) and ``logprob``.
 
 from __future__ import annotations
 
-import math
-import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..config import ladder_lengths, not_empty, positive
-from ..encodings import PositionRangeError
 from ..errors import PosbenchError
-from .passkey import FILLER, Prompt, _encode, score_prompts
+from .passkey import Prompt, _encode, filler_stream, score_cells
 from .probe import Probe, Subject
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
@@ -132,12 +127,7 @@ def needles_prompt(tokenizer, length: int, depth: float, inst: Instance) -> Prom
 
 
 def _place(needles, question, filler: int, depth: float, inst: Instance, tokenizer) -> Prompt:
-    sentences = [_encode(tokenizer, s) for s in FILLER]
-    stream, bounds = [], [0]
-    while len(stream) < filler:
-        stream += sentences[(len(bounds) - 1) % len(sentences)]
-        bounds.append(len(stream))
-    stream, bounds = stream[:filler], [b for b in bounds if b <= filler]
+    stream, bounds = filler_stream(tokenizer, filler)
     at = [min(bounds, key=lambda b: abs(b - depth * filler))]
     at += [bounds[min(int(p * len(bounds)), len(bounds) - 1)] for p in inst.places]
     order = sorted(range(len(needles)), key=lambda i: (at[i], i))  # by place; the asked key's first needle first
@@ -167,27 +157,10 @@ class Needles(Probe):
 
     def run(self, subject: Subject, lengths: list[int]) -> list[dict]:
         cases = instances(self.options)
-        rows, started = [], time.perf_counter()
-        for length in tqdm(lengths, desc=self.name, leave=False, disable=None, file=sys.stderr):
-            for depth in self.options.depths:
-                row = {"length": length, "depth": depth, "trials": len(cases)}
-                prompts = [needles_prompt(subject.tokenizer, length, depth, inst) for inst in cases]
-                try:
-                    with subject.scaling(length):
-                        correct, logprob = score_prompts(subject.model, prompts, subject.device, subject.dtype,
-                                                         subject.batch_tokens)
-                    rows.append({**row, "correct": int(correct.sum()), "accuracy": float(correct.mean()),
-                                 "logprob": float(logprob.mean()), "status": "ok"})
-                except PositionRangeError as e:
-                    rows.append({**row, "correct": None, "accuracy": math.nan, "logprob": math.nan,
-                                 "status": f"n/a: {e}"})
-            done = [r for r in rows[-len(self.options.depths):] if r["status"] == "ok"]
-            accuracy = f"accuracy {np.mean([r['accuracy'] for r in done]):.2f}" if done else "n/a"
-            tqdm.write(f"posbench: {self.name} L={length}: {len(cases) * len(self.options.depths)} prompts in "
-                       f"{time.perf_counter() - started:.1f} s, {accuracy}", file=sys.stderr)
-            started = time.perf_counter()
-        return rows
-
+        return score_cells(self.name, subject.model,
+                           lambda length, depth: [needles_prompt(subject.tokenizer, length, depth, inst) for inst in cases],
+                           lengths, self.options.depths, subject.device, subject.dtype, subject.batch_tokens,
+                           subject.scaling)
 
 
 class NiahMultiKey(Needles):

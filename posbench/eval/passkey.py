@@ -123,15 +123,21 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
     if filler < 0:
         raise PosbenchError(f"probe length {length} is too short for the passkey prompt (key sentence, question "
                             f"and key take {length - filler} tokens); valid: probe.lengths >= {length - filler}")
-    sentences = [_encode(tokenizer, s) for s in FILLER]
-    stream, bounds = [], [0]
-    while len(stream) < filler:
-        stream += sentences[(len(bounds) - 1) % len(sentences)]
-        bounds.append(len(stream))
-    stream = stream[:filler]
-    at = min((b for b in bounds if b <= filler), key=lambda b: abs(b - depth * filler))
+    stream, bounds = filler_stream(tokenizer, filler)
+    at = min(bounds, key=lambda b: abs(b - depth * filler))
     ids = stream[:at] + key_ids + stream[at:] + question
     return Prompt(ids, answer, at, filler)
+
+
+def filler_stream(tokenizer, n: int) -> tuple[list[int], list[int]]:
+    """``n`` tokens of the filler sentences cycled (the last one cut), and the sentence boundaries
+    within them (0 included): where a needle may be put."""
+    sentences = [_encode(tokenizer, s) for s in FILLER]
+    stream, bounds = [], [0]
+    while len(stream) < n:
+        stream += sentences[(len(bounds) - 1) % len(sentences)]
+        bounds.append(len(stream))
+    return stream[:n], [b for b in bounds if b <= n]
 
 
 @torch.no_grad()
@@ -165,13 +171,24 @@ def passkey_probe(model, tokenizer, pcfg: PasskeyConfig, lengths: list[int], dev
     if min(lengths) < shortest:
         raise PosbenchError(f"probe length {min(lengths)} is too short for the passkey prompt (key sentence, "
                             f"question and key take up to {shortest} tokens); valid: probe.lengths >= {shortest}")
+    return score_cells("passkey", model, lambda length, depth: [passkey_prompt(tokenizer, length, depth, key)
+                                                                for key in keys],
+                       lengths, pcfg.depths, device, dtype, batch_tokens, scaling)
+
+
+def score_cells(name: str, model, prompts_of, lengths: list[int], depths: list[float], device: torch.device, dtype,
+                batch_tokens: int, scaling=lambda length: nullcontext()) -> list[dict]:
+    """The rows of a prompt probe (passkey, the needles): per (length, depth), the prompts
+    ``prompts_of(length, depth)`` scored by :func:`score_prompts` -> length, depth, trials,
+    correct, accuracy, logprob, status (``n/a: ...`` where the model cannot represent the
+    length), and a progress line per finished length."""
     model.eval()
     rows = []
-    cells = [(length, depth) for length in lengths for depth in pcfg.depths]
+    cells = [(length, depth) for length in lengths for depth in depths]
     started = time.perf_counter()
-    for i, (length, depth) in enumerate(tqdm(cells, desc="passkey", leave=False, disable=None, file=sys.stderr)):
-        row = {"length": length, "depth": depth, "trials": pcfg.trials}
-        prompts = [passkey_prompt(tokenizer, length, depth, key) for key in keys]
+    for i, (length, depth) in enumerate(tqdm(cells, desc=name, leave=False, disable=None, file=sys.stderr)):
+        prompts = prompts_of(length, depth)
+        row = {"length": length, "depth": depth, "trials": len(prompts)}
         try:
             with scaling(length):
                 correct, logprob = score_prompts(model, prompts, device, dtype, batch_tokens)
@@ -179,19 +196,19 @@ def passkey_probe(model, tokenizer, pcfg: PasskeyConfig, lengths: list[int], dev
                          "logprob": float(logprob.mean()), "status": "ok"})
         except PositionRangeError as e:
             rows.append({**row, "correct": None, "accuracy": math.nan, "logprob": math.nan, "status": f"n/a: {e}"})
-        if (i + 1) % len(pcfg.depths) == 0:  # the length's last depth
-            tqdm.write(length_line(rows[-len(pcfg.depths):], time.perf_counter() - started), file=sys.stderr)
+        if (i + 1) % len(depths) == 0:  # the length's last depth
+            tqdm.write(length_line(name, rows[-len(depths):], time.perf_counter() - started), file=sys.stderr)
             started = time.perf_counter()
     return rows
 
 
-def length_line(rows: list[dict], seconds: float) -> str:
+def length_line(name: str, rows: list[dict], seconds: float) -> str:
     """The progress line of one finished length, printed also where tqdm hides its bar (stderr
     not a terminal: logs, sweeps): ``posbench: passkey L=256: 50 prompts in 3.1 s, accuracy 0.42``."""
     ok = [r for r in rows if r["status"] == "ok"]
     prompts = sum(r["trials"] for r in rows)
     accuracy = f"accuracy {sum(r['correct'] for r in ok) / sum(r['trials'] for r in ok):.2f}" if ok else "n/a"
-    return f"posbench: passkey L={rows[0]['length']}: {prompts} prompts in {seconds:.1f} s, {accuracy}"
+    return f"posbench: {name} L={rows[0]['length']}: {prompts} prompts in {seconds:.1f} s, {accuracy}"
 
 
 def markdown_passkey(rows: pd.DataFrame) -> str:
