@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from .encodings import PositionEncoding
 
 EXPLICIT_MAX_LEN = 128  # training at T <= this: explicit attention (faster backward on CPU)
+EXPLICIT_HOOKS = frozenset({"score", "value", "normalize"})  # hooks that take the explicit query chunks
 ATTN_BUDGET = 1 << 25  # elements of one fp32 score / bias tensor in the chunked kernels
 
 
@@ -74,7 +75,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i)."""
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
-    if "score" in hooks or "value" in hooks or "normalize" in hooks:
+    if EXPLICIT_HOOKS & set(hooks):
         return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
                                 window)
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
@@ -105,6 +106,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     rows = _rows(chunk_size, enc.pair_cost() * T)
     return sdpa_chunks(q, k, v, rows, scale,
                        lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype, window))
+
+
+def layer_window(enc: PositionEncoding, layer: int, window: int = 0) -> int:
+    """The sliding window of ``layer``: the narrower of ``window`` (``model.window``) and the
+    encoding's ``attention_window(layer)``; 0 where neither has one."""
+    return min([w for w in (window, enc.attention_window(layer)) if w], default=0)
+
+
+def cumulative_decay(enc: PositionEncoding, x: torch.Tensor, layer: int) -> torch.Tensor | None:
+    """``causal_attention``'s ``decay`` for the layer input ``x`` (B, T, D): the encoding's log
+    forget gates summed over the sequence in fp32 (B, H, T); None without a ``decay`` hook."""
+    return enc.decay(x, layer).float().cumsum(-1) if "decay" in enc.hooks() else None
 
 
 def _rows(chunk_size: int, per_row: int) -> int:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import causal_attention
+from .attention import causal_attention, cumulative_decay, layer_window
 from .config import ModelConfig
 from .encodings import ModelDims, PositionEncoding
 from .encodings.randomized import check_positions
@@ -50,10 +50,8 @@ class Attention(nn.Module):
         q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
         if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
             q = cache["length_scaling"](q, cache["key_counts"], layer)
-        # a data-dependent decay (FoX): the cumulative log forget gates of this layer's input
-        decay = enc.decay(x, layer).float().cumsum(-1) if "decay" in enc.hooks() else None
-        windows = [w for w in (self.window, enc.attention_window(layer)) if w]  # model.window, the encoding's
-        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, decay, min(windows, default=0))
+        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, cumulative_decay(enc, x, layer),
+                             layer_window(enc, layer, self.window))
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
 

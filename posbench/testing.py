@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .attention import causal_attention, reference_attention
+from .attention import causal_attention, cumulative_decay, layer_window, reference_attention
 from .config import ModelConfig
 from .encodings import REGISTRY, PositionEncoding, PositionRangeError, encoding_class
 from .errors import PosbenchError
@@ -109,11 +109,9 @@ def check_kernels(cls, options, model=None) -> None:
         q, k, v = (torch.randn(2, enc.dims.n_heads, T, enc.dims.head_dim) for _ in range(3))
         pos = torch.arange(T)
         q, k = enc.rotate(q, k, pos, 1)
-        decay = None
-        if "decay" in enc.hooks():  # the gates of a layer input, summed as the model sums them
-            with torch.no_grad():
-                decay = enc.decay(torch.randn(2, T, enc.dims.d_model), 1).float().cumsum(-1)
-        window = (model or {}).get("window", 0) or enc.attention_window(1)  # a sliding window, where there is one
+        with torch.no_grad():  # the gates of a layer input, summed as the model sums them
+            decay = cumulative_decay(enc, torch.randn(2, T, enc.dims.d_model), 1)
+        window = layer_window(enc, 1, (model or {}).get("window", 0))
         with torch.set_grad_enabled(grad):
             out = causal_attention(q, k, v, enc, pos, 1, chunk_size=chunk, cache={}, decay=decay, window=window)
             ref = reference_attention(q, k, v, enc, pos, 1, decay=decay, window=window)
