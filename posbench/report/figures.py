@@ -151,10 +151,15 @@ def setup_caption(setup: pd.DataFrame) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def wrapped(text: str, fig) -> str:
+    """``text`` in lines as wide as ``fig``: about 14 characters of small text to the inch."""
+    return textwrap.fill(text, int(14 * fig.get_figwidth()))
+
+
 def _caption(fig, setup: pd.DataFrame | None, *more: str) -> None:
     text = "; ".join(t for t in [setup_caption(setup) if setup is not None else "", *more] if t)
-    if text:  # about 14 characters of small text to the inch
-        fig.suptitle(textwrap.fill(text, int(14 * fig.get_figwidth())), fontsize="small", gid="setup")
+    if text:
+        fig.suptitle(wrapped(text, fig), fontsize="small", gid="setup")
 
 
 def _summary_setup(summary: pd.DataFrame) -> pd.DataFrame:

@@ -86,9 +86,9 @@ def learned_bias_figure(table: pd.DataFrame, title: str, caption: str = ""):
 
 
 def _titled(title: str, caption: str, fig) -> str:
-    import textwrap
+    from .figures import wrapped
 
-    return title + (f"\n{textwrap.fill(caption, int(16 * fig.get_figwidth()))}" if caption else "")
+    return title + (f"\n{wrapped(caption, fig)}" if caption else "")
 
 
 def _default_distance(encoding: PositionEncoding) -> int:
