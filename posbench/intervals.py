@@ -24,8 +24,8 @@ dominates, q is near t_1 = 12.7 and the interval honestly wide; where the text d
 near the normal 1.96. :func:`combined_interval`; ``tests/test_intervals.py`` checks its coverage
 by simulation, with seeds and text both varying: 0.93-0.98 with 3 or more seeds; with 2 seeds
 0.85-0.97, since one degree of freedom makes the seeds' variance (and so the df) a rough guess
-when the text's variance is comparable (t at 1 df would cover always, at five times the width). ``ci_method`` names what a row's interval holds:
-``seeds+text``; ``text (1 seed)`` where a line has one seed (its seeds' spread is unknown, so the
+when the text's variance is comparable (t at 1 df would cover always, at five times the width).
+``ci_method`` names what a row's interval holds: ``seeds+text``; ``text (1 seed)`` where a line has one seed (its seeds' spread is unknown, so the
 interval covers the text only, and figures mark those cells); ``t`` for runs without per-token
 NLL (the seeds only); ``none``.
 
@@ -246,9 +246,8 @@ class Cell:
 
 
 class Estimator:
-    """Intervals of cells and of their differences that carry both sources of variation: the
-    seeds' spread and the text's (module docstring, "Seeds and text together"); one bootstrap
-    index matrix per block count."""
+    """Intervals of cells and of their differences that carry both sources of variation, the
+    seeds' spread and the text's (module docstring); one bootstrap index matrix per block count."""
 
     def __init__(self, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0):
         self.level, self.resamples, self.seed = level, resamples, seed

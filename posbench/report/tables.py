@@ -81,8 +81,9 @@ from .tasks import TaskReport, read_tasks, write_task_report
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
-TABLE_NOTE = ("geometric mean ± std over seeds [95% interval covering the seeds' spread and the text's (a block bootstrap "
-              "over the scored tokens), centred on the geometric mean; a line of one seed: the text's only]; bold: the lowest ppl of a column and every line whose 95% "
+TABLE_NOTE = ("geometric mean ± std over seeds [95% interval covering the seeds' spread and the text's (a "
+              "block bootstrap over the scored tokens), centred on the geometric mean; a line of one seed: the "
+              "text's only]; bold: the lowest ppl of a column and every line whose 95% "
               "interval of the ratio to it contains 1 (none where a comparison has no interval); '(1 seed)': a "
               "cell averaged over a different number of seeds than the rest of its line (the seeds column)")
 REFERENCE = (shipped_dir("reference") or Path("results/reference")) / "alibi_paper_L512.csv"  # wheel or checkout
