@@ -662,7 +662,7 @@ def cmd_encodings(args: list[str]) -> None:
         print(f"{name:<{width}}  {cls.hook_kind():<6}  {total:>6}  {pos:>8}  {cls.description}  [{cls.paper}]{plugin}")
     print("(params: all parameters of the default model, model=tiny with the default corpus's vocabulary; "
           "position: those of the position encoding)")
-    from .length_scaling import MODEL_OPTIONS
+    from .config import MODEL_OPTIONS
 
     print("\nmodel options, with any encoding (posbench train encoding=E OPTION):")
     width = max(len(o) for o, _, _ in MODEL_OPTIONS)

@@ -39,17 +39,6 @@ from .errors import PosbenchError
 
 SCALINGS = ("none", "logn", "ssmax")
 SSMAX_INIT = 0.43
-# what ``posbench encodings`` lists under "model options": (setting, description, paper)
-MODEL_OPTIONS = (
-    ("model.length_scaling=logn", "q x max(1, log n / log train_len), n the keys a query sees; no parameters",
-     "Chiang & Cholak 2022, Overcoming a Theoretical Limitation of Self-Attention; Qwen use_logn_attn"),
-    ("model.length_scaling=ssmax", "q x s log n, s learned per layer and head (model.ssmax_init)",
-     "Nakanishi 2025, Scalable-Softmax Is Superior for Attention"),
-    ("model.qk_norm=true", "RMSNorm on each head's q and k (a learned gain) before the encoding's rotate",
-     "Henry et al. 2020, Query-Key Normalization; Dehghani et al. 2023; OLMo 2, Qwen3"),
-    ("model.window=W", "sliding-window attention: each query sees its last W keys (itself included)",
-     "Beltagy et al. 2020, Longformer; Jiang et al. 2023, Mistral 7B"),
-)
 
 
 def key_counts(T: int, device=None) -> torch.Tensor:
