@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .errors import PosbenchError
 from .length_scaling import logn_factor
@@ -64,6 +65,14 @@ class Extension:
             return f"rerope(W={self.window})"
         return self.method
 
+    def identity_at(self, length: int) -> bool:
+        """Whether the method leaves the model as trained on windows of ``length`` tokens: every
+        distance is inside the window W (Self-Extend, ReRoPE), or every query inside the trained
+        context (log-n)."""
+        if self.method in ("self_extend", "rerope"):
+            return length <= self.window
+        return self.method == "none" or length <= self.train_len
+
     def positions(self, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(query position, key position) of the far pairs (d >= W) for queries ``i`` (Tq, 1)
         and keys ``j`` (1, Tk)."""
@@ -92,28 +101,44 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor, ext: Extension,
                        scaling: float, chunk: int = 256) -> torch.Tensor:
-    """Causal attention of unrotated ``q`` (B, H, T, hs), ``k``, ``v`` (B, H, T, hs) under ``ext``
-    -> (B, H, T, hs). ``inv_freq`` (hs/2,): the rotary frequencies; ``scaling``: the logit scale."""
-    T = q.shape[-2]
+    """Causal attention of unrotated ``q`` (B, H, T, hs), ``k``, ``v`` (B, H_kv, T, hs) under ``ext``
+    -> (B, H, T, hs) in fp32; H_kv divides H (grouped-query attention: each KV head serves H / H_kv
+    query heads, broadcast rather than copied). ``inv_freq`` (hs/2,): the rotary frequencies;
+    ``scaling``: the logit scale.
+
+    ``none`` and ``log-n`` change no angle, so they are one fused causal attention of the scaled,
+    rotated queries. Self-Extend and ReRoPE go query chunk by query chunk, and each chunk scores only
+    the keys it can see: the near keys (i - j < W) with the trained rotation and the far ones
+    (i - j >= W) with the method's, so a chunk costs (chunk, keys up to its end + chunk) rather than
+    two blocks over every key."""
+    B, H, T, hs = q.shape
+    groups = H // k.shape[1]
     pos = torch.arange(T, device=q.device)
     freq = inv_freq.float().to(q.device)
-    k_near = rotate(k.float(), pos[:, None] * freq)
-    if ext.method in ("self_extend", "rerope"):
-        k_far = rotate(k.float(), ext.positions(pos[:, None], pos[None, :])[1][0][:, None] * freq)  # (B, H, T, hs)
-    out = torch.empty_like(q, dtype=torch.float32)
+    qs = q.float() * ext.query_scale(pos)[:, None]
+    k_near, v = rotate(k.float(), pos[:, None] * freq), v.float()
+    if ext.method in ("none", "logn"):
+        return F.scaled_dot_product_attention(rotate(qs, pos[:, None] * freq), k_near, v, is_causal=True,
+                                              scale=scaling, enable_gqa=groups > 1)
+    qs = qs.view(B, k.shape[1], groups, T, hs)  # (B, H_kv, G, T, hs): query heads by their KV head
+    k_near, v = k_near[:, :, None], v[:, :, None]  # (B, H_kv, 1, T, hs)
+    k_far = rotate(k.float(), ext.positions(pos[:, None], pos[None, :])[1][0][:, None] * freq)[:, :, None]
+    out = torch.empty_like(qs)
+    W = ext.window
     for start in range(0, T, chunk):
-        i = pos[start:start + chunk, None]  # (C, 1)
-        j = pos[None, :T]  # (1, T)
-        qc = q[..., start:start + chunk, :].float() * ext.query_scale(i[:, 0])[:, None]
-        scores = rotate(qc, i * freq) @ k_near.transpose(-1, -2)  # (B, H, C, T)
-        if ext.method in ("self_extend", "rerope"):
-            far = (i - j) >= ext.window
-            qi, _ = ext.positions(i, j)
-            q_far = rotate(qc, qi * freq)  # (B, H, C, hs)
-            scores = torch.where(far, q_far @ k_far.transpose(-1, -2), scores)
-        scores = (scores * scaling).masked_fill(j > i, float("-inf"))
-        out[..., start:start + chunk, :] = scores.softmax(-1) @ v.float()
-    return out.to(q.dtype)
+        end = min(start + chunk, T)
+        i, qc = pos[start:end, None], qs[..., start:end, :]  # (C, 1), (B, H_kv, G, C, hs)
+        scores = qc.new_full((*qc.shape[:-1], end), float("-inf"))  # keys 0 .. end-1
+        far_end, near_start = max(0, end - W), max(0, start - W + 1)  # far: keys j < end - W; near: j > start - W
+        if far_end:
+            j = pos[None, :far_end]
+            far = rotate(qc, ext.positions(i, j)[0] * freq) @ k_far[..., :far_end, :].transpose(-1, -2)
+            scores[..., :far_end] = far.masked_fill(i - j < W, float("-inf"))
+        j = pos[None, near_start:end]
+        near = rotate(qc, i * freq) @ k_near[..., near_start:end, :].transpose(-1, -2)
+        scores[..., near_start:end] = torch.where((i >= j) & (i - j < W), near, scores[..., near_start:end])
+        out[..., start:end, :] = (scores * scaling).softmax(-1) @ v[..., :end, :]
+    return out.view(B, H, T, hs)
 
 
 def direct_logits(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, ext: Extension) -> torch.Tensor:
@@ -142,13 +167,17 @@ HF_NAME = "posbench_extension"
 def hf_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """transformers' attention-function signature (``ALL_ATTENTION_FUNCTIONS``): ``query`` (B, H,
     T, hs) and ``key``/``value`` (B, H_kv, T, hs), the first two rotated by positions 0..T-1 ->
-    (output (B, T, H, hs), None). Rotates q and k back, shares the KV heads among the query heads
-    (grouped-query attention), and attends under the active :class:`Extension`."""
+    (output (B, T, H, hs), None). log-n only scales the rotated queries, so it runs the model's own
+    SDPA attention on them; Self-Extend and ReRoPE rotate q and k back and attend under the active
+    :class:`Extension` (grouped-query heads broadcast, not copied)."""
     ext, inv_freq = _ACTIVE["ext"], _ACTIVE["inv_freq"]
     T = query.shape[-2]
+    if ext.method == "logn":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        scale = ext.query_scale(torch.arange(T, device=query.device))[:, None].to(query.dtype)
+        return sdpa_attention_forward(module, query * scale, key, value, None, dropout=dropout, scaling=scaling)
     back = -torch.arange(T, device=query.device)[:, None] * inv_freq.float().to(query.device)
     q, k = rotate(query.float(), back), rotate(key.float(), back)
-    groups = query.shape[1] // key.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    out = extended_attention(q, k, v.float(), inv_freq, ext, scaling)
+    out = extended_attention(q, k, value, inv_freq, ext, scaling)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None

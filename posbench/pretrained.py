@@ -94,16 +94,20 @@ class PositionScheme:
             rotary.attention_scaling = saved[1]
 
 
+    def check_extension(self, ext) -> None:
+        """One line unless ``ext`` can run on this model (``none`` runs on any)."""
+        if ext.method != "none" and self.rotary is None:
+            raise PosbenchError(f"eval.extension={ext.method} works on rotary (RoPE) models; this model's positions "
+                                f"are {self.name!r}; valid: eval.extension=none")
+
     @contextmanager
     def extended(self, ext):
         """A training-free extension (:class:`posbench.extension.Extension`) through transformers'
         attention interface, for the block; nothing for ``none``."""
+        self.check_extension(ext)
         if ext.method == "none":
             yield self
             return
-        if self.rotary is None:
-            raise PosbenchError(f"eval.extension={ext.method} works on rotary (RoPE) models; this model's positions "
-                                f"are {self.name!r}; valid: eval.extension=none")
         from transformers import AttentionInterface
 
         from . import extension

@@ -271,6 +271,47 @@ def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path, smo
     posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[64,256]", "eval.max_tokens=1024", f"out={out}",
              "eval.extension=logn", "eval.rope_scaling=yarn")
     rows = pd.read_csv(out / "results.csv")
-    assert sorted(set(rows.rope_scaling)) == ["self_extend(W=16,G=4)", "yarn+logn"] and (rows.status == "ok").all()
+    # yarn+logn at 64 is the model as trained: the none row, computed once and stored under both names
+    assert sorted(set(rows.rope_scaling)) == ["none", "self_extend(W=16,G=4)", "yarn+logn"]
+    assert (rows.status == "ok").all() and list(rows[rows.rope_scaling == "none"].eval_len) == [64]
     bad = posbench("eval", f"checkpoint={smoke_run}", "eval.extension=logn", check=False)
     assert bad.returncode == 2 and "eval.extension=logn applies to pretrained= models" in bad.stderr
+
+
+@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])
+def test_every_scaling_at_factor_one_is_the_model_as_trained(models, kind):
+    """Why a comparison may reuse the unscaled row where the factor is 1."""
+    from posbench.pretrained import hf_inv_freq
+
+    config = transformers.AutoConfig.from_pretrained(models / "llama")
+    plain = hf_inv_freq(config, "none", 1.0, CONTEXT, CONTEXT)
+    for window in (CONTEXT // 4, CONTEXT):
+        inv_freq, attention = hf_inv_freq(config, kind, 1.0, CONTEXT, window)
+        torch.testing.assert_close(inv_freq, plain[0], rtol=0, atol=0)
+        assert attention == 1.0
+
+
+def test_a_comparison_computes_each_row_once_and_resumes(models, tmp_path):
+    out = tmp_path / "out"
+    common = (f"pretrained={models / 'llama'}", "eval.max_tokens=1024", f"out={out}")
+    yarn = posbench("eval", *common, "eval.lengths=[64,256]", "eval.rope_scaling=yarn")
+    assert "eval_len 64 run the model as trained" in yarn.stderr and yarn.stderr.count("posbench: eval L=") == 2
+    rope = posbench("eval", *common, "eval.lengths=[32,64,256]", "eval.extension=rerope", "eval.extension_window=64")
+    assert "eval_len 32, 64 run the model as trained" in rope.stderr and "eval L=64:" not in rope.stderr
+    rows = pd.read_csv(out / "results.csv").set_index(["rope_scaling", "eval_len"])
+    assert sorted(rows.index) == [("none", 32), ("none", 64), ("rerope(W=64)", 32), ("rerope(W=64)", 64),
+                                  ("rerope(W=64)", 256), ("yarn", 64), ("yarn", 256)]
+    assert rows.loc[("yarn", 64), "nll"] == rows.loc[("none", 64), "nll"] == rows.loc[("rerope(W=64)", 64), "nll"]
+    assert rows.loc[("yarn", 256), "nll"] != rows.loc[("rerope(W=64)", 256), "nll"]
+    again = posbench("eval", *common, "eval.lengths=[64,256]", "eval.rope_scaling=yarn")
+    assert "eval_len 64, 256 already in" in again.stderr and "posbench: eval L=" not in again.stderr
+    fresh = posbench("eval", *common, "eval.lengths=[64]", "eval.recompute=true")
+    assert "eval L=64:" in fresh.stderr
+    recomputed = pd.read_csv(out / "results.csv").set_index(["rope_scaling", "eval_len"])
+    assert recomputed.loc[("none", 64), "nll"] == pytest.approx(rows.loc[("yarn", 64), "nll"], rel=1e-6)
+    from posbench.eval.token_nll import read_token_nll
+
+    stored = read_token_nll(out / "token_nll.npz")
+    assert len(stored) == len(recomputed) and all(v.size == 1024 for v in stored.values())
+    bins = pd.read_csv(out / "positions.csv")
+    assert set(bins.groupby(["rope_scaling", "eval_len"]).size().index) == set(recomputed.index)

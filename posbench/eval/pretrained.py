@@ -15,20 +15,29 @@ measured (its hash identifies the model, corpus and precision, not the eval sett
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..build import resolve_device
-from ..config import EvalConfig, typed
+from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
+from ..encodings.rotary import check_scalable, scaling_factor
 from ..extension import Extension
 from ..pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text
 from .ladder import perplexity_ladder, result_rows, scored_tokens
-from .results import write_results
+from .results import KEY, read_results, sort_rows, write_results
+from .token_nll import FILE as TOKEN_NLL
+from .token_nll import read_token_nll, row_key
+
+LADDER_KEYS = ("eval_len", "rope_scaling", "rope_factor", "mode", "stride", "tokens", "bytes", "words", "status",
+               "params", "pos_params", "nll", "ppl", "bpb", "word_ppl")  # what a stored row gives back
 
 MULTIPLES = (0.25, 0.5, 1, 2, 4)  # default ladder, in multiples of the trained context
 DEFAULT_MULTIPLES = [1, 2, 4, 8, 16]  # eval.multiples' default, which means "the pretrained default" here
@@ -75,33 +84,96 @@ def measured_config(cfg: DictConfig, model, precision: str) -> DictConfig:
         "seed": 0, "eval": OmegaConf.to_container(cfg.eval, resolve=True)})
 
 
+def stored_ladder(out: Path, measured: DictConfig, ecfg: EvalConfig, label: str, lengths: list[int],
+                  n: int) -> dict[int, dict]:
+    """eval_len -> the ladder entry (as :func:`perplexity_ladder` returns it) of each row in
+    ``out``'s results.csv that this evaluation would compute again: scaling ``label``, same model,
+    corpus and precision (config hash), protocol, scored tokens and rope factor, status ok, its
+    per-token NLL in token_nll.npz and its bins in positions.csv."""
+    run = RunDir(out)
+    if not run.results.exists():
+        return {}
+    df, strides = read_results(run.results), ecfg.strides(lengths)
+    df = df[(df.rope_scaling == label) & (df.config_hash == config_hash(measured)) & (df.status == "ok")
+            & (df.tokens == n) & (df.split == ecfg.split) & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths)]
+    df = df[df.stride == df.eval_len.map(strides)]
+    bins = pd.read_csv(out / "positions.csv") if (out / "positions.csv").exists() else pd.DataFrame(columns=KEY)
+    stored, found = read_token_nll(out / TOKEN_NLL), {}
+    for row in df.to_dict("records"):
+        length = int(row["eval_len"])
+        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, int(measured.train.train_len))
+        nll = stored.get(row_key(row))
+        if nll is None or nll.size != n or not np.isclose(row["rope_factor"], factor):
+            continue
+        mine = bins[(bins.rope_scaling == label) & (bins.eval_len == length) & (bins.stride == row["stride"])
+                    & (bins["mode"] == row["mode"]) & (bins.split == row["split"])]
+        found[length] = {**{k: row[k] for k in LADDER_KEYS}, "token_nll": nll,
+                         "positions": mine[["bin_start", "bin_end", "nll", "tokens"]].to_dict("records")}
+    return found
+
+
 def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
-    """The ladder of ``cfg.pretrained`` on ``cfg.data``, written to the output folder."""
+    """The ladder of ``cfg.pretrained`` on ``cfg.data``, written to the output folder.
+
+    Nothing is computed twice: lengths whose rows the folder already holds are kept (unless
+    ``eval.recompute=true``), so a cut-off comparison resumes where it stopped; and where the
+    scaling and extension leave the model as trained (scale factor 1, every distance inside the
+    extension's window, log-n inside the trained context) the row is the unscaled one, computed
+    once under ``none`` and stored under both names."""
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     model, tokenizer, eos, device, dtype, precision = open_pretrained(cfg)
     corpus = load_corpus(cfg.data, tokenizer=tokenizer, eos_token=eos)
     tokens = corpus.splits[ecfg.split]
-    lengths = pretrained_lengths(ecfg, model.encoding.train_len)
+    train_len = model.encoding.train_len
+    lengths = pretrained_lengths(ecfg, train_len)
     ecfg.strides(lengths)
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     ext = extension_of(ecfg, model)
-    with model.encoding.extended(ext):
-        ladder = perplexity_ladder(model, tokens, lengths, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n)
-    for row in ladder:  # the row key names the extension, so no method's rows replace another's
-        row["rope_scaling"] = scaling_label(row["rope_scaling"], ext)
+    check_scalable(model.encoding.name, ecfg.rope_scaling)
+    model.encoding.check_extension(ext)
+    label = scaling_label(ecfg.rope_scaling, ext)
     measured = measured_config(cfg, model, precision)
-    out = output_dir(cfg, model)
+    out = output_dir(cfg, model, make=False)
+    done = {} if ecfg.recompute else stored_ladder(out, measured, ecfg, label, lengths, n)
+    same = [length for length in lengths if length not in done and label != "none" and ext.identity_at(length)
+            and scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len) == 1.0]
+    plain_cfg = dataclasses.replace(ecfg, rope_scaling="none", extension="none")
+    plain = {} if ecfg.recompute else stored_ladder(out, measured, plain_cfg, "none", same, n)
+    todo = [length for length in lengths if length not in done and length not in same]
+    if done:
+        print(f"posbench: {label}: eval_len {', '.join(map(str, sorted(done)))} already in {out / 'results.csv'}: "
+              "not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
+    if same:
+        print(f"posbench: {label}: eval_len {', '.join(map(str, same))} run the model as trained (factor 1, "
+              "every distance inside the window): the rows of rope_scaling none", file=sys.stderr)
+    new_plain = [length for length in same if length not in plain]
+    if new_plain:
+        fresh = perplexity_ladder(model, tokens, new_plain, plain_cfg, device, dtype, tokenizer=corpus.tokenizer,
+                                  n_tokens=n)
+        plain.update({row["eval_len"]: row for row in fresh})
+    ladder = []
+    if todo:
+        with model.encoding.extended(ext):
+            ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer,
+                                       n_tokens=n)
+    for row in ladder:  # the row key names the extension, so no method's rows replace another's
+        row["rope_scaling"] = label
+    ladder += [{**plain[length], "rope_scaling": label, "rope_factor": 1.0} for length in same]
+    ladder += [{**plain[length], "rope_scaling": "none"} for length in new_plain]
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
-    rows = write_results(RunDir(out), result_rows(measured, ladder, 0))
-    return out, rows
-
+    if ladder:
+        write_results(RunDir(out), result_rows(measured, ladder, 0))
+    rows = read_results(RunDir(out).results)
+    rows = rows[(rows.rope_scaling == label) & rows.eval_len.isin(lengths)]
+    return out, sort_rows(rows, KEY).reset_index(drop=True)
 
 
 def probe_pretrained(cfg: DictConfig):
     """``posbench eval pretrained=PATH probe=NAME``: a probe of a pretrained model, its prompts
     built by the model's tokenizer (pieces without the special tokens it adds to whole texts),
     rows merged into the output folder's ``<name>.csv``. -> (probe, rows, output folder)."""
-    from ..encodings.rotary import rope_scaling, scaling_factor
+    from ..encodings.rotary import rope_scaling
     from ..pretrained import PieceTokenizer
     from .probes import Subject, build_probe, probe_rows, write_probe
 
@@ -127,7 +199,9 @@ def probe_pretrained(cfg: DictConfig):
     return probe, write_probe(RunDir(out), probe, rows, cfg.probe), out
 
 
-def output_dir(cfg: DictConfig, model) -> Path:
+def output_dir(cfg: DictConfig, model, make: bool = True) -> Path:
+    """``out=``, default outputs/pretrained/<model name>; made unless ``make`` is false."""
     out = Path(str(cfg.get("out") or Path("outputs") / "pretrained" / model.name))
-    out.mkdir(parents=True, exist_ok=True)
+    if make:
+        out.mkdir(parents=True, exist_ok=True)
     return out
