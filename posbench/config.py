@@ -26,19 +26,19 @@ from omegaconf import DictConfig, OmegaConf
 from .errors import PosbenchError
 from .plugins import META_KEYS, PACKAGE, TARGET
 
-SCHEDULES = ("cosine", "wsd")  # posbench.train.optim.lr_lambda
+SCHEDULES = ("cosine", "wsd", "constant")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("disabled", "offline", "online")
 # Keys that do not change the trained model: left out of the config hash.
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
-NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight", "save_steps", "branch_from")
+NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight", "save_steps", "branch_from", "init_from")
 # task.* keys that say how a task run is evaluated, not what it trains on.
 NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed")
 # train.* keys hashed only when set: at null they mean what a config without them meant, so runs
 # from before the key existed keep their hash (resume, eval and report compare hashes).
-HASHED_UNLESS_NULL_TRAIN = ("random_positions",)
+HASHED_UNLESS_NULL_TRAIN = ("random_positions", "init_hash")
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
@@ -149,6 +149,8 @@ class TrainConfig:
     decay_frac: float = 0.2  # wsd: the last fraction of the steps that cools the learning rate down
     save_steps: list[int] = field(default_factory=list)  # also keep checkpoints/step_<N>.pt at these steps
     branch_from: str | None = None  # wsd: start from another run's stable-phase checkpoint (posbench.train.branch)
+    init_from: str | None = None  # start from a finished run's weights, fresh optimizer (posbench.train.finetune)
+    init_hash: str | None = None  # the config hash of init_from's run, filled in by posbench train (hashed)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -170,13 +172,18 @@ class TrainConfig:
         if self.branch_from is not None and self.schedule != "wsd":
             raise PosbenchError(f"train.branch_from needs train.schedule=wsd (got {self.schedule!r}): only a "
                                 "warmup-stable-decay run shares its steps before the decay with a longer run")
+        if self.init_from is not None and self.branch_from is not None:
+            raise PosbenchError("train.init_from and train.branch_from both name a run to start from; valid: one of them")
         if self.random_positions is not None and not self.random_positions >= self.train_len:
             raise PosbenchError(f"train.random_positions={self.random_positions} is shorter than train.train_len="
                                 f"{self.train_len}; valid: null (positions 0..T-1) or an integer >= {self.train_len}")
 
     def decay_start(self) -> int:
         """The step where the learning rate starts to fall: under ``wsd`` the end of the stable
-        phase (the last ``decay_frac`` of the steps decay), under ``cosine`` the end of warmup."""
+        phase (the last ``decay_frac`` of the steps decay), under ``cosine`` the end of warmup,
+        under ``constant`` never (``steps``)."""
+        if self.schedule == "constant":
+            return self.steps
         if self.schedule != "wsd":
             return self.warmup_steps
         return max(self.warmup_steps, self.steps - round(self.decay_frac * self.steps))
@@ -460,10 +467,12 @@ def hashed_part(data: dict) -> dict:
         kept["encoding"] = {k: v for k, v in kept["encoding"].items() if k not in META_KEYS}
     if "train" in kept:
         train = kept["train"]
-        cosine = train.get("schedule", "cosine") == "cosine"  # runs before train.schedule keep their hash
+        schedule = train.get("schedule", "cosine")
+        cosine = schedule == "cosine"  # runs before train.schedule keep their hash
         kept["train"] = {k: v for k, v in train.items() if k not in NOT_HASHED_TRAIN
                          and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)
-                         and not (cosine and k in ("schedule", "decay_frac"))}
+                         and not (cosine and k == "schedule")
+                         and not (schedule != "wsd" and k == "decay_frac")}  # read by wsd alone
     if isinstance(kept.get("model"), dict):  # runs from before the model options keep their hash
         model = kept["model"]
         implied = {k.removeprefix("model."): v for k, v in IMPLIED_WHEN_ABSENT.items() if k.startswith("model.")}

@@ -100,17 +100,19 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor, ext: Extension,
-                       scaling: float, chunk: int = 256) -> torch.Tensor:
+                       scaling: float, chunk: int = 256, fused: bool = True) -> torch.Tensor:
     """Causal attention of unrotated ``q`` (B, H, T, hs), ``k``, ``v`` (B, H_kv, T, hs) under ``ext``
     -> (B, H, T, hs) in fp32; H_kv divides H (grouped-query attention: each KV head serves H / H_kv
     query heads, broadcast rather than copied). ``inv_freq`` (hs/2,): the rotary frequencies;
     ``scaling``: the logit scale.
 
     ``none`` and ``log-n`` change no angle, so they are one fused causal attention of the scaled,
-    rotated queries. Self-Extend and ReRoPE go query chunk by query chunk, and each chunk scores only
-    the keys it can see: the near keys (i - j < W) with the trained rotation and the far ones
-    (i - j >= W) with the method's, so a chunk costs (chunk, keys up to its end + chunk) rather than
-    two blocks over every key."""
+    rotated queries. Self-Extend and ReRoPE split each query's keys in two: the near keys
+    (i - j < W) with the trained rotation and the far ones (i - j >= W) with the method's. On CPU
+    (``fused``) each part is a fused attention that also returns its log-sum-exp (the CPU flash
+    kernel), merged as one softmax would (:func:`_two_fused`); elsewhere, query chunk by query
+    chunk, each chunk scoring only the keys it can see, so a chunk costs (chunk, keys up to its
+    end + chunk) rather than two blocks over every key."""
     B, H, T, hs = q.shape
     groups = H // k.shape[1]
     pos = torch.arange(T, device=q.device)
@@ -120,6 +122,8 @@ def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_fr
     if ext.method in ("none", "logn"):
         return F.scaled_dot_product_attention(rotate(qs, pos[:, None] * freq), k_near, v, is_causal=True,
                                               scale=scaling, enable_gqa=groups > 1)
+    if fused and q.device.type == "cpu" and _FLASH is not None:
+        return _two_fused(qs, k.float(), v, pos, freq, ext, scaling, groups)
     qs = qs.view(B, k.shape[1], groups, T, hs)  # (B, H_kv, G, T, hs): query heads by their KV head
     k_near, v = k_near[:, :, None], v[:, :, None]  # (B, H_kv, 1, T, hs)
     k_far = rotate(k.float(), ext.positions(pos[:, None], pos[None, :])[1][0][:, None] * freq)[:, :, None]
@@ -139,6 +143,40 @@ def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_fr
         scores[..., near_start:end] = torch.where((i >= j) & (i - j < W), near, scores[..., near_start:end])
         out[..., start:end, :] = (scores * scaling).softmax(-1) @ v[..., :end, :]
     return out.view(B, H, T, hs)
+
+
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _two_fused(q, k, v, pos, freq, ext: Extension, scaling: float, groups: int) -> torch.Tensor:
+    """Self-Extend or ReRoPE from two fused attentions and their log-sum-exps: the far part is a
+    causal attention of the queries at W.. against the keys at ..T-W-1 (query i sees j <= i - W),
+    with the method's positions; the near part, the band i - W < j <= i with the trained ones, one
+    block of W queries at a time against its 2W - 1 keys. Each query's two parts are merged with
+    weights exp(lse): exactly the softmax over all its keys. q (B, H, T, hs) scaled, k, v (B, H_kv,
+    T, hs) -> (B, H, T, hs) fp32."""
+    B, H, T, hs = q.shape
+    W = ext.window
+    if groups > 1:  # the CPU flash kernel takes one head count
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    angles = pos[:, None] * freq
+    q_near, k_near = rotate(q, angles), rotate(k, angles)
+    out, lse = torch.empty_like(q), q.new_empty(B, H, T)
+    offsets = torch.arange(W, device=q.device)
+    for start in range(0, T, W):
+        end, first = min(start + W, T), max(0, start - W + 1)
+        d = (start + offsets[: end - start])[:, None] - torch.arange(first, end, device=q.device)[None, :]
+        mask = torch.zeros(d.shape, device=q.device).masked_fill((d < 0) | (d >= W), float("-inf"))
+        out[..., start:end, :], lse[..., start:end] = _FLASH(q_near[..., start:end, :], k_near[..., first:end, :],
+                                                             v[..., first:end, :], attn_mask=mask, scale=scaling)
+    if T <= W:
+        return out
+    far_q, far_k = ext.positions(pos[W:, None], pos[None, : T - W])
+    o_far, lse_far = _FLASH(rotate(q[..., W:, :], far_q * freq), rotate(k[..., : T - W, :], far_k[0][:, None] * freq),
+                            v[..., : T - W, :], is_causal=True, scale=scaling)
+    near_w = torch.sigmoid(lse[..., W:] - lse_far)[..., None]  # exp(lse) / (exp(lse) + exp(lse_far))
+    out[..., W:, :] = near_w * out[..., W:, :] + (1 - near_w) * o_far
+    return out
 
 
 def direct_logits(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, ext: Extension) -> torch.Tensor:

@@ -118,6 +118,27 @@ def eval_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, d
     })
 
 
+def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, extension: str = "none",
+                      chunk: int = 256) -> Estimate:
+    """Peak bytes of evaluating a pretrained model (:class:`posbench.pretrained.PretrainedLM`) at the
+    longest of ``lengths``: its weights as loaded, one layer's activations of a forward pass (the
+    terms above, with the model's own widths), its SDPA attention O(T) but for the keys and values
+    its grouped-query heads repeat, and for Self-Extend or ReRoPE (``extension``) a few fp32 score
+    blocks of (heads, ``chunk``, T) per window (:func:`posbench.extension.extended_attention`)."""
+    config = model.model.config
+    D, F = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    H, V = config.num_attention_heads, model.head.weight.shape[0]
+    T = max(lengths)
+    windows = max(1, min(batch_tokens // T, math.ceil(max_tokens / T)))
+    N = windows * T
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    attention = 2 * N * D * 4  # keys and values repeated to every query head
+    if extension in ("self_extend", "rerope"):
+        attention += 4 * 4 * windows * H * min(chunk, T) * T + 2 * N * D * 4  # score blocks; rotated keys
+    return Estimate({"weights": weights, "activations": N * (16 * D + 2 * F) * 4, "attention": attention,
+                     "logits": 3 * 4 * min(N, model.head_rows) * V})
+
+
 def available_memory(device: torch.device) -> tuple[float, str]:
     """(bytes this job may use, what that is): free GPU memory on CUDA; else available RAM, or
     the cgroup's memory limit less its use when that is lower (containers, Slurm jobs)."""
@@ -169,6 +190,16 @@ def check_training(model, tcfg, micro: int, device: torch.device, dtype) -> None
               f"a training step of {micro} windows x train.train_len={tcfg.train_len}",
               "a shorter train.train_len, or a smaller train.micro_batch_size (gradient accumulation keeps "
               "train.batch_size)", "train.preflight")
+
+
+def check_pretrained(model, ecfg, lengths: list[int], device: torch.device, batch_tokens: int | None = None) -> None:
+    """Refuse a pretrained model's evaluation that cannot fit at its longest length (unless
+    eval.preflight=false)."""
+    if ecfg.preflight:
+        batch = batch_tokens or ecfg.batch_tokens
+        check(pretrained_memory(model, lengths, batch, ecfg.max_tokens, ecfg.extension), device,
+              f"evaluating {model.name} at length {max(lengths)} (eval.batch_tokens={batch})",
+              "shorter eval.lengths, or a smaller eval.batch_tokens", "eval.preflight")
 
 
 def check_evaluation(model, ecfg, lengths: list[int], device: torch.device, dtype) -> None:

@@ -196,8 +196,11 @@ class PretrainedLM(nn.Module):
         kwargs = {} if positions is None else {"position_ids": positions.expand(ids.shape[0], -1)}
         return self.model.base_model(input_ids=ids, use_cache=False, **kwargs).last_hidden_state
 
-    def head_nll(self, hidden: torch.Tensor, targets: torch.Tensor, rows: int = 2048) -> torch.Tensor:
+    head_rows = 2048  # tokens whose logits head_nll makes at a time (the preflight reads it)
+
+    def head_nll(self, hidden: torch.Tensor, targets: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """NLL of ``targets`` (...,) in fp32, the logits made ``rows`` tokens at a time."""
+        rows = rows or self.head_rows
         h, y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
         nll = [F.cross_entropy(self.head(h[i:i + rows]).float(), y[i:i + rows], reduction="none")
                for i in range(0, len(y), rows)]

@@ -40,7 +40,7 @@ def test_cosine_runs_keep_their_hash_and_wsd_keys_count_only_under_wsd():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.schedule=linear"], "train.schedule='linear' is not valid; valid choices: cosine, wsd"),
+    (["train.schedule=linear"], "train.schedule='linear' is not valid; valid choices: cosine, wsd, constant"),
     (["train.schedule=wsd", "train.decay_frac=0"], "train.decay_frac=0.0 is not valid; valid: a fraction in (0, 1]"),
     (["train.save_steps=[0]"], "train.save_steps has 0; valid: steps in 1..train.steps=30"),
     (["train.branch_from=/x"], "train.branch_from needs train.schedule=wsd (got 'cosine')"),

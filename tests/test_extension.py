@@ -24,21 +24,23 @@ def reference(q, k, v, ext, scaling):
 @pytest.mark.parametrize("ext", [Extension("self_extend", 6, 3, 8), Extension("rerope", 5, None, 8),
                                  Extension("self_extend", 2, 2, 8), Extension("rerope", 9, None, 8),
                                  Extension("logn", None, None, 8), Extension("none", train_len=8)])
-def test_chunked_attention_equals_the_definition_pair_by_pair(ext):
+@pytest.mark.parametrize("fused", [True, False], ids=["two fused attentions", "query chunks"])
+def test_chunked_attention_equals_the_definition_pair_by_pair(ext, fused):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, H, T, HS) for _ in range(3))
-    out = extended_attention(q, k, v, INV_FREQ, ext, scaling=HS ** -0.5, chunk=5)
+    out = extended_attention(q, k, v, INV_FREQ, ext, scaling=HS ** -0.5, chunk=5, fused=fused)
     torch.testing.assert_close(out, reference(q, k, v, ext, HS ** -0.5), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("ext", [Extension("self_extend", 4, 2, 8), Extension("rerope", 3, None, 8),
                                  Extension("logn", None, None, 8)])
-def test_grouped_query_heads_attend_as_their_key_value_head_repeated(ext):
+@pytest.mark.parametrize("fused", [True, False], ids=["two fused attentions", "query chunks"])
+def test_grouped_query_heads_attend_as_their_key_value_head_repeated(ext, fused):
     """Four query heads on two KV heads: heads 0-1 read KV head 0 and 2-3 KV head 1, as
     transformers' repeat_kv lays them out."""
     torch.manual_seed(3)
     q, k, v = torch.randn(1, 4, T, HS), torch.randn(1, 2, T, HS), torch.randn(1, 2, T, HS)
-    grouped = extended_attention(q, k, v, INV_FREQ, ext, HS ** -0.5, chunk=7)
+    grouped = extended_attention(q, k, v, INV_FREQ, ext, HS ** -0.5, chunk=7, fused=fused)
     repeated = extended_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), INV_FREQ, ext, HS ** -0.5)
     torch.testing.assert_close(grouped, repeated, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grouped[:, 2:3], reference(q[:, 2:3], k[:, 1:2], v[:, 1:2], ext, HS ** -0.5),

@@ -315,3 +315,20 @@ def test_a_comparison_computes_each_row_once_and_resumes(models, tmp_path):
     assert len(stored) == len(recomputed) and all(v.size == 1024 for v in stored.values())
     bins = pd.read_csv(out / "positions.csv")
     assert set(bins.groupby(["rope_scaling", "eval_len"]).size().index) == set(recomputed.index)
+
+
+def test_the_preflight_refuses_a_pretrained_evaluation_that_cannot_fit(models, tmp_path):
+    from posbench.preflight import pretrained_memory
+    from posbench.pretrained import load_pretrained
+
+    model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
+    plain = pretrained_memory(model, [64, 256], 16384, 1024)
+    extended = pretrained_memory(model, [64, 256], 16384, 1024, "self_extend")
+    assert plain.parts["logits"] == 3 * 4 * 1024 * 2000  # the scored tokens' logits, 2,048 rows at most
+    assert extended.total > plain.total and plain.parts["weights"] == 4 * model.num_params()
+    out = tmp_path / "out"
+    bad = posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[256]", "eval.max_tokens=1024",
+                   f"out={out}", env={"POSBENCH_MEMORY_LIMIT": "0.001"}, check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "evaluating llama at length 256 (eval.batch_tokens=16384) needs about" in bad.stderr
+    assert "eval.preflight=false to run it anyway" in bad.stderr and not out.exists()

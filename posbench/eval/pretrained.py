@@ -29,6 +29,7 @@ from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
 from ..encodings.rotary import check_scalable, scaling_factor
 from ..extension import Extension
+from ..preflight import check_pretrained
 from ..pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text
 from .ladder import perplexity_ladder, result_rows, scored_tokens
@@ -147,6 +148,8 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
         print(f"posbench: {label}: eval_len {', '.join(map(str, same))} run the model as trained (factor 1, "
               "every distance inside the window): the rows of rope_scaling none", file=sys.stderr)
     new_plain = [length for length in same if length not in plain]
+    if todo or new_plain:
+        check_pretrained(model, ecfg if todo else plain_cfg, todo or new_plain, device)
     if new_plain:
         fresh = perplexity_ladder(model, tokens, new_plain, plain_cfg, device, dtype, tokenizer=corpus.tokenizer,
                                   n_tokens=n)
@@ -190,8 +193,10 @@ def probe_pretrained(cfg: DictConfig):
                       ecfg.batch_tokens, scaling)
     measured = measured_config(cfg, model, precision)
     ext = extension_of(ecfg, model)
+    lengths = probe.lengths(train_len)
+    check_pretrained(model, ecfg, lengths, device)
     with model.encoding.extended(ext):
-        found = probe.run(subject, probe.lengths(train_len))
+        found = probe.run(subject, lengths)
     measured.eval.rope_scaling = scaling_label(ecfg.rope_scaling, ext)
     rows = probe_rows(probe, measured, found)
     out = output_dir(cfg, model)  # made once there is something to write

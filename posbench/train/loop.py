@@ -50,6 +50,7 @@ from ..runs import distributed, threads
 from ..runs.distributed import print0
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .branch import read_branch_state
+from .finetune import read_parent, set_parent_hash
 from .logger import check_wandb, open_logger
 from .optim import lr_lambda, make_optimizer
 from .workload import Finished, Workload, fit_train_len, make_workload
@@ -216,6 +217,7 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
     seed_everything(rc.seed)
     workload = make_workload(rc, world.is_main)
     model = build_model(cfg, workload.vocab_size).to(device)
+    parent = read_parent(cfg, model, workload.key) if resume is None and tcfg.init_from is not None else None
     dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
@@ -237,6 +239,10 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
                    "both runs share")
         else:
             print0(f"posbench: resuming {run.path} from step {state.step}")
+    if parent is not None:
+        changed = ", ".join(f"{len(parent[k])} {k}" for k in ("dropped", "added") if parent[k])
+        print0(f"posbench: starting from the weights of {parent['dir']} (step {parent['step']}, config hash "
+               f"{parent['config_hash']}){': ' + changed + ' parameters' if changed else ''}")
     net = ddp = model
     if world.active:
         net = ddp = torch.nn.parallel.DistributedDataParallel(
@@ -405,6 +411,7 @@ def train(cfg: DictConfig, run_dir) -> Finished:
     Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
     writes files and evaluates, the others get ``rows=None`` after the last step."""
     fit_train_len(cfg)
+    set_parent_hash(cfg)  # train.init_from's config hash, which this run's hash covers
     rc = run_config(cfg)
     check_wandb(cfg)  # before the run dir gets its first file
     try:

@@ -1,5 +1,6 @@
 """The optimizer and learning-rate schedule of a run: AdamW, linear warmup, then cosine decay
-(``train.schedule=cosine``, the default) or warmup-stable-decay (``wsd``).
+(``train.schedule=cosine``, the default), warmup-stable-decay (``wsd``), or the peak held to the
+end (``constant``: the recalibration of DroPE's reference, :mod:`posbench.train.finetune`).
 
 Warmup-stable-decay (Zhai et al. 2022; Hu et al. 2024, MiniCPM; Hägele et al. 2024, "Scaling
 Laws and Compute-Optimal Training Beyond Fixed Training Durations") holds the peak learning rate
@@ -25,13 +26,15 @@ from ..model import OWN_PARAMETERS
 
 def lr_lambda(tcfg: TrainConfig):
     """The factor on the peak learning rate before optimizer step ``step + 1``: linear warmup,
-    then cosine decay to ``min_lr_ratio`` of the peak (``cosine``), or the peak held until
+    then cosine decay to ``min_lr_ratio`` of the peak (``cosine``), the peak (``constant``), or the peak held until
     :meth:`TrainConfig.decay_start` and a 1 - sqrt cooldown to ``min_lr_ratio`` (``wsd``)."""
     start = tcfg.decay_start()
 
     def factor(step: int) -> float:
         if step < tcfg.warmup_steps:
             return (step + 1) / tcfg.warmup_steps
+        if tcfg.schedule == "constant":
+            return 1.0
         progress = min(1.0, (step - start) / max(1, tcfg.steps - start))
         if tcfg.schedule == "wsd":
             return 1.0 if progress <= 0 else 1 - (1 - tcfg.min_lr_ratio) * math.sqrt(progress)
