@@ -451,7 +451,17 @@ def flat_items(d: dict, prefix: str = ""):
 
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
-IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0}
+IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0,
+                       # rope's scaling in training (extension by fine-tuning), off by default
+                       "encoding.scaling": "none", "encoding.scaling_factor": None, "encoding.original_len": None}
+
+
+def _implied(key: str, value) -> bool:
+    """Whether ``key`` holds the value a config written before it existed meant (not hashed)."""
+    if key not in IMPLIED_WHEN_ABSENT:
+        return False
+    implied = IMPLIED_WHEN_ABSENT[key]
+    return value is None if implied is None else (type(value) is type(implied) and value == implied)
 
 
 def hashed_part(data: dict) -> dict:
@@ -464,7 +474,8 @@ def hashed_part(data: dict) -> dict:
     if "data" in kept:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
     if isinstance(kept.get("encoding"), dict):
-        kept["encoding"] = {k: v for k, v in kept["encoding"].items() if k not in META_KEYS}
+        kept["encoding"] = {k: v for k, v in kept["encoding"].items() if k not in META_KEYS
+                            and not _implied(f"encoding.{k}", v)}
     if "train" in kept:
         train = kept["train"]
         schedule = train.get("schedule", "cosine")
@@ -475,9 +486,7 @@ def hashed_part(data: dict) -> dict:
                          and not (schedule != "wsd" and k == "decay_frac")}  # read by wsd alone
     if isinstance(kept.get("model"), dict):  # runs from before the model options keep their hash
         model = kept["model"]
-        implied = {k.removeprefix("model."): v for k, v in IMPLIED_WHEN_ABSENT.items() if k.startswith("model.")}
-        kept["model"] = {k: v for k, v in model.items()
-                         if not (k in implied and type(v) is type(implied[k]) and v == implied[k])
+        kept["model"] = {k: v for k, v in model.items() if not _implied(f"model.{k}", v)
                          and not (k == "ssmax_init" and model.get("length_scaling", "none") != "ssmax")}
     if "task" in kept:  # the language model (task=lm) hashes as before tasks existed
         task = kept.pop("task") or {}

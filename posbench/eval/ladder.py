@@ -176,7 +176,8 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     strides = ecfg.strides(lengths)
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
     nbytes, words = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
-    kind, train_len = ecfg.rope_scaling, model.encoding.dims.train_len
+    kind = ecfg.rope_scaling
+    train_len = getattr(model.encoding, "original_len", model.encoding.dims.train_len)  # what s is relative to
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor):
@@ -277,7 +278,8 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
         return pd.DataFrame(columns=COLUMNS)
     df = backfill(read_results(run.results))
     train_len, strides = int(train_cfg.train.train_len), ecfg.strides(lengths)
-    factor = [scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, int(n_), train_len) for n_ in df.eval_len]
+    original = int(train_cfg.encoding.get("original_len") or train_len)  # what a scaling's s is relative to
+    factor = [scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, int(n_), original) for n_ in df.eval_len]
     same = ((df.encoding == train_cfg.encoding.name) & (df.rope_scaling == ecfg.rope_scaling)
             & (df.train_len == train_len) & (df.seed == int(train_cfg.seed)) & (df.split == ecfg.split)
             & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths) & (df.stride == df.eval_len.map(strides))
