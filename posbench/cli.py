@@ -435,7 +435,7 @@ MODES = {"run": "--run", "multirun": "-m/--multirun", "cfg": "--cfg", "info": "-
 
 # Overrides whose value is a path: posbench's run dirs hold '=' and ',' (a sweep job's
 # ``alibi/experiment=smoke,seed=0``), which Hydra's override grammar reads as syntax.
-PATH_KEYS = ("checkpoint", "train.branch_from", "hydra.run.dir", "hydra.sweep.dir")
+PATH_KEYS = ("checkpoint", "train.branch_from", "train.init_from", "hydra.run.dir", "hydra.sweep.dir")
 OUTPUT_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")  # quoted also before they exist: they name a new dir
 
 
@@ -447,7 +447,7 @@ def _quoted(path: str) -> str:
 
 def path_arguments(command: str, overrides: list[str], multirun: bool) -> list[str]:
     """Run dirs as typed. ``posbench eval RUN_DIR`` means ``checkpoint=RUN_DIR`` (several run
-    dirs with -m: a sweep over them), and a value of ``checkpoint=``, ``train.branch_from=``,
+    dirs with -m: a sweep over them), and a value of ``checkpoint=``, ``train.branch_from=``, ``train.init_from=``,
     ``hydra.run.dir=`` or ``hydra.sweep.dir=`` that is an existing path is quoted for Hydra, as
     is a new ``hydra.run.dir``/``hydra.sweep.dir`` with an ``=`` in it (``runs/threads=2``).
     Other values (``checkpoint=a,b`` with -m: a sweep) pass as they are."""

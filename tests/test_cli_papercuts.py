@@ -151,3 +151,13 @@ def test_a_new_run_dir_with_an_equals_sign_is_taken_as_typed():
     assert path_arguments("train", ["hydra.sweep.dir=multirun/a=b"], True) == ["hydra.sweep.dir='multirun/a=b'"]
     assert path_arguments("train", ["hydra.run.dir=runs/plain", "encoding=alibi,rope"], True) == [
         "hydra.run.dir=runs/plain", "encoding=alibi,rope"]
+
+
+def test_a_parent_run_dir_of_a_sweep_is_taken_as_typed(tmp_path):
+    """A sweep job's dir (`rope/experiment=zoo_quick,seed=0`) as train.init_from or branch_from."""
+    from posbench.cli import path_arguments
+
+    job = tmp_path / "rope" / "experiment=zoo_quick,seed=0"
+    job.mkdir(parents=True)
+    for key in ("train.init_from", "train.branch_from"):
+        assert path_arguments("train", [f"{key}={job}", "seed=1"], False) == [f"{key}='{job}'", "seed=1"]
