@@ -453,7 +453,8 @@ def flat_items(d: dict, prefix: str = ""):
 # value a config without the key means: the report's config diffs and --by labels read them
 IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0,
                        # rope's scaling in training (extension by fine-tuning), off by default
-                       "encoding.scaling": "none", "encoding.scaling_factor": None, "encoding.original_len": None}
+                       "encoding.trained_scaling": "none", "encoding.trained_factor": None,
+                       "encoding.original_len": None}
 
 
 def _implied(key: str, value) -> bool:

@@ -116,24 +116,24 @@ def test_constant_holds_the_peak_after_warmup_and_hashes_apart():
 
 
 def test_a_scaling_in_training_rotates_as_its_formula_relative_to_the_parent_length():
-    """rope with encoding.scaling=pi, original_len 8, at train_len 32: a window of 32 rotates
+    """rope with encoding.trained_scaling=pi, original_len 8, at train_len 32: a window of 32 rotates
     position p by p / 4 (s = 32 / 8); yarn's frequencies and factor are YaRN's over 8 positions."""
     from posbench.encodings import ModelDims, build_encoding
     from posbench.encodings.rotary import yarn_attention_factor, yarn_inv_freq
 
     dims = ModelDims(d_model=32, n_heads=2, n_layers=1, train_len=32)
     q, k, pos = torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16), torch.arange(32)
-    pi = build_encoding({"name": "rope", "scaling": "pi", "original_len": 8}, dims)
+    pi = build_encoding({"name": "rope", "trained_scaling": "pi", "original_len": 8}, dims)
     angles = (pos.double() / 4)[:, None] * 10000.0 ** (-torch.arange(0, 16, 2).double() / 16)
     cos, sin = torch.cat([angles.cos()] * 2, -1).float(), torch.cat([angles.sin()] * 2, -1).float()
     half = lambda x: torch.cat((-x[..., 8:], x[..., :8]), -1)  # noqa: E731  (pairing half)
     torch.testing.assert_close(pi.rotate(q, k, pos, 0)[0], q * cos + half(q) * sin, rtol=1e-5, atol=1e-5)
-    yarn = build_encoding({"name": "rope", "scaling": "yarn", "scaling_factor": 4.0, "original_len": 8}, dims)
+    yarn = build_encoding({"name": "rope", "trained_scaling": "yarn", "trained_factor": 4.0, "original_len": 8}, dims)
     torch.testing.assert_close(yarn.inv_freq(*yarn.resolved_scaling(32)), yarn_inv_freq(16, 10000.0, 4.0, 8))
     c, s = yarn.angle_table(pos, *yarn.resolved_scaling(32))
     torch.testing.assert_close((c ** 2 + s ** 2).sqrt(), torch.full_like(c, yarn_attention_factor(4.0)))
     plain = build_encoding({"name": "rope"}, dims)  # no scaling: as before the option existed
-    assert plain.resolved_scaling(32) == ("none", 1.0) and plain.original_len == 32
+    assert plain.resolved_scaling(32) == ("none", 1.0) and plain.reference_len == 32 and plain.original_len is None
 
 
 def test_an_extension_run_starts_at_its_parent_with_the_scaling_active_in_training(parent, tmp_path):
@@ -142,7 +142,7 @@ def test_an_extension_run_starts_at_its_parent_with_the_scaling_active_in_traini
     from the same child without the scaling (the scaling is active in training)."""
     common = (*SMOKE, "encoding=rope", f"train.init_from={parent}", "train.lr=1e-12", "train.steps=5",
               "train.log_every=1", "train.train_len=64", "eval.lengths=[32,64,128]")
-    posbench("train", *common, "encoding.scaling=yarn", "encoding.original_len=32", f"hydra.run.dir={tmp_path / 'yarn'}")
+    posbench("train", *common, "encoding.trained_scaling=yarn", "encoding.original_len=32", f"hydra.run.dir={tmp_path / 'yarn'}")
     posbench("train", *common, f"hydra.run.dir={tmp_path / 'plain'}")
     assert ppl(tmp_path / "yarn")[32] == pytest.approx(ppl(parent)[32], rel=1e-5)
     assert ppl(tmp_path / "plain")[32] == pytest.approx(ppl(parent)[32], rel=1e-5)
@@ -150,6 +150,6 @@ def test_an_extension_run_starts_at_its_parent_with_the_scaling_active_in_traini
     assert abs(first[0] - first[1]) > 1e-5  # yarn at s = 2 moves the loss (by about 5e-4); rounding, by 1e-6 at most
     rows = pd.read_csv(tmp_path / "yarn" / "results.csv")
     assert (rows.train_len == 64).all() and (rows.status == "ok").all()
-    bad = posbench("train", *SMOKE, "encoding=rope", "encoding.scaling=pi2", f"hydra.run.dir={tmp_path / 'bad'}",
+    bad = posbench("train", *SMOKE, "encoding=rope", "encoding.trained_scaling=pi2", f"hydra.run.dir={tmp_path / 'bad'}",
                    check=False)
-    assert bad.returncode == 2 and "encoding.scaling='pi2' is not valid; valid choices: none, pi" in bad.stderr
+    assert bad.returncode == 2 and "encoding.trained_scaling='pi2' is not valid; valid choices: none, pi" in bad.stderr

@@ -170,28 +170,31 @@ class Rotary(PositionEncoding):
     paper = "Su et al. 2021, RoFormer"
     description = "rotates q and k by position-dependent angles; q.k depends on i - j only"
 
-    def __init__(self, dims: ModelDims, base: float = 10000.0, pairing: str = "half", scaling: str = "none",
-                 scaling_factor: float | None = None, original_len: int | None = None):
-        """``scaling``, ``scaling_factor``, ``original_len``: a RoPE scaling in effect from the start,
-        in training and evaluation alike: the extension of a run trained on ``original_len``
-        positions by fine-tuning at a longer ``train.train_len`` (``train.init_from``; Chen et al.
-        2023's PI, Peng et al. 2023's YaRN). s is ``scaling_factor``, or max(1, T / original_len)
-        for a window of T when null; YaRN's ramp and dynamic NTK read ``original_len`` (default
-        train_len). ``eval.rope_scaling`` other than none replaces it for an evaluation."""
+    def __init__(self, dims: ModelDims, base: float = 10000.0, pairing: str = "half", trained_scaling: str = "none",
+                 trained_factor: float | None = None, original_len: int | None = None):
+        """``trained_scaling``, ``trained_factor``, ``original_len``: a RoPE scaling in effect from
+        the start, in training and evaluation alike: the extension of a run trained on
+        ``original_len`` positions by fine-tuning at a longer ``train.train_len``
+        (``train.init_from``; Chen et al. 2023's PI, Peng et al. 2023's YaRN). s is
+        ``trained_factor``, or max(1, T / original_len) for a window of T when null; YaRN's ramp and
+        dynamic NTK read ``original_len`` (default train_len; ``reference_len`` holds the length in
+        effect). ``eval.rope_scaling`` other than none replaces it for an evaluation."""
         super().__init__(dims)
         if dims.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {dims.head_dim}")
-        if scaling not in SCALINGS:
-            raise PosbenchError(f"encoding.scaling={scaling!r} is not valid; valid choices: {', '.join(SCALINGS)}")
-        if scaling_factor is not None and not scaling_factor >= 1:
-            raise PosbenchError(f"encoding.scaling_factor={scaling_factor} is not valid; valid: null or >= 1")
+        if trained_scaling not in SCALINGS:
+            raise PosbenchError(f"encoding.trained_scaling={trained_scaling!r} is not valid; valid choices: "
+                                f"{', '.join(SCALINGS)}")
+        if trained_factor is not None and not trained_factor >= 1:
+            raise PosbenchError(f"encoding.trained_factor={trained_factor} is not valid; valid: null or >= 1")
         if original_len is not None and not (int(original_len) == original_len and 0 < original_len):
             raise PosbenchError(f"encoding.original_len={original_len} is not valid; valid: null or a positive "
                                 "integer (the parent run's train_len)")
         self.base = float(base)
         self.pairing = check_pairing(str(pairing))  # see the module docstring
-        self.original_len = int(original_len or dims.train_len)  # the context scalings are relative to
-        self.scaling: tuple[str, float | None] = (scaling, scaling_factor)  # (kind, factor); see scaled()
+        self.trained_scaling, self.trained_factor, self.original_len = trained_scaling, trained_factor, original_len
+        self.reference_len = int(original_len or dims.train_len)  # the context scalings are relative to
+        self.scaling: tuple[str, float | None] = (trained_scaling, trained_factor)  # (kind, factor); see scaled()
         self._cache: tuple | None = None  # (scaling key, size, cos, sin), sized by the longest call
         self._rows: tuple | None = None  # (positions, scaling, cos, sin) of the last call: the forward's other layers
 
@@ -213,7 +216,7 @@ class Rotary(PositionEncoding):
         """(kind, s) applied to a window of ``window_len`` positions: ``dynamic_ntk`` becomes
         ``ntk`` at its per-window s, and s = 1 becomes ``none``."""
         kind, factor = self.scaling
-        s = scaling_factor(kind, factor, window_len, self.original_len)
+        s = scaling_factor(kind, factor, window_len, self.reference_len)
         if s == 1.0:
             return "none", 1.0
         return ("ntk" if kind == "dynamic_ntk" else kind), s
@@ -226,7 +229,7 @@ class Rotary(PositionEncoding):
         if kind == "ntk":
             return rope_inv_freq(hs, ntk_base(self.base, s, hs), device)
         if kind == "yarn":
-            return yarn_inv_freq(hs, self.base, s, self.original_len, device)
+            return yarn_inv_freq(hs, self.base, s, self.reference_len, device)
         return rope_inv_freq(hs, self.base, device)
 
     def angle_table(self, positions: torch.Tensor, kind: str, s: float):

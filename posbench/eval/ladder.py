@@ -177,7 +177,7 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
     nbytes, words = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
     kind = ecfg.rope_scaling
-    train_len = getattr(model.encoding, "original_len", model.encoding.dims.train_len)  # what s is relative to
+    train_len = getattr(model.encoding, "reference_len", model.encoding.dims.train_len)  # what s is relative to
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor):

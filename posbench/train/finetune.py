@@ -12,7 +12,7 @@ resumes from that, never from the parent again). The protocols it serves:
   reference's ``qk_norm_nope`` variant (new RMSNorm gains, initialised to 1). The reference
   recalibrates at a constant learning rate (its SmolLM runs: 3e-4, no decay).
 * **Extension by fine-tuning** (Chen et al. 2023, PI; Peng et al. 2023, YaRN): rope at a longer
-  ``train.train_len`` with a scaling active in training, ``encoding.scaling=pi|ntk|yarn|dynamic_ntk``
+  ``train.train_len`` with a scaling active in training, ``encoding.trained_scaling=pi|ntk|yarn|dynamic_ntk``
   relative to ``encoding.original_len`` (the parent's train_len;
   :class:`posbench.encodings.rotary.Rotary`). PI fine-tunes with a short warmup, then a small
   constant learning rate (``train.schedule=constant``).
