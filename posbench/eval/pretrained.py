@@ -121,7 +121,8 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     ``eval.recompute=true``), so a cut-off comparison resumes where it stopped; and where the
     scaling and extension leave the model as trained (scale factor 1, every distance inside the
     extension's window, log-n inside the trained context) the row is the unscaled one, computed
-    once under ``none`` and stored under both names."""
+    once under ``none`` and stored under both names. Each length's rows are written as soon as
+    they exist."""
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     model, tokenizer, eos, device, dtype, precision = open_pretrained(cfg)
     corpus = load_corpus(cfg.data, tokenizer=tokenizer, eos_token=eos)
@@ -151,23 +152,25 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     new_plain = [length for length in same if length not in plain]
     if todo or new_plain:
         check_pretrained(model, ecfg if todo else plain_cfg, todo or new_plain, device)
-    if new_plain:
-        fresh = perplexity_ladder(model, tokens, new_plain, plain_cfg, device, dtype, tokenizer=corpus.tokenizer,
-                                  n_tokens=n)
-        plain.update({row["eval_len"]: row for row in fresh})
-    ladder = []
-    if todo:
-        with model.encoding.extended(ext):
-            ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer,
-                                       n_tokens=n)
-    for row in ladder:  # the row key names the extension, so no method's rows replace another's
-        row["rope_scaling"] = label
-    ladder += [{**plain[length], "rope_scaling": label, "rope_factor": 1.0} for length in same]
-    ladder += [{**plain[length], "rope_scaling": "none"} for length in new_plain]
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
-    if ladder:
-        write_results(RunDir(out), result_rows(measured, ladder, 0))
+    run = RunDir(out)
+
+    def store(entries: list[dict]) -> None:
+        """Write rows as soon as they exist, so a cut-off comparison keeps every length it finished."""
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
+        if entries:
+            write_results(run, result_rows(measured, entries, 0))
+
+    for length in new_plain:  # under none, stored under both names
+        row = perplexity_ladder(model, tokens, [length], plain_cfg, device, dtype, tokenizer=corpus.tokenizer,
+                                n_tokens=n)[0]
+        store([row, {**row, "rope_scaling": label, "rope_factor": 1.0}])
+    store([{**plain[length], "rope_scaling": label, "rope_factor": 1.0} for length in same if length in plain])
+    with model.encoding.extended(ext):
+        for length in todo:  # the row key names the extension, so no method's rows replace another's
+            row = perplexity_ladder(model, tokens, [length], ecfg, device, dtype, tokenizer=corpus.tokenizer,
+                                    n_tokens=n)[0]
+            store([{**row, "rope_scaling": label}])
     rows = read_results(RunDir(out).results)
     rows = rows[(rows.rope_scaling == label) & rows.eval_len.isin(lengths)]
     return out, sort_rows(rows, KEY).reset_index(drop=True)
