@@ -117,13 +117,13 @@ def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_fr
     groups = H // k.shape[1]
     pos = torch.arange(T, device=q.device)
     freq = inv_freq.float().to(q.device)
-    qs = q.float() * ext.query_scale(pos)[:, None]
-    k_near, v = rotate(k.float(), pos[:, None] * freq), v.float()
+    qs, v = q.float() * ext.query_scale(pos)[:, None], v.float()
+    if fused and ext.method in ("self_extend", "rerope") and q.device.type == "cpu" and _FLASH is not None:
+        return _two_fused(qs, k.float(), v, pos, freq, ext, scaling, groups)  # rotates q and k itself
+    k_near = rotate(k.float(), pos[:, None] * freq)
     if ext.method in ("none", "logn"):
         return F.scaled_dot_product_attention(rotate(qs, pos[:, None] * freq), k_near, v, is_causal=True,
                                               scale=scaling, enable_gqa=groups > 1)
-    if fused and q.device.type == "cpu" and _FLASH is not None:
-        return _two_fused(qs, k.float(), v, pos, freq, ext, scaling, groups)
     qs = qs.view(B, k.shape[1], groups, T, hs)  # (B, H_kv, G, T, hs): query heads by their KV head
     k_near, v = k_near[:, :, None], v[:, :, None]  # (B, H_kv, 1, T, hs)
     k_far = rotate(k.float(), ext.positions(pos[:, None], pos[None, :])[1][0][:, None] * freq)[:, :, None]

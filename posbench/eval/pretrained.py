@@ -153,11 +153,11 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     if todo or new_plain:
         check_pretrained(model, ecfg if todo else plain_cfg, todo or new_plain, device)
     run = RunDir(out)
+    out.mkdir(parents=True, exist_ok=True)  # every check has passed
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
 
     def store(entries: list[dict]) -> None:
         """Write rows as soon as they exist, so a cut-off comparison keeps every length it finished."""
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
         if entries:
             write_results(run, result_rows(measured, entries, 0))
 
@@ -171,7 +171,7 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
             row = perplexity_ladder(model, tokens, [length], ecfg, device, dtype, tokenizer=corpus.tokenizer,
                                     n_tokens=n)[0]
             store([{**row, "rope_scaling": label}])
-    rows = read_results(RunDir(out).results)
+    rows = read_results(run.results)
     rows = rows[(rows.rope_scaling == label) & rows.eval_len.isin(lengths)]
     return out, sort_rows(rows, KEY).reset_index(drop=True)
 
