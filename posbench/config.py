@@ -206,7 +206,7 @@ class EvalConfig:
     position_bins: list[int] | None = None  # first position of each loss bin; None: 0, 1, 2, 4, 8, ...
     recompute: bool = False  # posbench eval: recompute rows results.csv already holds
     preflight: bool = True  # refuse an evaluation whose estimated memory exceeds this machine's
-    extension: str = "none"  # pretrained= RoPE models: none | self_extend | rerope | logn (posbench.extension)
+    extension: str = "none"  # none | self_extend | rerope (rotary models) | logn (any): posbench.extension
     extension_window: int | None = None  # self_extend, rerope: the neighbour window W
     extension_group: int | None = None  # self_extend: the group size G
 

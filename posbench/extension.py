@@ -19,7 +19,10 @@ blocks of (chunk, keys) at a time, so memory grows with the length, not its squa
 :func:`direct_logits` is the definition above written out pair by pair, which the tests hold it
 to. Hugging Face models use it through transformers' attention interface
 (:func:`hf_attention`): the q and k it receives are already rotated by positions 0..T-1, so it
-rotates them back first.
+rotates them back first. posbench's own models use it inside :meth:`PositionEncoding.extended
+<posbench.encodings.base.PositionEncoding.extended>`: the attention layer hands Self-Extend and
+ReRoPE its q and k before rotation, with the encoding's frequencies, and scales the rotated
+queries for log-n (any encoding).
 """
 
 from __future__ import annotations
@@ -79,6 +82,15 @@ class Extension:
         if self.method == "self_extend":
             return i // self.group + self.window - self.window // self.group, j // self.group
         return torch.full_like(i, self.window), torch.zeros_like(j)  # rerope
+
+    def check_scaling(self, kind: str) -> None:
+        """One line unless the method runs beside RoPE scaling ``kind``: log-n scales the queries
+        and takes any scaling (``yarn+logn``); Self-Extend and ReRoPE set the positions of the
+        rotation themselves, on the trained frequencies, so they take none."""
+        if self.method in ("self_extend", "rerope") and kind != "none":
+            raise PosbenchError(f"eval.extension={self.method} sets the rotary positions itself, on the trained "
+                                f"frequencies, so it takes no eval.rope_scaling (got {kind}); valid with it: "
+                                "eval.rope_scaling=none (eval.extension=logn takes any scaling)")
 
     def query_scale(self, i: torch.Tensor) -> torch.Tensor:
         """log-n's factor per query position (ones for the other methods)."""

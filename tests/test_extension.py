@@ -76,3 +76,158 @@ def test_bad_extension_settings_are_one_line():
         Extension("rerope", None)
     with pytest.raises(PosbenchError, match=r"needs eval.extension_group > 1 .* got 1"):
         Extension("self_extend", 8, 1)
+
+
+# ---- posbench's own models (eval.extension on a run) -------------------------------------------
+
+def sharp(model):
+    """Larger q, k and v than the N(0, 0.02) init, so attention is far from uniform and where a key
+    sits matters."""
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(10)
+    return model
+
+
+def reference_forward(model, idx, ext, nope_layers=()):
+    """The model's logits with every layer's attention from :func:`direct_logits` (the papers'
+    definitions pair by pair) on RoPE's frequencies, base 10,000 over the head size, half-split
+    pairs; zero frequencies (no positions) in ``nope_layers``."""
+    B, T = idx.shape
+    x = model.tok_emb(idx) * model.emb_scale
+    for layer, block in enumerate(model.blocks):
+        attn, h = block.attn, block.ln1(x)
+        D, nh = h.shape[-1], attn.n_heads
+        hs = D // nh
+        q, k, v = attn.qkv(h).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)
+        freq = torch.zeros(hs // 2) if layer in nope_layers else 10000.0 ** (-torch.arange(0, hs, 2).float() / hs)
+        logits = direct_logits(q[0], k[0], freq, ext) * hs ** -0.5
+        logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = (logits.softmax(-1) @ v[0]).transpose(0, 1).reshape(1, T, D)
+        x = x + attn.proj(y)
+        x = x + block.mlp(block.ln2(x))
+    return model.ln_f(x) @ model.tok_emb.weight.t()
+
+
+EXTENSIONS = [Extension("self_extend", 5, 3, 8), Extension("rerope", 6, None, 8), Extension("logn", None, None, 8)]
+
+
+@pytest.mark.parametrize("ext", EXTENSIONS, ids=lambda e: e.label)
+@pytest.mark.parametrize("name,params,nope", [("rope", {}, ()), ("rope_nope", {"nope_every": 2}, (1, 3))],
+                         ids=["rope", "rope_nope"])
+def test_a_posbench_model_under_an_extension_equals_the_definition_in_every_layer(ext, name, params, nope):
+    """Four layers at 3x the trained length: Self-Extend and ReRoPE regroup positions in the RoPE
+    layers and leave the NoPE ones as trained; log-n scales the queries of every layer."""
+    from tests.conftest import tiny_model
+
+    model = sharp(tiny_model(name, params, n_layers=4, train_len=8))
+    idx = torch.randint(0, 50, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), model.encoding.extended(ext):
+        got = model(idx)
+    with torch.no_grad():
+        want = reference_forward(model, idx, ext, nope)
+        plain = model(idx)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got, plain, atol=1e-3)  # it changed what it should
+    assert model.encoding.extension is None  # and only within the block
+
+
+@pytest.mark.parametrize("name,params", [("rope", {"pairing": "interleaved"}), ("p_rope", {"fraction": 0.5}),
+                                         ("p_rope", {"form": "neox", "fraction": 0.5, "pairing": "interleaved"})],
+                         ids=["rope interleaved", "p_rope", "p_rope neox interleaved"])
+def test_inside_its_window_an_extension_leaves_every_rotary_form_as_trained(name, params):
+    """With every distance inside W, Self-Extend and ReRoPE are the model's own rotation, in
+    whichever pairing and with whichever pairs rotated: the frequencies and layout they use are
+    the encoding's."""
+    from tests.conftest import tiny_model
+
+    model = sharp(tiny_model(name, params, n_layers=2, train_len=8))
+    idx = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(idx)
+        for ext in (Extension("self_extend", 20, 4, 8), Extension("rerope", 20, None, 8)):
+            with model.encoding.extended(ext):
+                torch.testing.assert_close(model(idx), plain, rtol=1e-5, atol=1e-5)
+        with model.encoding.extended(Extension("rerope", 4, None, 8)):
+            assert not torch.allclose(model(idx), plain, atol=1e-3)
+
+
+def test_log_n_runs_on_any_encoding_and_changes_nothing_inside_the_context():
+    from tests.conftest import tiny_model
+
+    model = sharp(tiny_model("alibi", n_layers=2, train_len=8))
+    idx = torch.randint(0, 50, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        plain = model(idx)
+        with model.encoding.extended(Extension("logn", None, None, 8)):
+            logn = model(idx)
+    torch.testing.assert_close(logn[:, :8], plain[:, :8])  # queries 0..7: log_8(i + 1) <= 1
+    assert not torch.allclose(logn[:, 8:], plain[:, 8:], atol=1e-4)
+
+
+def test_an_extension_a_run_cannot_take_is_one_line():
+    from posbench.config import EvalConfig
+    from posbench.eval.ladder import check_extension, extension_of
+    from tests.conftest import tiny_model
+
+    se = Extension("self_extend", 4, 2, 8)
+    with pytest.raises(PosbenchError, match=r"^eval.extension=self_extend regroups rotary positions: it runs on "
+                                            r"p_rope, rope, rope_nope; this run uses 'alibi'; valid here: "
+                                            r"eval.extension=none or logn$"):
+        check_extension(tiny_model("alibi"), se)
+    with pytest.raises(PosbenchError, match=r"this run uses 'xpos'"):
+        check_extension(tiny_model("xpos"), se)
+    with pytest.raises(PosbenchError, match=r"^eval.extension=rerope computes global attention without "
+                                            r"model.window; this run has model.window=4"):
+        check_extension(tiny_model("rope", window=4), Extension("rerope", 4, None, 8))
+    with pytest.raises(PosbenchError, match=r"rope_nope run has windowed RoPE layers \(window=4\)"):
+        check_extension(tiny_model("rope_nope", {"window": 4}), se)
+    with pytest.raises(PosbenchError, match=r"^eval.extension=self_extend sets the rotary positions itself, on the "
+                                            r"trained frequencies, so it takes no eval.rope_scaling \(got yarn\)"):
+        extension_of(EvalConfig(rope_scaling="yarn", extension="self_extend", extension_window=4,
+                                extension_group=2), 8)
+    extension_of(EvalConfig(rope_scaling="yarn", extension="logn"), 8)  # log-n beside a scaling: yarn+logn
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    from tests.conftest import SMOKE, posbench
+
+    run = tmp_path_factory.mktemp("rope") / "run"
+    posbench("train", *SMOKE, "encoding=rope", "eval.lengths=[32,64]", f"hydra.run.dir={run}")
+    return run
+
+
+def test_posbench_eval_runs_an_extension_on_a_trained_rope_run_and_its_passkey(rope_run):
+    """Rows named by the method and its parameters beside the run's own, computed once; passkey
+    under the same key."""
+    import pandas as pd
+
+    from tests.conftest import posbench
+
+    se = ["eval.extension=self_extend", "eval.extension_window=8", "eval.extension_group=4"]
+    posbench("eval", f"checkpoint={rope_run}", "eval.lengths=[32,64]", *se)
+    rows = pd.read_csv(rope_run / "results.csv")
+    assert sorted(set(rows.rope_scaling)) == ["none", "self_extend(W=8,G=4)"]
+    mine, plain = (rows[rows.rope_scaling == k].set_index("eval_len") for k in ("self_extend(W=8,G=4)", "none"))
+    assert list(mine.index) == [32, 64] and (mine.status == "ok").all()
+    assert (mine.ppl != plain.ppl.reindex(mine.index)).all()  # far keys regrouped: not the plain row
+    again = posbench("eval", f"checkpoint={rope_run}", "eval.lengths=[32,64]", *se)
+    assert "not recomputed" in again.stderr
+    posbench("eval", f"checkpoint={rope_run}", "probe=passkey", "probe.lengths=[64]", "probe.depths=[0,1]",
+             "probe.trials=2", *se)
+    keys = pd.read_csv(rope_run / "passkey.csv")
+    assert set(keys.rope_scaling) == {"self_extend(W=8,G=4)"} and set(keys.length) == {64}
+
+
+def test_an_extension_an_alibi_run_cannot_take_is_one_line_and_writes_nothing(smoke_run_copy):
+    from tests.conftest import posbench
+
+    before = {p.name: p.read_bytes() for p in smoke_run_copy.iterdir() if p.is_file()}
+    proc = posbench("eval", f"checkpoint={smoke_run_copy}", "eval.extension=rerope", "eval.extension_window=8",
+                    check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "posbench: error: eval.extension=rerope regroups rotary positions: it runs on p_rope, rope, rope_nope; "
+        "this run uses 'alibi'; valid here: eval.extension=none or logn")
+    assert {p.name: p.read_bytes() for p in smoke_run_copy.iterdir() if p.is_file()} == before

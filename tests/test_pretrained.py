@@ -264,7 +264,7 @@ def test_extensions_run_through_the_models_own_attention_and_are_undone(models):
     torch.testing.assert_close(model.hidden(x), plain)
 
 
-def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path, smoke_run):
+def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path):
     out = tmp_path / "out"
     posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[64,256]", "eval.max_tokens=1024", f"out={out}",
              "eval.extension=self_extend", "eval.extension_window=16", "eval.extension_group=4")
@@ -274,8 +274,12 @@ def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path, smo
     # yarn+logn at 64 is the model as trained: the none row, computed once and stored under both names
     assert sorted(set(rows.rope_scaling)) == ["none", "self_extend(W=16,G=4)", "yarn+logn"]
     assert (rows.status == "ok").all() and list(rows[rows.rope_scaling == "none"].eval_len) == [64]
-    bad = posbench("eval", f"checkpoint={smoke_run}", "eval.extension=logn", check=False)
-    assert bad.returncode == 2 and "eval.extension=logn applies to pretrained= models" in bad.stderr
+    bad = posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[256]", f"out={tmp_path / 'bad'}",
+                   "eval.extension=rerope", "eval.extension_window=16", "eval.rope_scaling=yarn", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "posbench: error: eval.extension=rerope sets the rotary positions itself, on the trained frequencies, so it "
+        "takes no eval.rope_scaling (got yarn)")
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])

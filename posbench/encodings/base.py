@@ -48,6 +48,7 @@ scheme can keep per-layer parameters (a ``ModuleList``) when its paper asks.
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -160,6 +161,53 @@ class PositionEncoding(nn.Module):
     def logit_scale(self) -> float:
         """Factor on q.k (and on the ``score`` terms' sum); 1/sqrt(head_dim) by default."""
         return self.dims.head_dim ** -0.5
+
+    # ---- training-free extension at evaluation (``eval.extension``) ----------------
+    # The :class:`posbench.extension.Extension` in effect inside :meth:`extended`; None outside it.
+    # log-n scales every query (any encoding); Self-Extend and ReRoPE replace the rotation and the
+    # attention of the encodings that give their frequencies (:meth:`extension_frequencies`).
+    extension = None
+    # True where the positions are a pure rotation by :meth:`extension_frequencies`, which
+    # Self-Extend and ReRoPE can then regroup (rope and its partial and hybrid forms; not xPos,
+    # whose q and k also decay).
+    regroupable: ClassVar[bool] = False
+
+    def extension_frequencies(self, layer: int, device=None) -> torch.Tensor:
+        """(hs/2,) rotary frequencies of ``layer``, pair i being (x_i, x_{i+hs/2}), on which
+        Self-Extend and ReRoPE set positions of their own (zeros: a layer without positions)."""
+        raise NotImplementedError
+
+    def check_extension(self, ext) -> None:
+        """One line unless ``ext`` runs on this encoding: ``none`` and ``logn`` on any; Self-Extend
+        and ReRoPE on the ``regroupable`` ones."""
+        if ext.method in ("self_extend", "rerope") and not self.regroupable:
+            fit = sorted(name for name, cls in REGISTRY.items() if cls.regroupable)
+            raise PosbenchError(f"eval.extension={ext.method} regroups rotary positions: it runs on {', '.join(fit)}; "
+                                f"this run uses {self.name!r}; valid here: eval.extension=none or logn")
+
+    @contextmanager
+    def extended(self, ext):
+        """Evaluate under training-free extension ``ext`` within the block (``none``: as trained)."""
+        self.check_extension(ext)
+        old, self.extension = self.extension, (None if ext.method == "none" else ext)
+        try:
+            yield self
+        finally:
+            self.extension = old
+
+    def extended_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                           layer: int) -> torch.Tensor:
+        """Self-Extend or ReRoPE attention of ``q``, ``k`` as projected (not rotated), ``v`` (B, H,
+        T, hs) at positions 0..T-1 -> (B, H, T, hs), by :func:`posbench.extension.extended_attention`
+        on :meth:`extension_frequencies`."""
+        from ..extension import extended_attention
+
+        T = q.shape[-2]
+        if int(positions[0]) != 0 or int(positions[-1]) != T - 1:
+            raise PosbenchError(f"eval.extension={self.extension.method} needs positions 0..{T - 1}; got "
+                                f"{int(positions[0])}..{int(positions[-1])}")
+        freq = self.extension_frequencies(layer, q.device)
+        return extended_attention(q, k, v, freq, self.extension, self.logit_scale()).to(v.dtype)
 
     # ---- introspection --------------------------------------------------------
     @classmethod

@@ -270,6 +270,21 @@ class Rotary(PositionEncoding):
         cos, sin = self._cos_sin(positions)
         return apply_rotary(q, cos, sin, self.pairing), apply_rotary(k, cos, sin, self.pairing)
 
+    # eval.extension: Self-Extend and ReRoPE regroup the positions of the trained rotation
+    regroupable = True
+
+    def extension_frequencies(self, layer: int, device=None) -> torch.Tensor:
+        """The trained frequencies (``eval.extension`` takes no RoPE scaling beside it)."""
+        return self.inv_freq("none", 1.0, device)
+
+    def extended_attention(self, q, k, v, positions, layer):
+        """As the base class, with ``interleaved`` pairs first laid out as half-split ones (the same
+        permutation of q's and k's dims leaves every logit as it is)."""
+        if self.pairing == "interleaved":
+            half = torch.cat((torch.arange(0, q.shape[-1], 2), torch.arange(1, q.shape[-1], 2))).to(q.device)
+            q, k = q[..., half], k[..., half]
+        return super().extended_attention(q, k, v, positions, layer)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, pairing={self.pairing}"
 
@@ -363,6 +378,18 @@ class HybridRotary(Rotary):
     def is_nope(self, layer: int) -> bool:
         return (layer + 1) % self.nope_every == 0
 
+    def extension_frequencies(self, layer: int, device=None) -> torch.Tensor:
+        """Zeros in the NoPE layers: Self-Extend and ReRoPE leave them as trained."""
+        freq = super().extension_frequencies(layer, device)
+        return torch.zeros_like(freq) if self.is_nope(layer) else freq
+
+    def check_extension(self, ext) -> None:
+        super().check_extension(ext)
+        if ext.method in ("self_extend", "rerope") and self.window:
+            raise PosbenchError(f"eval.extension={ext.method} regroups the positions of global attention; this "
+                                f"rope_nope run has windowed RoPE layers (window={self.window}); valid here: "
+                                "eval.extension=none or logn")
+
     def rotate(self, q, k, positions, layer):
         return (q, k) if self.is_nope(layer) else super().rotate(q, k, positions, layer)
 
@@ -402,6 +429,8 @@ class XPos(Rotary):
         if not scale_base > 0:
             raise PosbenchError(f"xpos scale_base must be > 0, got {scale_base}")
         self.scale_base = float(scale_base)
+
+    regroupable = False  # q and k also decay with their positions: not a pure rotation
 
     def rotate(self, q, k, positions, layer):
         cos, sin = self._cos_sin(positions)

@@ -47,6 +47,7 @@ from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from ..errors import PosbenchError
+from ..extension import Extension
 from ..model import LanguageModel
 from ..preflight import check_evaluation
 from ..runs import threads
@@ -178,12 +179,13 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     nbytes, words = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
     kind = ecfg.rope_scaling
     train_len = getattr(model.encoding, "reference_len", model.encoding.dims.train_len)  # what s is relative to
+    ext = extension_of(ecfg, model.encoding.dims.train_len)
     model.eval()
     rows = []
-    with rope_scaling(model.encoding, kind, ecfg.rope_factor):
+    with rope_scaling(model.encoding, kind, ecfg.rope_factor), model.encoding.extended(ext):
         for length in lengths:
             stride = strides[length]
-            row = {"eval_len": length, "rope_scaling": kind, "mode": ecfg.mode, "stride": stride,
+            row = {"eval_len": length, "rope_scaling": scaling_label(kind, ext), "mode": ecfg.mode, "stride": stride,
                    "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
                    "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [], "token_nll": None,
                    **model.param_counts()}
@@ -232,12 +234,34 @@ def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame
     return rows
 
 
-def check_no_extension(ecfg: EvalConfig) -> None:
-    """Training-free extensions run on pretrained models (through transformers' attention
-    interface); posbench's own runs take the RoPE scalings only."""
-    if ecfg.extension != "none":
-        raise PosbenchError(f"eval.extension={ecfg.extension} applies to pretrained= models; valid for a posbench "
-                            "run: eval.extension=none (eval.rope_scaling= scales its rotary encoding)")
+def extension_of(ecfg: EvalConfig, train_len: int) -> Extension:
+    """``eval.extension`` with its parameters, log-n relative to ``train_len``, the context the
+    model trained on last; one line if it cannot run beside ``eval.rope_scaling``."""
+    ext = Extension(ecfg.extension, ecfg.extension_window, ecfg.extension_group, int(train_len))
+    ext.check_scaling(ecfg.rope_scaling)
+    return ext
+
+
+def scaling_label(kind: str, ext: Extension) -> str:
+    """A row's ``rope_scaling``: the scaling, the extension (``self_extend(W=512,G=8)``), or both
+    (``yarn+logn``), so no method's rows replace another's."""
+    if ext.method == "none":
+        return kind
+    return ext.label if kind == "none" else f"{kind}+{ext.label}"
+
+
+def check_extension(model: LanguageModel, ext: Extension) -> None:
+    """One line unless ``ext`` runs on this posbench model: the encoding takes it
+    (:meth:`PositionEncoding.check_extension`), and Self-Extend and ReRoPE, which compute the whole
+    attention themselves, meet no sliding window or trained length scaling they would drop."""
+    model.encoding.check_extension(ext)
+    if ext.method not in ("self_extend", "rerope"):
+        return
+    for key, value, valid in (("model.window", model.cfg.window, 0), ("model.length_scaling", model.cfg.length_scaling,
+                                                                      "none")):
+        if value != valid:
+            raise PosbenchError(f"eval.extension={ext.method} computes global attention without {key}; this run "
+                                f"has {key}={value}; valid here: eval.extension=none or logn")
 
 
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
@@ -255,6 +279,7 @@ def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
     train_cfg.eval = cfg.eval
     ecfg = typed(EvalConfig, train_cfg.eval, "eval")
     check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything
+    extension_of(ecfg, int(train_cfg.train.train_len))
     return run, state, train_cfg, ecfg
 
 
@@ -280,7 +305,8 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
     train_len, strides = int(train_cfg.train.train_len), ecfg.strides(lengths)
     original = int(train_cfg.encoding.get("original_len") or train_len)  # what a scaling's s is relative to
     factor = [scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, int(n_), original) for n_ in df.eval_len]
-    same = ((df.encoding == train_cfg.encoding.name) & (df.rope_scaling == ecfg.rope_scaling)
+    label = scaling_label(ecfg.rope_scaling, extension_of(ecfg, train_len))
+    same = ((df.encoding == train_cfg.encoding.name) & (df.rope_scaling == label)
             & (df.train_len == train_len) & (df.seed == int(train_cfg.seed)) & (df.split == ecfg.split)
             & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths) & (df.stride == df.eval_len.map(strides))
             & (df.config_hash == config_hash(train_cfg)) & (df.status == "ok") & (df.tokens == n)
@@ -294,7 +320,6 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
     whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
     run, state, train_cfg, ecfg = open_run(cfg)
-    check_no_extension(ecfg)
     corpus = load_corpus(train_cfg.data)
     tokens = corpus.splits[ecfg.split]
     lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))
@@ -310,6 +335,7 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     random_positions = train_cfg.train.get("random_positions")
     check_random_positions(str(train_cfg.encoding.name), random_positions, max(todo), ecfg.rope_scaling)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+    check_extension(model, extension_of(ecfg, model.encoding.dims.train_len))
     check_evaluation(model, ecfg, todo, device, dtype)
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n,
                                random_positions=random_positions)

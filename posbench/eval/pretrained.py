@@ -28,11 +28,10 @@ from ..build import keep_freed_memory, resolve_device
 from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
 from ..encodings.rotary import check_scalable, scaling_factor
-from ..extension import Extension
 from ..preflight import check_pretrained
 from ..pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text
-from .ladder import perplexity_ladder, result_rows, scored_tokens
+from .ladder import extension_of, perplexity_ladder, result_rows, scaling_label, scored_tokens
 from .results import KEY, read_results, sort_rows, write_results
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
@@ -63,17 +62,6 @@ def open_pretrained(cfg: DictConfig):
     model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
     dtype = next(model.parameters()).dtype
     return model, tokenizer, eos, device, None if dtype == torch.float32 else dtype, precision
-
-
-def extension_of(ecfg: EvalConfig, model) -> Extension:
-    return Extension(ecfg.extension, ecfg.extension_window, ecfg.extension_group, model.encoding.train_len)
-
-
-def scaling_label(kind: str, ext: Extension) -> str:
-    """A row's ``rope_scaling``: the scaling, the extension (``self_extend(W=512,G=8)``), or both."""
-    if ext.method == "none":
-        return kind
-    return ext.label if kind == "none" else f"{kind}+{ext.label}"
 
 
 def measured_config(cfg: DictConfig, model, precision: str) -> DictConfig:
@@ -131,7 +119,7 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     lengths = pretrained_lengths(ecfg, train_len)
     ecfg.strides(lengths)
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
-    ext = extension_of(ecfg, model)
+    ext = extension_of(ecfg, model.encoding.train_len)
     check_scalable(model.encoding.name, ecfg.rope_scaling)
     model.encoding.check_extension(ext)
     label = scaling_label(ecfg.rope_scaling, ext)
@@ -166,11 +154,8 @@ def evaluate_pretrained(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
                                 n_tokens=n)[0]
         store([row, {**row, "rope_scaling": label, "rope_factor": 1.0}])
     store([{**plain[length], "rope_scaling": label, "rope_factor": 1.0} for length in same if length in plain])
-    with model.encoding.extended(ext):
-        for length in todo:  # the row key names the extension, so no method's rows replace another's
-            row = perplexity_ladder(model, tokens, [length], ecfg, device, dtype, tokenizer=corpus.tokenizer,
-                                    n_tokens=n)[0]
-            store([{**row, "rope_scaling": label}])
+    for length in todo:  # the row key names the extension, so no method's rows replace another's
+        store(perplexity_ladder(model, tokens, [length], ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n))
     rows = read_results(run.results)
     rows = rows[(rows.rope_scaling == label) & rows.eval_len.isin(lengths)]
     return out, sort_rows(rows, KEY).reset_index(drop=True)
@@ -196,7 +181,7 @@ def probe_pretrained(cfg: DictConfig):
     subject = Subject(model, PieceTokenizer(tokenizer), device, dtype, train_len,
                       ecfg.batch_tokens, scaling)
     measured = measured_config(cfg, model, precision)
-    ext = extension_of(ecfg, model)
+    ext = extension_of(ecfg, model.encoding.train_len)
     lengths = probe.lengths(train_len)
     check_pretrained(model, ecfg, lengths, device)
     with model.encoding.extended(ext):

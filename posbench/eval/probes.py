@@ -61,10 +61,9 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
     ``<name>.csv`` (rows of the same key replaced)."""
     from ..data.corpus import load_corpus
     from ..encodings.rotary import rope_scaling, scaling_factor
-    from .ladder import check_no_extension, load_model, open_run
+    from .ladder import check_extension, extension_of, load_model, open_run, scaling_label
 
     run, state, train_cfg, ecfg = open_run(cfg)
-    check_no_extension(ecfg)
     probe = build_probe(cfg.probe)
     if train_cfg.train.get("random_positions") is not None:
         raise PosbenchError(f"probe={probe.name} runs positions 0..T-1, but {run.path} was trained with "
@@ -73,13 +72,17 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
     train_len = int(train_cfg.train.train_len)
     corpus = load_corpus(train_cfg.data)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
+    ext = extension_of(ecfg, train_len)
+    check_extension(model, ext)
+    train_cfg.eval.rope_scaling = scaling_label(ecfg.rope_scaling, ext)  # the rows' rope_scaling
 
     def scaling(length):  # s = length / train_len when eval.rope_factor is null, as in the ladder
         factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
         return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
 
     subject = Subject(model, corpus.tokenizer, device, dtype, train_len, ecfg.batch_tokens, scaling)
-    return probe, measure(probe, subject, train_cfg, run, cfg.probe)
+    with model.encoding.extended(ext):
+        return probe, measure(probe, subject, train_cfg, run, cfg.probe)
 
 
 def measure(probe: Probe, subject: Subject, train_cfg: DictConfig, run: RunDir, node) -> pd.DataFrame:
