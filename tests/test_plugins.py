@@ -164,4 +164,4 @@ def test_probes_from_an_entry_point_and_a_config_dir_evaluate_a_run_and_report(t
     assert (tmp_path / "bare" / "repeat.png").is_file()
     missing = posbench("eval", f"checkpoint={run}", "probe=repeat", check=False, env={"PYTHONPATH": None})
     assert missing.returncode == 2 and missing.stderr.strip() == ("posbench: error: unknown probe 'repeat'; valid choices: "
-                                                                   "niah_multikey, niah_multivalue, passkey")
+                                                                   "niah_multikey, niah_multivalue, passkey, variable_tracking")

@@ -18,8 +18,9 @@ A probe (docs/extending.md) subclasses :class:`posbench.eval.probe.Probe`:
   the column the report draws, a score in [0, 1]; ``grid``: a second key drawn as the rows of
   its heat map (passkey: depth), None for one row per line.
 
-The built-in probes: passkey retrieval (:mod:`.passkey`) and RULER's needles with distractors,
-``niah_multikey`` and ``niah_multivalue`` (:mod:`.needles`).
+The built-in probes: passkey retrieval (:mod:`.passkey`), RULER's needles with distractors,
+``niah_multikey`` and ``niah_multivalue`` (:mod:`.needles`), and RULER's variable tracking,
+``variable_tracking`` (:mod:`.tracking`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .needles import NiahMultiKey, NiahMultiValue
 from .passkey import Passkey
 from .probe import RUN_KEY, TRAILER, Probe, Subject
 from .results import locked, merge_csv
+from .tracking import VariableTracking
 
 __all__ = ["PROBES", "Probe", "Subject", "build_probe", "run_probe", "probe_files"]
 
@@ -135,6 +137,6 @@ def probe_files(run_dir) -> dict[str, type[Probe] | None]:
     return found
 
 
-for _cls in (Passkey, NiahMultiKey, NiahMultiValue):
+for _cls in (Passkey, NiahMultiKey, NiahMultiValue, VariableTracking):
     PROBES.register(_cls)
 PROBES.load()
