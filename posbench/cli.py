@@ -569,6 +569,7 @@ def run_hydra(command: str, args: list[str]) -> None:
 
 def cmd_report(args: list[str]) -> None:
     from .report.baselines import export_baseline, resolve_baseline, shipped_baselines
+    from .report.probes import THRESHOLD
     from .report.tables import REFERENCE, report
 
     parser = argparse.ArgumentParser(prog="posbench report", description=COMMANDS["report"])
@@ -589,6 +590,9 @@ def cmd_report(args: list[str]) -> None:
                         help="shipped runs reported beside yours with paired intervals, without retraining them: "
                              f"a shipped baseline ({', '.join(shipped_baselines()) or 'none shipped'}) or a folder "
                              "made by --export-baseline; repeatable")
+    parser.add_argument("--threshold", type=float, default=None, metavar="SCORE",
+                        help="the score in [0, 1] a probe's effective length keeps at every length up to it "
+                             "(RULER's rule; default 0.5)")
     parser.add_argument("--export-baseline", metavar="OUT",
                         help="instead of a report, write what paired intervals need of the runs under DIRS "
                              "(results, config, per-block NLL sums: a few KiB per run) to OUT")
@@ -599,9 +603,12 @@ def cmd_report(args: list[str]) -> None:
               f"--baseline {ns.export_baseline}")
         return
     by = [k for arg in ns.by for k in arg.split(",") if k]
+    threshold = THRESHOLD if ns.threshold is None else ns.threshold
+    if not 0 <= threshold <= 1:
+        raise PosbenchError(f"report: --threshold {threshold:g} is not valid; valid: a score in [0, 1], e.g. 0.5")
     baselines = [str(resolve_baseline(b)) for b in ns.baseline]
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
-                  by=by, baselines=baselines)
+                  by=by, baselines=baselines, threshold=threshold)
     if done.table:
         print(done.table)
         print("\n" + "\n".join(done.text))

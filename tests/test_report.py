@@ -360,8 +360,8 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     out = tmp_path / "out"
     done = report([sweep], out, fmt="latex", reference=reference_csv(tmp_path))
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["passkey.png", "passkey.svg", "positions.png", "positions.svg", "report.csv", "report.md",
-                     "report.png", "report.svg", "report.tex"]
+    assert names == ["passkey.png", "passkey.svg", "positions.png", "positions.svg", "probes.csv", "report.csv",
+                     "report.md", "report.png", "report.svg", "report.tex"]
     assert sorted(p.name for p in done.files) == names
     assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
     md = (out / "report.md").read_text()

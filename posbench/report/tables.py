@@ -76,6 +76,7 @@ from .figures import (
     training_figure,
 )
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
+from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .tasks import TaskReport, read_tasks, write_task_report
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
@@ -624,7 +625,8 @@ def draw_run(run_dir: str | Path) -> None:
 
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
-           reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = ()) -> Report:
+           reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
+           threshold: float = THRESHOLD) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -634,7 +636,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     runs have metrics.jsonl, and positions.png/.svg and <probe>.png/.svg where runs have
     positions.csv / a probe's rows (passkey.csv, ...). All figures share one colour per line.
     ``by``: config keys whose values tell lines apart (see the module docstring); ``baselines``:
-    shipped runs' folders (:mod:`posbench.report.baselines`) reported beside ``paths``.
+    shipped runs' folders (:mod:`posbench.report.baselines`) reported beside ``paths``;
+    ``threshold``: the score a probe's effective length keeps (:mod:`posbench.report.probes`).
     Where runs have tasks.csv, also the task report (:func:`posbench.report.tasks.write_task_report`:
     tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
@@ -644,7 +647,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed, by)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -654,8 +657,30 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     return done._replace(files=done.files + task.files, tasks=task)
 
 
+def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, list[str]]:
+    """report.md's probe section (each probe's score by length with its interval, and each line's
+    effective length: :mod:`posbench.report.probes`), the rows of probes.csv, and the sentences."""
+    parts, tables, sentences = [], [], []
+    for name, (rows, cls) in probes.items():
+        summary = probe_summary(rows, getattr(cls, "metric", "accuracy"))
+        if summary.empty:
+            continue
+        found = effective_length_lines(summary, name, threshold)
+        sentences += found
+        tables.append(summary.assign(probe=name))
+        parts.append(f"### {name}\n\n{probe_markdown(summary)}\n\n" + "".join(f"- {t}\n" for t in found))
+    if not parts:
+        return "", pd.DataFrame(), []
+    text = ("\n## Probes\n\nScore by length, pooled over depths and seeds, with its 95% interval (Wilson's over the "
+            "prompts, widened to the seeds' t interval where a line has several seeds) and the prompts counted. "
+            f"Effective length (RULER's rule): the longest length up to which the score stays >= {threshold:g} at "
+            "every length probed; its interval applies the rule to the interval's bounds.\n\n" + "\n".join(parts))
+    table = pd.concat(tables, ignore_index=True)
+    return text, table[["probe"] + [c for c in table if c != "probe"]], sentences
+
+
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
-               failed: list[tuple[str, str]], by: list[str] = ()) -> Report:
+               failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths, by=by)
@@ -685,11 +710,16 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         figures[name].suptitle(setup_caption(setup[setup.run.isin(set(rows.run))]), fontsize="small")
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
+    probe_text, probe_table, probe_lines = probes_section(probes, threshold)
+    if not probe_table.empty:
+        files.append(out / "probes.csv")
+        atomic_write_text(files[-1], probe_table.to_csv(index=False))
     shown = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{FIGURE_TEXT[name]}\n" if name in FIGURE_TEXT else "")
                     for name in figures)
     atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
+                      + probe_text
                       + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in (_setup_line(setup), _reference_note(summary, ref)) if t)
                       + shown)
     if fmt == "latex":
@@ -700,4 +730,4 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         files += save(fig, out / f"{name}.png", also_svg=True)
     # learned_bias.png/.svg, runs with a learned bias
     files += write_report_figure(sorted(set(df.run)), out, caption=setup_caption(setup))
-    return Report(summary, table + failures_markdown(failed), text, files)
+    return Report(summary, table + failures_markdown(failed), text + probe_lines, files)
