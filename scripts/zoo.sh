@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Regenerates results/zoo/: every registered encoding under experiment=zoo (train_len 128, 488 steps
+# of 32 windows = 2.0M tokens, warmup-stable-decay; conf/experiment/zoo.yaml), two seeds, evaluated
+# at 128..2048 on the whole validation split; then the model options that are baselines of their
+# own, as lines beside them: SSMax (nope, rope) and log-n scaling (nope), QK-norm (rope) and a
+# 128-token sliding window (rope). Jobs run side by side, one torch thread each, compiled
+# (LAUNCHER=basic: one after the other; EXTRA=... replaces train.compile=true). One sweep per group,
+# so each finished group is a finished piece of the table; re-running the same command resumes.
+#   bash scripts/zoo.sh                      # SEEDS=0,1,2 for a third seed
+set -euo pipefail
+cd "$(dirname "$0")/.."
+encodings=${ENCODINGS:-$(posbench encodings | awk 'NR>1 && NF>3 && $1!="(params:" && $1!~/^model/ {print $1}' | paste -sd, -)}
+seeds=${SEEDS:-0,1}
+out=${OUT:-outputs/zoo}
+read -ra extra <<< "${EXTRA:-train.compile=true}"
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
+[ "${LAUNCHER:-}" = basic ] && launcher=()
+common=(experiment=zoo seed="$seeds" "${extra[@]}" "${launcher[@]}")
+sub="\${encoding.name}/seed=\${seed}"
+posbench -m train "${common[@]}" encoding="$encodings" "hydra.sweep.dir='$out/encodings'" "hydra.sweep.subdir='$sub'"
+posbench -m train "${common[@]}" encoding=nope,rope model.length_scaling=ssmax "hydra.sweep.dir='$out/ssmax'" \
+    "hydra.sweep.subdir='$sub'"
+posbench -m train "${common[@]}" encoding=nope model.length_scaling=logn "hydra.sweep.dir='$out/logn'" \
+    "hydra.sweep.subdir='$sub'"
+posbench -m train "${common[@]}" encoding=rope model.qk_norm=true "hydra.sweep.dir='$out/qk_norm'" \
+    "hydra.sweep.subdir='$sub'"
+posbench -m train "${common[@]}" encoding=rope model.window=128 "hydra.sweep.dir='$out/window'" \
+    "hydra.sweep.subdir='$sub'"
+posbench report "$out" --by model.length_scaling --by model.qk_norm --by model.window --out "${RESULTS:-results/zoo}" --log-y
+python scripts/encoding_table.py "${RESULTS:-results/zoo}/report.csv" > "${RESULTS:-results/zoo}/encodings.md"
