@@ -153,3 +153,32 @@ def test_an_extension_run_starts_at_its_parent_with_the_scaling_active_in_traini
     bad = posbench("train", *SMOKE, "encoding=rope", "encoding.trained_scaling=pi2", f"hydra.run.dir={tmp_path / 'bad'}",
                    check=False)
     assert bad.returncode == 2 and "encoding.trained_scaling='pi2' is not valid; valid choices: none, pi" in bad.stderr
+
+
+def test_a_learned_table_grows_by_interpolating_its_positions():
+    """Row p of the longer table is the shorter one at p n / rows, linear between neighbours."""
+    from posbench.encodings.absolute import interpolate_rows
+
+    table = torch.tensor([[0.0, 10.0], [2.0, 20.0], [4.0, 40.0], [8.0, 80.0]])
+    grown = interpolate_rows(table, 8)  # p / 2: 0, 0.5, 1, ..., 3.5 (past the last row: the last row)
+    want = torch.tensor([[0, 10], [1, 15], [2, 20], [3, 30], [4, 40], [6, 60], [8, 80], [8, 80]], dtype=torch.float)
+    torch.testing.assert_close(grown, want)
+    torch.testing.assert_close(interpolate_rows(table, 6)[3], table[2])  # 3 x 4 / 6 = 2: a row of its own
+
+
+def test_a_learned_run_extended_to_twice_its_length_starts_from_its_interpolated_table(tmp_path):
+    parent, child = tmp_path / "learned", tmp_path / "child"
+    posbench("train", *SMOKE, "encoding=learned", f"hydra.run.dir={parent}")
+    proc = posbench("train", *SMOKE, "encoding=learned", f"train.init_from={parent}", "train.train_len=64",
+                    "train.lr=1e-12", "train.steps=2", "eval.lengths=[64]", f"hydra.run.dir={child}")
+    assert "encoding.table.weight (32, 256) -> (64, 256)" in proc.stderr + proc.stdout
+    from posbench.encodings.absolute import interpolate_rows
+
+    before = torch.load(parent / "checkpoints/last.pt", weights_only=False)["model"]["encoding.table.weight"]
+    after = torch.load(child / "checkpoints/last.pt", weights_only=False)["model"]["encoding.table.weight"]
+    torch.testing.assert_close(after, interpolate_rows(before, 64), rtol=0, atol=1e-6)  # lr 1e-12: as loaded
+    # a shorter table cannot be made from a longer one: one line, as for any parameter of another shape
+    bad = posbench("train", *SMOKE, "encoding=learned", f"train.init_from={child}", "train.train_len=32",
+                   f"hydra.run.dir={tmp_path / 'bad'}", check=False)
+    assert bad.returncode == 2 and "encoding.table.weight" in bad.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "bad").exists()

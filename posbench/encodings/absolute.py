@@ -108,6 +108,27 @@ class Learned(PositionEncoding):
     def embed(self, x, positions, tokens):
         return x + lookup_learned(self.table, positions).to(x.dtype)
 
+    def from_parent(self, name: str, value: torch.Tensor) -> torch.Tensor | None:
+        """A parent's shorter table stretched over this one's positions, as Position Interpolation
+        does for positions (Chen et al. 2023, sec. 2.3: position p of the longer window is read at
+        p / s, s = new rows / old rows), linearly between the two rows around p / s (the last row
+        past it): the extension of a learned table by fine-tuning."""
+        rows = self.table.num_embeddings
+        if name != "table.weight" or value.dim() != 2 or value.shape[1] != self.dims.d_model or not \
+                value.shape[0] < rows:
+            return None
+        return interpolate_rows(value, rows)
+
+
+def interpolate_rows(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """(n, D) -> (rows, D): row p is ``table`` at p n / rows, linear between its neighbours."""
+    n = table.shape[0]
+    x = torch.arange(rows, dtype=torch.float64) * n / rows
+    lo = x.floor().long().clamp(max=n - 1)
+    hi = (lo + 1).clamp(max=n - 1)
+    w = (x - lo).to(table.dtype)[:, None]
+    return table[lo] * (1 - w) + table[hi] * w
+
 
 @register
 class Multiplicative(PositionEncoding):

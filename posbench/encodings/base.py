@@ -209,6 +209,14 @@ class PositionEncoding(nn.Module):
         freq = self.extension_frequencies(layer, q.device)
         return extended_attention(q, k, v, freq, self.extension, self.logit_scale()).to(v.dtype)
 
+    # ---- fine-tuning from a parent run (``train.init_from``) ------------------------
+    def from_parent(self, name: str, value: torch.Tensor) -> torch.Tensor | None:
+        """The parent's parameter ``name`` (relative to the encoding) made this encoding's where
+        its shape differs: None (the default) where it cannot be, which the fine-tuning loader
+        reports in one line. A learned table interpolates its positions
+        (:meth:`posbench.encodings.absolute.Learned.from_parent`)."""
+        return None
+
     # ---- introspection --------------------------------------------------------
     @classmethod
     def hooks(cls) -> tuple[str, ...]:

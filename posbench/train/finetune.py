@@ -15,7 +15,9 @@ resumes from that, never from the parent again). The protocols it serves:
   ``train.train_len`` with a scaling active in training, ``encoding.trained_scaling=pi|ntk|yarn|dynamic_ntk``
   relative to ``encoding.original_len`` (the parent's train_len;
   :class:`posbench.encodings.rotary.Rotary`). PI fine-tunes with a short warmup, then a small
-  constant learning rate (``train.schedule=constant``).
+  constant learning rate (``train.schedule=constant``). A learned table grows to the longer
+  length by interpolating its positions (the encoding's ``from_parent``:
+  :meth:`posbench.encodings.absolute.Learned.from_parent`); bias encodings simply continue.
 
 What may differ from the parent: the encoding (the parent's own ``encoding.*`` parameters are
 dropped, the new encoding's start as it initialises them), ``train.*`` (length, steps, learning
@@ -104,10 +106,17 @@ def read_parent(cfg: DictConfig, model: torch.nn.Module, corpus_key: str) -> dic
     if bad:
         raise PosbenchError(f"{where}: parameter {bad[0]!r} is in only one of the two models; valid: a parent whose "
                             "network differs in the encoding and the model options QK-norm and SSMax only")
+    adapted = []  # the encoding's parameters of another shape, made this run's by the encoding (a learned table)
+    for key in sorted(set(weights) & set(own)):
+        if key.startswith("encoding.") and weights[key].shape != own[key].shape:
+            value = model.encoding.from_parent(key.removeprefix("encoding."), weights[key])
+            if value is not None:
+                adapted.append(f"{key} {tuple(weights[key].shape)} -> {tuple(value.shape)}")
+                weights = {**weights, key: value}
     try:
         model.load_state_dict({k: v for k, v in weights.items() if k in own}, strict=False)
     except RuntimeError as e:  # a parameter of another shape (a learned table of another length)
         raise PosbenchError(f"{where}: {str(e).strip().splitlines()[-1].strip()}; valid: a parent whose "
                             "parameters have this run's shapes") from e
     return {"dir": str(source), "step": int(state["step"]), "config_hash": state["config_hash"],
-            "dropped": dropped, "added": added}
+            "dropped": dropped, "added": added, "adapted": adapted}

@@ -243,6 +243,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
         changed = ", ".join(f"{len(parent[k])} {k}" for k in ("dropped", "added") if parent[k])
         print0(f"posbench: starting from the weights of {parent['dir']} (step {parent['step']}, config hash "
                f"{parent['config_hash']}){': ' + changed + ' parameters' if changed else ''}")
+        for line in parent.get("adapted", []):
+            print0(f"posbench: {line} (the encoding's from_parent: a learned table's positions interpolated)")
     net = ddp = model
     if world.active:
         net = ddp = torch.nn.parallel.DistributedDataParallel(
