@@ -58,6 +58,18 @@ def test_answers_match_an_independent_computation(size):
                 assert len(keys) == size and query in keys and all(k < 7 <= v for k, v in zip(keys, values))
                 last = max(i for i, k in enumerate(keys) if k == query)
                 assert a == [values[last]]
+            elif name == "track":  # follow the assignments from the asked value, hop by hop
+                pairs, query = list(zip(p[0:-1:2], p[1:-1:2])), p[-1]
+                assert len(pairs) == 5 * size and query < 7 and all(lhs >= 7 for lhs, _ in pairs)
+                chain, holder = [], query
+                while True:
+                    found = [lhs for lhs, rhs in pairs if rhs == holder]
+                    if not found:
+                        break
+                    assert len(found) == 1  # the asked value and each variable are assigned once
+                    chain.append(found[0])
+                    holder = found[0]
+                assert a == chain and len(set(lhs for lhs, _ in pairs)) == len(pairs)
 
 
 def test_every_task_yaml_names_a_registered_task_and_every_built_in_has_one():
@@ -74,6 +86,12 @@ def test_the_task_registry_refuses_unknown_names_and_options_in_one_line():
         task_config({"name": "lm", "width": 3})
     with pytest.raises(PosbenchError, match=r"task.symbols=1 is the base of addition; valid: >= 2"):
         make_task(TaskConfig(name="addition", symbols=1))
+    with pytest.raises(PosbenchError, match=r"^task.hops=0 is not valid for track; valid: >= 1"):
+        make_task(task_config({"name": "track", "hops": 0}))
+    track = make_task(task_config({"name": "track", "variables": 12}))
+    with pytest.raises(PosbenchError, match=r"^task=track at size 3 needs 15 different variables; task.variables=12; "
+                                            r"valid: task.variables >= 15"):
+        track.instance(torch.Generator().manual_seed(0), 3)
 
 
 class Increment(Task):
@@ -258,3 +276,13 @@ def test_a_finished_task_run_evaluates_again_and_posbench_eval_refuses_it(tmp_pa
     assert checkpoint.stat().st_mtime_ns == before
     proc = posbench("eval", f"checkpoint={run}", check=False)
     assert proc.returncode == 2 and "is a task run (task=parity)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_size_the_task_cannot_make_is_refused_before_training(tmp_path):
+    """task=track at 8x its training size needs more variables than it has: one line, no run dir."""
+    proc = posbench("train", "task=track", "task.train_size=2", "task.variables=30", "device=cpu",
+                    f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "posbench: error: task=track at size 16 needs 80 different variables; task.variables=30; valid: "
+        "task.variables >= 80 (size x (hops + 1))")
+    assert not (tmp_path / "run").exists()

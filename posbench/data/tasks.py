@@ -205,6 +205,55 @@ class Recall(Task):
         return 1
 
 
+class Track(Task):
+    """Variable tracking, RULER's ``vt`` (Hsieh et al. 2024) as a trained task: n chains of
+    ``hops`` + 1 assignments each, "x = v" then "y = x", "z = y", ..., interleaved at random (each
+    chain's own assignments in order), then one chain's value; the answer is that chain's
+    variables in assignment order. Each assignment is two tokens (the variable, then a value or
+    the variable it copies); variables come from an alphabet of their own (``variables``, all
+    different within an instance) after the ``symbols`` values, and no other chain holds the
+    asked value. The zero-shot probe of the same name for pretrained models is
+    ``probe=variable_tracking`` (:mod:`posbench.eval.tracking`)."""
+
+    name, paper = "track", "variable tracking: RULER's vt (Hsieh et al. 2024)"
+
+    def __init__(self, symbols: int, hops: int = 4, variables: int = 512):
+        if symbols < 2:
+            raise PosbenchError(f"task.symbols={symbols} is the number of values of track; valid: >= 2 (the asked "
+                                "value and another for the other chains)")
+        if hops < 1:
+            raise PosbenchError(f"task.hops={hops} is not valid for track; valid: >= 1 (RULER's vt: 4)")
+        super().__init__(symbols)
+        self.hops, self.variables = int(hops), int(variables)
+
+    @property
+    def n_symbols(self) -> int:
+        return self.symbols + self.variables  # the values, then the variables
+
+    def instance(self, generator, size):
+        k = self.hops + 1
+        if size * k > self.variables:
+            raise PosbenchError(f"task=track at size {size} needs {size * k} different variables; task.variables="
+                                f"{self.variables}; valid: task.variables >= {size * k} (size x (hops + 1))")
+        names = [self.symbols + v for v in torch.randperm(self.variables, generator=generator)[:size * k].tolist()]
+        chains = [names[c * k:(c + 1) * k] for c in range(size)]
+        asked = _randint(generator, self.symbols, 1)[0]
+        values = [asked] + [(asked + 1 + v) % self.symbols for v in _randint(generator, self.symbols - 1, size - 1)]
+        order = [[c for c in range(size) for _ in range(k)][i] for i in torch.randperm(size * k, generator=generator)]
+        done, prompt = [0] * size, []
+        for c in order:
+            j = done[c]
+            prompt += [chains[c][j], values[c] if j == 0 else chains[c][j - 1]]
+            done[c] += 1
+        return self.sym(prompt + [asked]), self.sym(chains[0])
+
+    def prompt_len(self, size):
+        return 2 * size * (self.hops + 1) + 1
+
+    def answer_len(self, size):
+        return self.hops + 1
+
+
 def _options(cls: type[Task]) -> dict:
     """An entry-point task's config: posbench's task keys at their defaults, then the keyword
     options its constructor adds after ``symbols``."""
@@ -220,7 +269,7 @@ def _own_options(cls: type[Task]) -> dict:
 
 
 TASKS = Registry("task", Task, "posbench.tasks", _options)
-for _cls in (Copy, Reverse, Duplicate, Sort, Addition, Parity, Recall):
+for _cls in (Copy, Reverse, Duplicate, Sort, Addition, Parity, Recall, Track):
     TASKS.register(_cls)
 TASKS.load()
 

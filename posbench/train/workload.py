@@ -139,10 +139,15 @@ def fit_train_len(cfg: DictConfig) -> None:
     tc = task_config(cfg.get("task"))
     if tc.is_lm:
         return
+    import torch
+
     from ..data.tasks import make_task
 
+    task = make_task(tc)
+    largest = max(tc.eval_multiples, default=1) * tc.train_size
+    task.instance(torch.Generator().manual_seed(0), largest)  # a size the task cannot make: one line, before training
     with open_dict(cfg):
-        cfg.train.train_len = make_task(tc).length(tc.train_size)
+        cfg.train.train_len = task.length(tc.train_size)
 
 
 def check_later_evaluation(run_config: DictConfig, run_dir) -> None:
