@@ -92,3 +92,21 @@ def smoke_run(tmp_path_factory):
 def smoke_run_copy(smoke_run, tmp_path):
     """A private copy of ``smoke_run``, for tests that add rows or files to it."""
     return Path(shutil.copytree(smoke_run, tmp_path / "run"))
+
+
+class Oracle(torch.nn.Module):
+    """A probe's oracle: puts the maximum on each next token of the prompt followed by
+    ``answer(prompt)``, so teacher forcing scores it 1 exactly when ``answer`` is the right one."""
+
+    def __init__(self, prompts, answer, vocab):
+        super().__init__()
+        self.full = {tuple(p.forward_ids): p.ids + answer(p) for p in prompts}
+        self.vocab = vocab
+
+    def forward(self, x):
+        out = torch.zeros(*x.shape, self.vocab)
+        for b, row in enumerate(x.tolist()):
+            full = self.full[tuple(row)]
+            for t in range(len(row)):
+                out[b, t, full[t + 1] if t + 1 < len(full) else 0] = 1.0
+        return out

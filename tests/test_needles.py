@@ -4,8 +4,7 @@ needle scores 1 and one that reads a distractor 0, and `posbench eval probe=niah
 import pandas as pd
 import pytest
 import torch
-from conftest import posbench
-from torch import nn
+from conftest import Oracle, posbench
 
 from posbench.data.corpus import train_tokenizer
 from posbench.errors import PosbenchError
@@ -55,24 +54,6 @@ def test_prompts_hold_the_needles_and_ask_for_the_right_key(tok, cls, length):
                 key=k, value=v)) < text.index(asked)]  # needles placed before the asked key's first
             filler_before = p.key_start - sum(len(tok.encode(" " + n).ids) for n in before)
             assert abs(filler_before - depth * p.filler) <= max(len(tok.encode(" " + s).ids) for s in FILLER)
-
-
-class Oracle(nn.Module):
-    """Predicts each next token of the prompt followed by ``answer(prompt)``: teacher forcing
-    scores it 1 exactly when ``answer`` is the right one."""
-
-    def __init__(self, prompts, answer, vocab):
-        super().__init__()
-        self.full = {tuple(p.forward_ids): p.ids + answer(p) for p in prompts}
-        self.vocab = vocab
-
-    def forward(self, x):
-        out = torch.zeros(*x.shape, self.vocab)
-        for b, row in enumerate(x.tolist()):
-            full = self.full[tuple(row)]
-            for t in range(len(row)):
-                out[b, t, full[t + 1] if t + 1 < len(full) else 0] = 1.0
-        return out
 
 
 def test_an_oracle_of_the_asked_needle_scores_one_and_of_a_distractor_zero(tok):

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 import torch
-from conftest import posbench, tiny_model
+from conftest import Oracle, posbench, tiny_model
 from torch import nn
 
 from posbench.data.corpus import train_tokenizer
@@ -101,24 +101,6 @@ def test_the_same_seed_gives_the_same_instance_at_every_length(tok):
         for text in (tok.decode(short.ids), tok.decode(long.ids)):
             for chain in inst.assignments():
                 assert all(text.count(s) == 1 for s in chain)
-
-
-class Oracle(nn.Module):
-    """Puts the maximum on each next token of the prompt followed by ``answer(prompt)``: teacher
-    forcing scores it 1 exactly when ``answer`` is the right one."""
-
-    def __init__(self, prompts, answer, vocab):
-        super().__init__()
-        self.full = {tuple(p.forward_ids): p.ids + answer(p) for p in prompts}
-        self.vocab = vocab
-
-    def forward(self, x):
-        out = torch.zeros(*x.shape, self.vocab)
-        for b, row in enumerate(x.tolist()):
-            full = self.full[tuple(row)]
-            for t in range(len(row)):
-                out[b, t, full[t + 1] if t + 1 < len(full) else 0] = 1.0
-        return out
 
 
 class Uniform(nn.Module):
