@@ -348,6 +348,19 @@ def test_passkey_figure_one_heat_map_per_line():
     assert marker.get_xdata()[0] == 0.5  # after the 32 column
 
 
+def test_a_line_whose_longest_window_feeds_no_bin_is_drawn_at_the_longest_that_does():
+    """One window of 64 tokens feeds every bin once (< 4 windows): the line falls back to 32, and
+    a log y axis still has values to scale."""
+    from posbench.eval.results import with_labels
+
+    one = positions_rows("rope", 0, 64, [6.0, 5.0, 4.0, 4.0], tokens=2)  # 2 tokens a bin: a single window
+    df = pd.concat([one, positions_rows("rope", 0, 32, [7.0, 6.0, 5.0], tokens=400)], ignore_index=True)
+    fig = positions_figure(with_labels(df), log_y=True)
+    (line,) = [x for x in fig.axes[0].lines if x.get_gid() == "positions:rope"]
+    assert line.get_label() == "rope (L=32)" and line.get_ydata().tolist() == [7.0, 6.0, 5.0]
+    assert fig.axes[0].get_yscale() == "log"
+
+
 def svg_ids(path: Path) -> list[str]:
     return [e.get("id") for e in ET.parse(path).iter() if e.get("id")]
 

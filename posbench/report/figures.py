@@ -413,7 +413,7 @@ def run_figure(summary: pd.DataFrame, title: str | None = None, setup: pd.DataFr
 def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Palette | None = None,
                      setup: pd.DataFrame | None = None):
     """Mean NLL (over seeds, weighted by tokens) vs position in the window, one line per
-    label, each at its own longest evaluated window (its L in the legend). x is the 1-based
+    label, each at its own longest evaluated window that feeds a bin (its L in the legend). x is the 1-based
     position of the predicted token (bin midpoints), log2 scale, so the first positions, where
     the loss falls fastest, get room; the dashed line marks the train length, past which the
     model never saw a position in training. Bins fed (per seed) by fewer than
@@ -426,26 +426,31 @@ def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Pale
     longest = int(positions.eval_len.max())
     fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.4), layout="constrained")
     left_out = 0
-    for name, g in positions.groupby("name", sort=False):
-        g = g[g.eval_len == g.eval_len.max()]
-        weight = g.tokens if "tokens" in g else pd.Series(float(MIN_BIN_TOKENS), index=g.index)
-        g = g.assign(weighted=g.nll * weight, weight=weight)
-        bins = g.groupby(["bin_start", "bin_end"])[["weighted", "weight"]].sum().reset_index()
-        per_seed = bins.weight / (g.seed.nunique() if "seed" in g else 1)
-        windows = per_seed / (bins.bin_end - bins.bin_start + 1)
-        fed = (per_seed >= MIN_BIN_TOKENS) & (windows >= MIN_BIN_WINDOWS) if "tokens" in g else per_seed > 0
+    drawn = 0
+    for name, line in positions.groupby("name", sort=False):
+        for length in sorted(line.eval_len.unique(), reverse=True):  # the longest window with a fed bin
+            g = line[line.eval_len == length]
+            weight = g.tokens if "tokens" in g else pd.Series(float(MIN_BIN_TOKENS), index=g.index)
+            g = g.assign(weighted=g.nll * weight, weight=weight)
+            bins = g.groupby(["bin_start", "bin_end"])[["weighted", "weight"]].sum().reset_index()
+            per_seed = bins.weight / (g.seed.nunique() if "seed" in g else 1)
+            windows = per_seed / (bins.bin_end - bins.bin_start + 1)
+            fed = (per_seed >= MIN_BIN_TOKENS) & (windows >= MIN_BIN_WINDOWS) if "tokens" in g else per_seed > 0
+            if fed.any():
+                break
         left_out += int((~fed).sum())
         bins = bins[fed]
+        drawn += len(bins)
         ax.plot((bins.bin_start + bins.bin_end) / 2 + 1, bins.weighted / bins.weight, marker=".",
                 color=palette.colour(name), gid=f"positions:{name}", linestyle=_style(g.iloc[0])["linestyle"],
                 label=f"{name} (L={int(g.eval_len.iloc[0])})")
     for i, tlen in enumerate(sorted(positions.train_len.unique())):
         ax.axvline(tlen, color="gray", linestyle="--", linewidth=1, gid="train_len",
                    label="train length" if i == 0 else None)
-    _log_axes(ax, _powers_of_two(longest), multiples=False, log_y=log_y)
+    _log_axes(ax, _powers_of_two(longest), multiples=False, log_y=log_y and drawn > 0)
     ax.set_xlabel("position in the window (tokens, 1 = first predicted token)")
     ax.set_ylabel("mean NLL (nats)")
-    ax.set_title("loss by position, each line at its longest window L", fontsize="medium")
+    ax.set_title("loss by position, each line at its longest window L fed enough windows", fontsize="medium")
     _legend(ax, len(names))
     note = (f"{left_out} bin(s) fed by < {MIN_BIN_WINDOWS} windows or < {MIN_BIN_TOKENS} tokens per seed left out"
             if left_out else "")
