@@ -180,6 +180,8 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     kind = ecfg.rope_scaling
     train_len = getattr(model.encoding, "reference_len", model.encoding.dims.train_len)  # what s is relative to
     ext = extension_of(ecfg, model.encoding.dims.train_len)
+    if isinstance(model, LanguageModel):  # also where a training run's own evaluation asks for one
+        check_extension(model, ext)
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor), model.encoding.extended(ext):
