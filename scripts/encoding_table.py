@@ -1,5 +1,7 @@
-"""docs/encodings.md's encoding table from a report: name, paper, hook, measured ppl at train_len and at
-the longest length, their ratio with its 95% interval, and a verdict.
+"""docs/encodings.md's encoding table from a report: one row per line (encoding, or encoding and the
+``--by`` values that set it apart), its paper, hook, parameter count (position parameters in
+brackets), measured ppl at train_len and at the longest length, their ratio with its 95% interval,
+and a verdict.
 
     python scripts/encoding_table.py results/zoo_quick/report.csv > results/zoo_quick/encodings.md
 
@@ -37,21 +39,25 @@ def main(path: str) -> None:
     df = pd.read_csv(path)
     df = df[df.rope_scaling.fillna("none") == "none"] if "rope_scaling" in df else df
     df = df[df["mode"].fillna("nonoverlapping") == "nonoverlapping"] if "mode" in df else df  # plain lines only
-    lines = ["| encoding | paper | hook | ppl at train_len | ppl at 16x | ratio [95% interval] | extrapolates? |",
-             "|---|---|---|---|---|---|---|"]
+    by = "label" if "label" in df else "encoding"  # a line per label: `posbench report --by` variants apart
+    lines = ["| line | paper | hook | params (position) | ppl at train_len | ppl at 16x | ratio [95% interval] | "
+             "extrapolates? |", "|---|---|---|---|---|---|---|---|"]
     rows = []
-    for enc, g in df.groupby("encoding"):
+    for label, g in df.groupby(by):
         tlen = g.train_len.iloc[0]
         base = g[g.eval_len == tlen].ppl_mean.iloc[0]
         longest = g[g.eval_len == g.eval_len.max()].iloc[0]
         ratio, low, high = (float(longest.get(c, math.nan)) for c in ("ratio_mean", "ratio_ci_low", "ratio_ci_high"))
-        rows.append((ratio, enc, base, longest.ppl_mean, low, high))
-    for ratio, enc, base, longest, low, high in sorted(rows, key=lambda r: (math.isnan(r[0]), r[0])):
+        params = (float(g.params.iloc[0]), float(g.pos_params.iloc[0])) if "params" in g else (math.nan, math.nan)
+        rows.append((ratio, label, str(g.encoding.iloc[0]), params, base, longest.ppl_mean, low, high))
+    for ratio, label, enc, (params, pos), base, longest, low, high in sorted(rows, key=lambda r: (math.isnan(r[0]),
+                                                                                                  r[0])):
         cls = REGISTRY.get(enc)
         paper, hook = (cls.paper, cls.hook_kind()) if cls else ("", "")
         fmt = lambda v: "n/a" if v != v else f"{v:.1f}"
+        count = "n/a" if params != params else f"{params / 1e6:.2f}M ({int(pos):,})"
         shown = "n/a" if ratio != ratio else f"{ratio:.3f}" + ("" if low != low else f" [{low:.3f}, {high:.3f}]")
-        lines.append(f"| `{enc}` | {paper} | {hook} | {fmt(base)} | {fmt(longest)} | {shown} | "
+        lines.append(f"| `{label}` | {paper} | {hook} | {count} | {fmt(base)} | {fmt(longest)} | {shown} | "
                      f"{verdict(ratio, low, high)} |")
     print("\n".join(lines))
 
