@@ -33,7 +33,7 @@ WANDB_MODES = ("disabled", "offline", "online")
 # Keys that do not change the trained model: left out of the config hash.
 NOT_HASHED = ("seed", "eval", "wandb", "device", "checkpoint", "hydra", "logger", "probe")
 # train.* keys that change how a step is computed, not what it computes.
-NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight", "save_steps", "branch_from", "init_from")
+NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight", "save_steps", "branch_from", "init_from", "init_len")
 # task.* keys that say how a task run is evaluated, not what it trains on.
 NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed")
 # train.* keys hashed only when set: at null they mean what a config without them meant, so runs
@@ -151,6 +151,7 @@ class TrainConfig:
     branch_from: str | None = None  # wsd: start from another run's stable-phase checkpoint (posbench.train.branch)
     init_from: str | None = None  # start from a finished run's weights, fresh optimizer (posbench.train.finetune)
     init_hash: str | None = None  # the config hash of init_from's run, filled in by posbench train (hashed)
+    init_len: int | None = None  # init_from's train_len, filled in by posbench train (its hash covers it)
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):

@@ -14,6 +14,7 @@ import torch
 
 from conftest import SMOKE, compose, posbench
 from posbench.config import TrainConfig, config_hash
+from posbench.errors import PosbenchError
 from posbench.train.optim import lr_lambda
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,7 @@ def test_drope_drops_rope_and_recalibrates_with_and_without_qk_norm(parent, tmp_
         assert child.train.init_hash == config_hash(OmegaConf.load(parent / "config.yaml"))
         rows = pd.read_csv(tmp_path / run / "results.csv")
         assert set(rows.encoding) == {"nope"} and (rows.status == "ok").all() and rows.ppl.notna().all()
+        assert (rows.init_len == 32).all()  # the parent's train_len beside the run's own
     # recalibrated from rope's weights, not from scratch: far better than a fresh nope at 10 steps
     fresh = posbench("train", *SMOKE, "encoding=nope", "train.schedule=constant", "train.steps=10",
                      f"hydra.run.dir={tmp_path / 'fresh'}")
@@ -100,6 +102,20 @@ def test_a_parent_of_another_network_or_unfinished_is_one_line(parent, tmp_path)
     both = posbench("train", *SMOKE, f"train.init_from={parent}", "train.schedule=wsd", f"train.branch_from={parent}",
                     f"hydra.run.dir={tmp_path / 'z'}", check=False)
     assert both.returncode == 2 and "train.init_from and train.branch_from both name a run" in both.stderr
+
+
+def test_init_len_is_filled_in_from_the_parent_and_hashes_nothing(parent):
+    from posbench.train.finetune import set_parent_hash
+
+    cfg = compose(*SMOKE, "encoding=rope", f"train.init_from={parent}", "train.train_len=64")
+    before = config_hash(cfg)
+    set_parent_hash(cfg)
+    assert cfg.train.init_len == 32 and cfg.train.init_hash is not None
+    without = cfg.copy()
+    without.train.init_len = None
+    assert config_hash(cfg) == config_hash(without) != before  # the parent's hash, not its length, is hashed
+    with pytest.raises(PosbenchError, match=r"^train.init_len=32 is filled in from train.init_from"):
+        set_parent_hash(compose(*SMOKE, "+train.init_len=32"))
 
 
 def test_constant_holds_the_peak_after_warmup_and_hashes_apart():
@@ -149,7 +165,7 @@ def test_an_extension_run_starts_at_its_parent_with_the_scaling_active_in_traini
     first = [json.loads(_lines(tmp_path / run / "metrics.jsonl")[0])["loss"] for run in ("yarn", "plain")]
     assert abs(first[0] - first[1]) > 1e-5  # yarn at s = 2 moves the loss (by about 5e-4); rounding, by 1e-6 at most
     rows = pd.read_csv(tmp_path / "yarn" / "results.csv")
-    assert (rows.train_len == 64).all() and (rows.status == "ok").all()
+    assert (rows.train_len == 64).all() and (rows.init_len == 32).all() and (rows.status == "ok").all()
     bad = posbench("train", *SMOKE, "encoding=rope", "encoding.trained_scaling=pi2", f"hydra.run.dir={tmp_path / 'bad'}",
                    check=False)
     assert bad.returncode == 2 and "encoding.trained_scaling='pi2' is not valid; valid choices: none, pi" in bad.stderr

@@ -26,7 +26,7 @@ from posbench.eval.token_nll import merge_token_nll, row_key
 
 COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
            "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model", "data", "steps",
-           "params", "pos_params", "config_hash", "code_version"]
+           "init_len", "params", "pos_params", "config_hash", "code_version"]
 
 
 def rows(encoding, seed, ppl: dict, scaling="none", mode="nonoverlapping", stride=None, chash="h1", train_len=32):

@@ -226,6 +226,7 @@ def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame
     :func:`posbench.eval.token_nll.row_key`) for :func:`posbench.eval.results.write_results`."""
     meta = {"split": cfg.eval.split, "encoding": cfg.encoding.name, "model": cfg.model.name, "data": cfg.data.name,
             "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
+            "init_len": cfg.train.get("init_len"),  # a fine-tuned run's parent's train_len
             "config_hash": config_hash(cfg), "code_version": code_version(),
             "rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping"}  # a ladder row's own values win
     rows = backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]

@@ -63,15 +63,19 @@ def _parent_dir(cfg: DictConfig) -> tuple[Path, str]:
 def set_parent_hash(cfg: DictConfig) -> None:
     """Fill in ``train.init_hash``, the parent's config hash, which this run's hash covers in
     place of the path (a hash ignores the seed, so the children of one config's seeds pool in a
-    report as its seeds do)."""
+    report as its seeds do), and ``train.init_len``, the parent's train_len, which results rows
+    carry beside the run's own (not hashed: the parent's hash covers it)."""
     if cfg.train.get("init_from") is None:
-        if cfg.train.get("init_hash") is not None:
-            raise PosbenchError(f"train.init_hash={cfg.train.init_hash!r} is filled in from train.init_from; "
-                                "valid: train.init_from=<run dir>")
+        for key in ("init_hash", "init_len"):
+            if cfg.train.get(key) is not None:
+                raise PosbenchError(f"train.{key}={cfg.train[key]!r} is filled in from train.init_from; "
+                                    "valid: train.init_from=<run dir>")
         return
     source, _ = _parent_dir(cfg)
+    parent = OmegaConf.load(source / "config.yaml")
     with open_dict(cfg):
-        cfg.train.init_hash = config_hash(OmegaConf.load(source / "config.yaml"))
+        cfg.train.init_hash = config_hash(parent)
+        cfg.train.init_len = int(parent.train.train_len)
 
 
 def read_parent(cfg: DictConfig, model: torch.nn.Module, corpus_key: str) -> dict:

@@ -121,7 +121,8 @@ class MetricsLogger:
 
         rows = with_labels(results)
         ok = rows[rows.status == "ok"]
-        logged = {"eval/results": wandb.Table(dataframe=results),
+        plain = results.astype(object).where(results.notna(), None)  # pandas' NA (an empty Int64 cell) is no JSON
+        logged = {"eval/results": wandb.Table(dataframe=plain),
                   "eval/ppl_vs_length": wandb.plot.line(
                       wandb.Table(dataframe=ok[["label", "eval_len", "ppl"]]), "eval_len", "ppl", stroke="label",
                       title="perplexity vs eval length")}
