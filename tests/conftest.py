@@ -79,6 +79,14 @@ def tiny_model(name="alibi", params=None, *, vocab=50, train_len=8, **model):
     return LanguageModel(cfg, vocab, encoding).eval()
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Figures a test draws without saving (save() closes its own) are closed after it."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """One trained smoke run (alibi, train_len 32, the default eval lengths) for the whole session.
