@@ -25,16 +25,30 @@
 # baseline branches off it (train.branch_from, as scripts/budget_study.sh does).
 #
 # Every run is evaluated at 128 .. 2048 (1x..16x of 128, 1x..4x of 512) on the whole validation
-# split, then the probes (passkey and variable tracking at 128 .. 2048). Re-running resumes.
+# split, then the probes (passkey and variable tracking at 128 .. 2048). JOBS commands run side by
+# side (default 2, one per core; the commands on one run dir one after the other). Re-running resumes.
 #   bash scripts/extension_study.sh         # SEEDS="0 1 2" for a third seed
+#   JOBS=15 EXTRA=train.compile=false bash scripts/extension_study.sh     # on a GPU machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -ra seeds <<< "${SEEDS:-0 1}"
 parents=${PARENTS:-outputs/reference}
 out=${OUT:-outputs/extension}
 read -ra extra <<< "${EXTRA:-train.compile=true}"
-launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
+jobs=${JOBS:-2}
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}" hydra.launcher.n_jobs="$jobs")
 [ "${LAUNCHER:-}" = basic ] && launcher=()
+# spawn CMD...: run CMD in the background once fewer than $jobs run; drain: wait for all, and stop
+# the script if any failed (each failure's own output names it)
+failed=$(mktemp -u)
+spawn() {
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    { "$@" || touch "$failed"; } &
+}
+drain() {
+    wait
+    if [ -e "$failed" ]; then rm -f "$failed"; echo "extension_study.sh: a command failed (its output is above)" >&2; exit 1; fi
+}
 lengths="[128,256,512,1024,2048]"
 long=512
 short_steps=100 long_steps=400
@@ -44,29 +58,7 @@ seed_list=$(IFS=,; echo "${seeds[*]}")
 posbench -m train experiment=reference encoding=rope,alibi seed="$seed_list" "${extra[@]}" "${launcher[@]}" \
     "hydra.sweep.dir='$parents'" "hydra.sweep.subdir='\${encoding.name}/seed=\${seed}'"
 
-# 2. extension by fine-tuning, two jobs side by side
-jobs=()
-for seed in "${seeds[@]}"; do
-    parent="$parents/rope/seed=$seed"
-    for scaling in none pi ntk yarn; do
-        for steps in $short_steps $long_steps; do
-            args=(experiment=reference seed="$seed" encoding=rope train.init_from="$parent" train.train_len=$long
-                  train.steps=$steps train.schedule=constant train.lr=1e-4 train.warmup_steps=10 "eval.lengths=$lengths")
-            [ "$scaling" = none ] || args+=(encoding.trained_scaling=$scaling encoding.trained_factor=4
-                                            encoding.original_len=128)
-            jobs+=("${args[*]} hydra.run.dir=$out/finetune/$scaling/steps=$steps/seed=$seed")
-        done
-    done
-done
-run_job() { # shellcheck disable=SC2086
-    posbench train $1 "${extra[@]}"; }
-for ((i = 0; i < ${#jobs[@]}; i += 2)); do
-    run_job "${jobs[i]}" & first=$!
-    [ $((i + 1)) -lt ${#jobs[@]} ] && run_job "${jobs[i + 1]}"
-    wait "$first"
-done
-
-# 3. the compute-matched baseline: rope from scratch at 512 for the parent's + the extension's FLOPs
+# 2. the compute-matched baseline: rope from scratch at 512 for the parent's + the extension's FLOPs
 read -r match_long match_short keep <<< "$(python - "$long" "$long_steps" "$short_steps" <<'EOF'
 import math, sys
 from omegaconf import OmegaConf
@@ -86,32 +78,59 @@ EOF
 )"
 common=(experiment=reference encoding=rope train.train_len=$long "eval.lengths=$lengths" "${extra[@]}"
         "${launcher[@]}" "hydra.sweep.subdir='seed=\${seed}'")
-posbench -m train "${common[@]}" seed="$seed_list" train.steps="$match_long" "train.save_steps=[$keep]" \
-    "hydra.sweep.dir='$out/baseline/steps=$match_long'"
-posbench -m train "${common[@]}" seed="$seed_list" train.steps="$match_short" \
-    "train.branch_from='$out/baseline/steps=$match_long/seed=\${seed}'" "hydra.sweep.dir='$out/baseline/steps=$match_short'"
+baseline() {  # the long one first: the short one branches off its kept checkpoint
+    posbench -m train "${common[@]}" seed="$seed_list" train.steps="$match_long" "train.save_steps=[$keep]" \
+        "hydra.sweep.dir='$out/baseline/steps=$match_long'" || return
+    posbench -m train "${common[@]}" seed="$seed_list" train.steps="$match_short" \
+        "train.branch_from='$out/baseline/steps=$match_long/seed=\${seed}'" "hydra.sweep.dir='$out/baseline/steps=$match_short'"
+}
+spawn baseline  # beside the fine-tunes: it reads no parent
 
-# 4. training-free scalings and extensions of the parents, and every run at the same lengths
+
+# 3. extension by fine-tuning
 for seed in "${seeds[@]}"; do
-    for run in "$parents/rope/seed=$seed" "$parents/alibi/seed=$seed"; do
-        posbench eval checkpoint="$run" "eval.lengths=$lengths"
-    done
     parent="$parents/rope/seed=$seed"
-    for scaling in pi ntk dynamic_ntk yarn; do
-        posbench eval checkpoint="$parent" "eval.lengths=$lengths" eval.rope_scaling=$scaling
+    for scaling in none pi ntk yarn; do
+        for steps in $short_steps $long_steps; do
+            args=(experiment=reference seed="$seed" encoding=rope train.init_from="$parent" train.train_len=$long
+                  train.steps=$steps train.schedule=constant train.lr=1e-4 train.warmup_steps=10 "eval.lengths=$lengths")
+            [ "$scaling" = none ] || args+=(encoding.trained_scaling=$scaling encoding.trained_factor=4
+                                            encoding.original_len=128)
+            spawn posbench train "${args[@]}" "hydra.run.dir=$out/finetune/$scaling/steps=$steps/seed=$seed" "${extra[@]}"
+        done
     done
-    posbench eval checkpoint="$parent" "eval.lengths=$lengths" eval.extension=self_extend eval.extension_window=64 \
-        eval.extension_group=4
-    posbench eval checkpoint="$parent" "eval.lengths=$lengths" eval.extension=rerope eval.extension_window=64
 done
+drain
 
-# 5. probes of context use on every run
-find "$out" "$parents/rope" "$parents/alibi" -name last.pt -path "*checkpoints*" | sort | while read -r ckpt; do
-    run=$(dirname "$(dirname "$ckpt")")
-    for probe in passkey variable_tracking; do
-        posbench eval checkpoint="$run" probe=$probe "probe.lengths=$lengths" "probe.depths=[0,0.5,1]" probe.trials=10
+
+# 4. training-free scalings and extensions of the parents, every run at the same lengths, and the
+# probes of context use on every run; the commands on one run dir one after the other (each holds it)
+# (set -e does not reach into a command whose failure `spawn` catches, so each step returns on failure)
+scaled() {
+    posbench eval checkpoint="$1" "eval.lengths=$lengths" || return
+    for scaling in pi ntk dynamic_ntk yarn; do
+        posbench eval checkpoint="$1" "eval.lengths=$lengths" eval.rope_scaling=$scaling || return
     done
-done
+    posbench eval checkpoint="$1" "eval.lengths=$lengths" eval.extension=self_extend eval.extension_window=64 \
+        eval.extension_group=4 || return
+    posbench eval checkpoint="$1" "eval.lengths=$lengths" eval.extension=rerope eval.extension_window=64
+}
+probes() {
+    for probe in passkey variable_tracking; do
+        posbench eval checkpoint="$1" probe=$probe "probe.lengths=$lengths" "probe.depths=[0,0.5,1]" \
+            probe.trials=10 || return
+    done
+}
+parent_evals() {
+    if [[ $1 == "$parents/rope/"* ]]; then scaled "$1" || return
+    else posbench eval checkpoint="$1" "eval.lengths=$lengths" || return; fi
+    probes "$1"
+}
+while read -r ckpt; do
+    run=$(dirname "$(dirname "$ckpt")")
+    if [[ $run == "$parents/"* ]]; then spawn parent_evals "$run"; else spawn probes "$run"; fi
+done < <(find "$out" "$parents/rope" "$parents/alibi" -name last.pt -path "*checkpoints*" | sort)
+drain
 
 posbench report "$out/finetune" "$out/baseline" "$parents/rope" "$parents/alibi" --by train.steps \
     --by encoding.trained_scaling --out "${RESULTS:-results/extension}" --log-y

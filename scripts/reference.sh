@@ -6,16 +6,17 @@
 # The budget study's runs at that budget (outputs/budget_study/default/steps=<steps>) have the same
 # config hash as the preset's (branching, kept checkpoints and compile are not part of it), so an
 # (encoding, seed) the study has finished is not trained again: it is read from there, and only the
-# others are trained here, into outputs/reference. Jobs run side by side, one torch thread each
-# (LAUNCHER=basic: one after the other), compiled (EXTRA=... replaces train.compile=true).
-# Re-running the same command resumes.
+# others are trained here, into outputs/reference. JOBS jobs run side by side (default 2, one torch
+# thread each on 2 cores; LAUNCHER=basic: one after the other), compiled (EXTRA=... replaces
+# train.compile=true). Re-running the same command resumes. On a GPU machine the 15 jobs fit at once:
+#   JOBS=15 EXTRA=train.compile=false bash scripts/reference.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-sinusoidal,rope,t5,alibi,nope}
 seeds=${SEEDS:-0,1,2}
 sweep=${SWEEP:-outputs/reference}
 read -ra extra <<< "${EXTRA:-train.compile=true}"
-launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}" hydra.launcher.n_jobs="${JOBS:-2}")
 [ "${LAUNCHER:-}" = basic ] && launcher=()
 steps=$(python -c "from omegaconf import OmegaConf; print(OmegaConf.load('conf/experiment/reference.yaml').train.steps)")
 study=${STUDY:-outputs/budget_study/default}/steps=$steps

@@ -3,17 +3,18 @@
 # of 32 windows = 2.0M tokens, warmup-stable-decay; conf/experiment/zoo.yaml), two seeds, evaluated
 # at 128..2048 on the whole validation split; then the model options that are baselines of their
 # own, as lines beside them: SSMax (nope, rope) and log-n scaling (nope), QK-norm (rope) and a
-# 128-token sliding window (rope). Jobs run side by side, one torch thread each, compiled
-# (LAUNCHER=basic: one after the other; EXTRA=... replaces train.compile=true). One sweep per group,
+# 128-token sliding window (rope). JOBS jobs run side by side (default 2, one torch thread each on 2
+# cores; LAUNCHER=basic: one after the other), compiled (EXTRA=... replaces train.compile=true). One sweep per group,
 # so each finished group is a finished piece of the table; re-running the same command resumes.
 #   bash scripts/zoo.sh                      # SEEDS=0,1,2 for a third seed
+#   JOBS=15 EXTRA=train.compile=false bash scripts/zoo.sh     # on a GPU machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-$(posbench encodings | awk 'NR>1 && NF>3 && $1!="(params:" && $1!~/^model/ {print $1}' | paste -sd, -)}
 seeds=${SEEDS:-0,1}
 out=${OUT:-outputs/zoo}
 read -ra extra <<< "${EXTRA:-train.compile=true}"
-launcher=(hydra/launcher="${LAUNCHER:-local_parallel}")
+launcher=(hydra/launcher="${LAUNCHER:-local_parallel}" hydra.launcher.n_jobs="${JOBS:-2}")
 [ "${LAUNCHER:-}" = basic ] && launcher=()
 common=(experiment=zoo seed="$seeds" "${extra[@]}" "${launcher[@]}")
 sub="\${encoding.name}/seed=\${seed}"
