@@ -49,15 +49,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         ext = enc.extension  # eval.extension (posbench.extension), None but at evaluation
         if ext is not None and ext.method in ("self_extend", "rerope"):  # the rotation is part of the attention
-            return self.dropout(self.proj(enc.extended_attention(q, k, v, positions, layer)
-                                          .transpose(1, 2).reshape(B, T, D)))
-        q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
-        if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
-            q = cache["length_scaling"](q, cache["key_counts"], layer)
-        if ext is not None and ext.method == "logn":
-            q = q * ext.query_scale(positions)[:, None].to(q.dtype)
-        y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, cumulative_decay(enc, x, layer),
-                             layer_window(enc, layer, self.window))
+            y = enc.extended_attention(q, k, v, positions, layer)
+        else:
+            q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
+            if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
+                q = cache["length_scaling"](q, cache["key_counts"], layer)
+            if ext is not None and ext.method == "logn":
+                q = q * ext.query_scale(positions)[:, None].to(q.dtype)
+            y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, cumulative_decay(enc, x, layer),
+                                 layer_window(enc, layer, self.window))
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
 

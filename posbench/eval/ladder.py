@@ -163,7 +163,7 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
 @torch.no_grad()
 def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
                       device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None,
-                      random_positions: int | None = None) -> list[dict]:
+                      random_positions: int | None = None, ext: Extension | None = None) -> list[dict]:
     """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
     word_ppl, tokens, bytes, words, status, params and pos_params (the model's parameter counts,
     :meth:`LanguageModel.param_counts`), ``positions`` (the binned NLL by position) and
@@ -172,15 +172,17 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     ``n_tokens`` fixes the scored count (default: :func:`scored_tokens` of ``lengths``); without
     ``tokenizer`` bytes, words, bpb and word_ppl are None. Under ``ecfg.rope_scaling`` each window
     of L tokens is rotated with factor ``ecfg.rope_factor``, or s = max(1, L / train_len) when null.
-    ``random_positions``: the run's ``train.random_positions`` (see :func:`window_nll`)."""
+    ``random_positions``: the run's ``train.random_positions`` (see :func:`window_nll`). ``ext``: the
+    extension, where the caller has built it already (default: :func:`extension_of` ``ecfg``)."""
     n = n_tokens or scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     strides = ecfg.strides(lengths)
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
     nbytes, words = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
     kind = ecfg.rope_scaling
     train_len = getattr(model.encoding, "reference_len", model.encoding.dims.train_len)  # what s is relative to
-    ext = extension_of(ecfg, model.encoding.dims.train_len)
-    if isinstance(model, LanguageModel):  # also where a training run's own evaluation asks for one
+    if ext is None:
+        ext = extension_of(ecfg, model.encoding.dims.train_len)
+    if isinstance(model, LanguageModel):  # posbench eval, and a training run's own evaluation
         check_extension(model, ext)
     model.eval()
     rows = []
@@ -282,7 +284,6 @@ def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
     train_cfg.eval = cfg.eval
     ecfg = typed(EvalConfig, train_cfg.eval, "eval")
     check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything
-    extension_of(ecfg, int(train_cfg.train.train_len))
     return run, state, train_cfg, ecfg
 
 
@@ -298,7 +299,8 @@ def load_model(cfg: DictConfig, run: RunDir, state: dict, train_cfg: DictConfig,
     return model.to(device), device, autocast_dtype(device, str(train_cfg.train.precision))
 
 
-def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths: list[int], n: int) -> pd.DataFrame:
+def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths: list[int], n: int,
+                  ext: Extension) -> pd.DataFrame:
     """Rows of results.csv that this evaluation would compute again: same key, config hash, rope
     factor and scored token count, status ok, bits per byte present, and the per-token NLL in
     token_nll.npz (rows written before it existed are computed again)."""
@@ -308,7 +310,7 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
     train_len, strides = int(train_cfg.train.train_len), ecfg.strides(lengths)
     original = int(train_cfg.encoding.get("original_len") or train_len)  # what a scaling's s is relative to
     factor = [scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, int(n_), original) for n_ in df.eval_len]
-    label = scaling_label(ecfg.rope_scaling, extension_of(ecfg, train_len))
+    label = scaling_label(ecfg.rope_scaling, ext)
     same = ((df.encoding == train_cfg.encoding.name) & (df.rope_scaling == label)
             & (df.train_len == train_len) & (df.seed == int(train_cfg.seed)) & (df.split == ecfg.split)
             & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths) & (df.stride == df.eval_len.map(strides))
@@ -323,11 +325,12 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
     whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
     run, state, train_cfg, ecfg = open_run(cfg)
+    ext = extension_of(ecfg, int(train_cfg.train.train_len))  # one line if it cannot run, before loading anything
     corpus = load_corpus(train_cfg.data)
     tokens = corpus.splits[ecfg.split]
     lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
-    done = pd.DataFrame(columns=COLUMNS) if ecfg.recompute else existing_rows(run, train_cfg, ecfg, lengths, n)
+    done = pd.DataFrame(columns=COLUMNS) if ecfg.recompute else existing_rows(run, train_cfg, ecfg, lengths, n, ext)
     todo = [length for length in lengths if length not in set(done.eval_len)]
     if len(done):
         which = "all lengths" if not todo else "eval_len " + ", ".join(map(str, done.eval_len))
@@ -338,10 +341,9 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     random_positions = train_cfg.train.get("random_positions")
     check_random_positions(str(train_cfg.encoding.name), random_positions, max(todo), ecfg.rope_scaling)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
-    check_extension(model, extension_of(ecfg, model.encoding.dims.train_len))
     check_evaluation(model, ecfg, todo, device, dtype)
     ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n,
-                               random_positions=random_positions)
+                               random_positions=random_positions, ext=ext)
     rows = result_rows(train_cfg, ladder, int(state["step"]))
     write_results(run, rows)
     return sort_rows(pd.concat([done, rows], ignore_index=True), KEY) if len(done) else rows

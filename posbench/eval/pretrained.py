@@ -186,8 +186,7 @@ def probe_pretrained(cfg: DictConfig):
     check_pretrained(model, ecfg, lengths, device)
     with model.encoding.extended(ext):
         found = probe.run(subject, lengths)
-    measured.eval.rope_scaling = scaling_label(ecfg.rope_scaling, ext)
-    rows = probe_rows(probe, measured, found)
+    rows = probe_rows(probe, measured, found, scaling_label(ecfg.rope_scaling, ext))
     out = output_dir(cfg, model)  # made once there is something to write
     atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(measured))
     return probe, write_probe(RunDir(out), probe, rows, cfg.probe), out

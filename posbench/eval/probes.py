@@ -66,17 +66,16 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
     from .ladder import check_extension, extension_of, load_model, open_run, scaling_label
 
     run, state, train_cfg, ecfg = open_run(cfg)
+    train_len = int(train_cfg.train.train_len)
+    ext = extension_of(ecfg, train_len)  # one line if it cannot run, before loading anything
     probe = build_probe(cfg.probe)
     if train_cfg.train.get("random_positions") is not None:
         raise PosbenchError(f"probe={probe.name} runs positions 0..T-1, but {run.path} was trained with "
                             f"train.random_positions={train_cfg.train.random_positions}; valid: runs trained "
                             "without train.random_positions (the perplexity ladder evaluates this run)")
-    train_len = int(train_cfg.train.train_len)
     corpus = load_corpus(train_cfg.data)
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
-    ext = extension_of(ecfg, train_len)
     check_extension(model, ext)
-    train_cfg.eval.rope_scaling = scaling_label(ecfg.rope_scaling, ext)  # the rows' rope_scaling
 
     def scaling(length):  # s = length / train_len when eval.rope_factor is null, as in the ladder
         factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
@@ -84,20 +83,16 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
 
     subject = Subject(model, corpus.tokenizer, device, dtype, train_len, ecfg.batch_tokens, scaling)
     with model.encoding.extended(ext):
-        return probe, measure(probe, subject, train_cfg, run, cfg.probe)
+        found = probe.run(subject, probe.lengths(subject.train_len))
+    rows = probe_rows(probe, train_cfg, found, scaling_label(ecfg.rope_scaling, ext))
+    write_probe(run, probe, rows, cfg.probe)
+    return probe, rows
 
 
-def measure(probe: Probe, subject: Subject, train_cfg: DictConfig, run: RunDir, node) -> pd.DataFrame:
-    """Run ``probe`` on ``subject`` at its lengths (of ``subject.train_len``), and merge the rows
-    into ``run``'s ``<name>.csv``: the same for a trained run and a pretrained model."""
-    rows = probe_rows(probe, train_cfg, probe.run(subject, probe.lengths(subject.train_len)))
-    write_probe(run, probe, rows, node)
-    return rows
-
-
-def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict]) -> pd.DataFrame:
-    """A probe's rows with the run's identity in front and its config hash and code version."""
-    meta = {"encoding": train_cfg.encoding.name, "rope_scaling": train_cfg.eval.rope_scaling,
+def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict], label: str) -> pd.DataFrame:
+    """A probe's rows with the run's identity in front (``label``: the scaling and extension, as
+    :func:`~posbench.eval.ladder.scaling_label` names them) and its config hash and code version."""
+    meta = {"encoding": train_cfg.encoding.name, "rope_scaling": label,
             "train_len": int(train_cfg.train.train_len), "seed": int(train_cfg.seed),
             "config_hash": config_hash(train_cfg), "code_version": code_version()}
     rows = pd.DataFrame([{**meta, **row} for row in found])
