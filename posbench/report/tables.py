@@ -60,6 +60,7 @@ from ..eval.token_nll import row_key
 from ..intervals import Cell, Estimator
 from ..runs.rundir import RunDir, atomic_write_text
 from .baselines import run_blocks
+from .context import context_figure, context_gain, context_markdown
 from .figures import (
     MIN_BIN_TOKENS,
     MIN_BIN_WINDOWS,
@@ -576,6 +577,8 @@ def _reference_note(summary: pd.DataFrame, ref: pd.DataFrame | None) -> str:
 
 
 FIGURE_TEXT = {  # report.md's line under each figure
+    "context": "Gain of the longer window by the token's offset in its train_len window (band: 95% interval "
+               "over seeds and text); see ## Context.",
     "report": "Perplexity (band: 95% interval of each ppl) and ppl(L) / ppl(train_len) (band: the paired 95% "
               "interval of the ratio) vs L / train_len; hollow markers: cells with another seed count than "
               "the rest of their line.",
@@ -714,6 +717,12 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if not probe_table.empty:
         files.append(out / "probes.csv")
         atomic_write_text(files[-1], probe_table.to_csv(index=False))
+    gain = context_gain(df, names=palette.names)  # runs with sliding rows past train_len
+    if not gain.empty:
+        files.append(out / "context.csv")
+        atomic_write_text(files[-1], gain.to_csv(index=False))
+        figures["context"] = context_figure(gain, palette, setup)
+        probe_text += context_markdown(gain)
     shown = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{FIGURE_TEXT[name]}\n" if name in FIGURE_TEXT else "")
                     for name in figures)
     atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
