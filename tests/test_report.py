@@ -373,7 +373,8 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     out = tmp_path / "out"
     done = report([sweep], out, fmt="latex", reference=reference_csv(tmp_path))
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["passkey.png", "passkey.svg", "positions.png", "positions.svg", "probes.csv", "report.csv",
+    assert names == ["context.csv", "context.png", "context.svg",  # alibi's sliding rows past its train_len
+                     "passkey.png", "passkey.svg", "positions.png", "positions.svg", "probes.csv", "report.csv",
                      "report.md", "report.png", "report.svg", "report.tex"]
     assert sorted(p.name for p in done.files) == names
     assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
