@@ -102,6 +102,22 @@ def smoke_run_copy(smoke_run, tmp_path):
     return Path(shutil.copytree(smoke_run, tmp_path / "run"))
 
 
+@pytest.fixture(scope="session")
+def smoke_rope_run(tmp_path_factory):
+    """One trained smoke run of rope (train_len 32, the default eval lengths) for the whole
+    session: the parent of fine-tunes, a run beside a baseline. Read it only; a test that writes
+    into a run dir takes ``smoke_rope_run_copy``."""
+    run = tmp_path_factory.mktemp("smoke_rope") / "run"
+    posbench("train", *SMOKE, "encoding=rope", f"hydra.run.dir={run}")
+    return run
+
+
+@pytest.fixture
+def smoke_rope_run_copy(smoke_rope_run, tmp_path):
+    """A private copy of ``smoke_rope_run``."""
+    return Path(shutil.copytree(smoke_rope_run, tmp_path / "rope"))
+
+
 class Oracle(torch.nn.Module):
     """A probe's oracle: puts the maximum on each next token of the prompt followed by
     ``answer(prompt)``, so teacher forcing scores it 1 exactly when ``answer`` is the right one."""

@@ -5,7 +5,7 @@ run dir (posbench.report.baselines)."""
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SMOKE, posbench
+from conftest import posbench
 
 from posbench.errors import PosbenchError
 from posbench.report.baselines import BLOCKS_FILE, export_baseline, resolve_baseline, run_blocks
@@ -16,11 +16,9 @@ INTERVALS = ["ppl_mean", "ppl_ci_low", "ppl_ci_high", "ci_method", "ratio_ci_low
              "vs_best", "vs_best_ci_low", "vs_best_ci_high", "tied_best"]
 
 
-@pytest.fixture(scope="module")
-def rope_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("rope") / "run"
-    posbench("train", *SMOKE, "encoding=rope", f"hydra.run.dir={run}")
-    return run
+@pytest.fixture
+def rope_run(smoke_rope_run):
+    return smoke_rope_run
 
 
 def test_an_exported_run_keeps_its_block_sums_in_a_few_kib(smoke_run, tmp_path):

@@ -189,13 +189,9 @@ def test_an_extension_a_run_cannot_take_is_one_line():
     extension_of(EvalConfig(rope_scaling="yarn", extension="logn"), 8)  # log-n beside a scaling: yarn+logn
 
 
-@pytest.fixture(scope="module")
-def rope_run(tmp_path_factory):
-    from tests.conftest import SMOKE, posbench
-
-    run = tmp_path_factory.mktemp("rope") / "run"
-    posbench("train", *SMOKE, "encoding=rope", "eval.lengths=[32,64]", f"hydra.run.dir={run}")
-    return run
+@pytest.fixture
+def rope_run(smoke_rope_run_copy):
+    return smoke_rope_run_copy  # the test evaluates into it
 
 
 def test_posbench_eval_runs_an_extension_on_a_trained_rope_run_and_its_passkey(rope_run):

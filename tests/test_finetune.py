@@ -20,12 +20,10 @@ from posbench.train.optim import lr_lambda
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def parent(tmp_path_factory):
-    """A finished smoke run of rope (train_len 32)."""
-    run = tmp_path_factory.mktemp("parent") / "rope"
-    posbench("train", *SMOKE, "encoding=rope", f"hydra.run.dir={run}")
-    return run
+@pytest.fixture
+def parent(smoke_rope_run):
+    """A finished smoke run of rope (train_len 32), shared with other files: read only."""
+    return smoke_rope_run
 
 
 def ppl(run):
