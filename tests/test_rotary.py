@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import SMOKE, posbench, tiny_model
+from conftest import posbench, tiny_model
 
 from posbench.config import EvalConfig
 from posbench.encodings import ModelDims, build_encoding
@@ -302,9 +302,8 @@ def test_concurrent_writers_lose_no_rows_and_old_tables_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_scaling_sweep_on_one_checkpoint_end_to_end(tmp_path):
-    run = tmp_path / "run"
-    posbench("train", *SMOKE, "encoding=rope", f"hydra.run.dir={run}")
+def test_scaling_sweep_on_one_checkpoint_end_to_end(smoke_rope_run_copy, tmp_path):
+    run = smoke_rope_run_copy
     proc = posbench("eval", "-m", f"checkpoint={run}", "eval.rope_scaling=none,pi,yarn", "eval.max_tokens=2048",
                     "device=cpu", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert "| rope+yarn | 32 | 512 |" in proc.stdout
