@@ -87,13 +87,17 @@ def _close_figures():
         sys.modules["matplotlib.pyplot"].close("all")
 
 
+def _smoke(tmp_path_factory, encoding: str) -> Path:
+    run = tmp_path_factory.mktemp(f"smoke_{encoding}") / "run"
+    posbench("train", *SMOKE, f"encoding={encoding}", f"hydra.run.dir={run}")
+    return run
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """One trained smoke run (alibi, train_len 32, the default eval lengths) for the whole session.
     Read it only; a test that writes into a run dir takes ``smoke_run_copy``."""
-    run = tmp_path_factory.mktemp("smoke") / "run"
-    posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
-    return run
+    return _smoke(tmp_path_factory, "alibi")
 
 
 @pytest.fixture
@@ -104,12 +108,9 @@ def smoke_run_copy(smoke_run, tmp_path):
 
 @pytest.fixture(scope="session")
 def smoke_rope_run(tmp_path_factory):
-    """One trained smoke run of rope (train_len 32, the default eval lengths) for the whole
-    session: the parent of fine-tunes, a run beside a baseline. Read it only; a test that writes
-    into a run dir takes ``smoke_rope_run_copy``."""
-    run = tmp_path_factory.mktemp("smoke_rope") / "run"
-    posbench("train", *SMOKE, "encoding=rope", f"hydra.run.dir={run}")
-    return run
+    """The same for rope: the parent of fine-tunes, a run beside a baseline. Read it only; a test
+    that writes into a run dir takes ``smoke_rope_run_copy``."""
+    return _smoke(tmp_path_factory, "rope")
 
 
 @pytest.fixture
