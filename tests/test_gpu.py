@@ -35,3 +35,17 @@ def test_train_and_evaluate_on_gpu(tmp_path):
     posbench("train", *[a for a in SMOKE if not a.startswith("device")], "device=cuda", f"hydra.run.dir={tmp_path}")
     rows = pd.read_csv(tmp_path / "results.csv")
     assert (rows.status == "ok").all() and rows.ppl.between(1, 1024).all()
+
+
+@pytest.mark.parametrize("method", ["self_extend", "rerope", "logn"])
+@pytest.mark.parametrize("fused", [True, False], ids=["two fused attentions", "query chunks"])
+def test_training_free_extensions_on_gpu_match_the_cpu(method, fused):
+    from posbench.extension import Extension, extended_attention
+
+    ext = Extension(method, None if method == "logn" else 16, 4 if method == "self_extend" else None, 32)
+    inv_freq = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 100, 16) for _ in range(3))
+    cpu = extended_attention(q, k, v, inv_freq, ext, scaling=0.25, chunk=32, fused=fused)
+    gpu = extended_attention(q.cuda(), k.cuda(), v.cuda(), inv_freq.cuda(), ext, scaling=0.25, chunk=32, fused=fused)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
