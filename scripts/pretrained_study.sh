@@ -43,4 +43,4 @@ done
 # RULER's variable tracking (one chain of 4 hops), zero-shot, for the model as trained
 posbench eval pretrained="$gguf" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" probe.trials=2 \
     "probe.lengths=[2048,8192,16384]"
-posbench report "$out" --out "$results"
+posbench report "$out" --out "$results" --log-y --no-reference  # the ALiBi paper's panel compares nothing here
