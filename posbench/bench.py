@@ -30,6 +30,13 @@ its own. The model is the benchmark shape of the performance issue: 4 layers, d_
 
 Children run under a 16 GiB address-space cap, so a kernel that materialises a
 (heads, T, T) matrix fails with "out of memory" instead of swapping the machine.
+
+``--device cuda`` measures the same on a GPU: every figure timed between two
+``torch.cuda.synchronize()`` calls, peak memory as the GPU's high-water mark of allocated memory
+(``torch.cuda.max_memory_allocated``) instead of resident memory, the matmul peak on the GPU, bf16
+autocast where the GPU has it, and no address-space cap (CUDA reserves more than 16 GiB of it).
+The allocator settings are a CPU matter: on a GPU only ``system`` is measured unless ``--malloc``
+says otherwise.
 """
 
 from __future__ import annotations
@@ -66,6 +73,16 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: kB on most systems
+
+def _device(spec: dict):
+    """-> (the spec's torch device, a function that waits for it, peak memory in MB so far)."""
+    import torch
+
+    dev = torch.device(spec.get("device", "cpu"))
+    if dev.type == "cuda":
+        return dev, torch.cuda.synchronize, lambda: torch.cuda.max_memory_allocated(dev) / 2 ** 20
+    return dev, lambda: None, peak_rss_mb
+
 
 def split_entry(entry: str) -> tuple[str, list[str]]:
     """'nope+model.length_scaling=ssmax' -> ('nope', ['model.length_scaling=ssmax']): a bench
@@ -122,15 +139,17 @@ def _child(spec: dict) -> dict:
     peer = spec["impl"] != "posbench"
     if spec["malloc"] == "posbench":
         keep_freed_memory()
+    dev, sync, peak_mb = _device(spec)
     torch.manual_seed(0)
     length = spec["length"]
     model = _peer_model(spec["encoding"], spec["impl"] == "x-transformers flash") if peer else \
         _posbench_model(spec["encoding"], length if spec["kind"] == "train" else 128, max(length, 16384))
-    dtype = autocast_dtype(torch.device("cpu"), "auto")
-    amp = torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
+    model = model.to(dev)
+    dtype = autocast_dtype(dev, "auto")
+    amp = torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
 
     def batch(tokens, n):
-        return torch.randint(0, SHAPE["vocab"], (max(1, tokens // n), n))
+        return torch.randint(0, SHAPE["vocab"], (max(1, tokens // n), n), device=dev)
 
     if spec["kind"] == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -146,9 +165,11 @@ def _child(spec: dict) -> dict:
 
         for _ in range(spec["warmup"]):
             step()
+        sync()
         start = time.perf_counter()
         for _ in range(spec["steps"]):
             step()
+        sync()
         seconds = (time.perf_counter() - start) / spec["steps"]
         tokens = x.numel()
     else:
@@ -164,11 +185,13 @@ def _child(spec: dict) -> dict:
             return x.numel()
 
         forward(1024)  # warm-up: threads, allocator, one-time initialisation
+        sync()
         start = time.perf_counter()
         tokens = forward(length)
+        sync()
         seconds = time.perf_counter() - start
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "params": sum(p.numel() for p in model.parameters()),
-            "peak_mb": peak_rss_mb()}
+            "peak_mb": peak_mb()}
 
 
 def _kernel_child(spec: dict) -> dict:
@@ -181,13 +204,14 @@ def _kernel_child(spec: dict) -> dict:
     from .encodings import ModelDims, build_encoding
 
     keep_freed_memory()
-    dtype = autocast_dtype(torch.device("cpu"), "auto") or torch.float32  # the precision evaluation runs in
+    dev, sync, peak_mb = _device(spec)
+    dtype = autocast_dtype(dev, "auto") or torch.float32  # the precision evaluation runs in
     T, H = spec["length"], SHAPE["n_heads"]
     hs = SHAPE["d_model"] // H
-    enc = build_encoding({"name": "alibi"}, ModelDims(SHAPE["d_model"], H, 1, 128))
+    enc = build_encoding({"name": "alibi"}, ModelDims(SHAPE["d_model"], H, 1, 128)).to(dev)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, H, T, hs, dtype=dtype) for _ in range(3))
-    pos = torch.arange(T)
+    q, k, v = (torch.randn(1, H, T, hs, dtype=dtype, device=dev) for _ in range(3))
+    pos = torch.arange(T, device=dev)
     kernel, compile_s = spec["kernel"], None
     if kernel == "sdpa, no bias":
         def run():
@@ -208,32 +232,38 @@ def _kernel_child(spec: dict) -> dict:
             return score - slopes[h] * (i - j)
 
         start = time.perf_counter()
-        block_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cpu")
+        block_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device=dev)
         flex = torch.compile(flex_attention)
         flex(q, k, v, score_mod=alibi, block_mask=block_mask)
+        sync()
         compile_s = time.perf_counter() - start
 
         def run():
             return flex(q, k, v, score_mod=alibi, block_mask=block_mask)
     with torch.no_grad():
         run()
+        sync()
         start = time.perf_counter()
         for _ in range(2):
             run()
-    return {"seconds": (time.perf_counter() - start) / 2, "compile_s": compile_s,
-            "peak_mb": peak_rss_mb()}
+        sync()
+    return {"seconds": (time.perf_counter() - start) / 2, "compile_s": compile_s, "peak_mb": peak_mb()}
 
 
 def _matmul_child(spec: dict) -> dict:
     import torch
 
+    dev, sync, _ = _device(spec)
     dtype = getattr(torch, spec["dtype"])
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    a, b = (torch.randn(2048, 2048, dtype=dtype, device=dev) for _ in range(2))
+    a @ b  # warm-up: on a GPU, the library's first call
     best = math.inf
     for _ in range(8):  # the best of 8 rounds of 4 products: a peak, not an average over noise
+        sync()
         start = time.perf_counter()
         for _ in range(4):
             a @ b
+        sync()
         best = min(best, time.perf_counter() - start)
     return {"gflops": 4 * 2 * 2048 ** 3 / best / 1e9}
 
@@ -245,11 +275,13 @@ def _limit_memory():
 
 
 def run_child(spec: dict, timeout: float = 900) -> dict:
-    """``spec`` measured in a fresh process -> its figures, or {"error": one line}."""
+    """``spec`` measured in a fresh process -> its figures, or {"error": one line}. On the CPU
+    under the address-space cap; on a GPU without it (CUDA reserves more address space)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    cap = _limit_memory if spec.get("device", "cpu") == "cpu" else None
     try:
         done = subprocess.run([sys.executable, "-m", "posbench.bench", "--child", json.dumps(spec)],
-                              capture_output=True, text=True, timeout=timeout, preexec_fn=_limit_memory, env=env)
+                              capture_output=True, text=True, timeout=timeout, preexec_fn=cap, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -286,8 +318,9 @@ MALLOCS = ("system", "posbench")  # glibc's default; posbench's (freed memory ke
 
 
 def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: int, mallocs=MALLOCS,
-          log=print) -> dict:
-    """Run every measurement; -> {"machine": {...}, "rows": [...], "kernels": [...]}."""
+          log=print, device: str = "cpu") -> dict:
+    """Run every measurement on ``device`` (cpu or cuda); -> {"machine": {...}, "rows": [...],
+    "kernels": [...]}."""
     import torch
 
     from .build import autocast_dtype
@@ -297,11 +330,13 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     if unknown:
         from .errors import PosbenchError
         raise PosbenchError(f"unknown encoding(s) {', '.join(unknown)}; valid choices: {', '.join(sorted(REGISTRY))}")
-    precision = "bf16" if autocast_dtype(torch.device("cpu"), "auto") is not None else "fp32"
+    precision = "bf16" if autocast_dtype(torch.device(device), "auto") is not None else "fp32"
     # bf16 products are emulated, and slow, on a CPU without bf16 instructions: measured only where used
     dtypes = ("float32", "bfloat16") if precision == "bf16" else ("float32",)
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-               "precision": precision, **{f"{d}_gflops": run_child({"what": "matmul", "dtype": d})["gflops"] for d in dtypes}}
+    name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
+    machine = {"cpu": name, "cores": os.cpu_count(), "device": device, "torch": torch.__version__,
+               "python": platform.python_version(), "precision": precision,
+               **{f"{d}_gflops": run_child({"what": "matmul", "dtype": d, "device": device})["gflops"] for d in dtypes}}
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {precision}; matmul 2048^3: "
         + ", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes))
     impls = ["posbench"] + (["x-transformers", "x-transformers flash"] if peer else [])
@@ -314,17 +349,18 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
                 for kind, lengths in (("train", train_lens), ("eval", eval_lens)):
                     for length in lengths:
                         spec = {"what": "model", "encoding": encoding, "impl": impl, "malloc": malloc, "kind": kind,
-                                "length": length, "steps": steps, "warmup": 2}
+                                "length": length, "steps": steps, "warmup": 2, "device": device}
                         got = run_child(spec)
                         rows.append({**spec, **got})
                         figure = got.get("error") or (f"{got['tokens_per_s']:8,.0f} tok/s  {got['peak_mb']:6,.0f} MB")
                         log(f"{encoding:<14} {impl:<22} {malloc:<8} {kind:<5} {length:>6}  {figure}")
     for d in dtypes:  # again at the end: the higher of the two readings
-        machine[f"{d}_gflops"] = max(machine[f"{d}_gflops"], run_child({"what": "matmul", "dtype": d})["gflops"])
+        machine[f"{d}_gflops"] = max(machine[f"{d}_gflops"],
+                                     run_child({"what": "matmul", "dtype": d, "device": device})["gflops"])
     kernel_rows = []
     if kernels:
         for kernel in ("sdpa, no bias", "bias per query chunk", "Toeplitz slices (posbench)", "flex attention"):
-            got = run_child({"what": "kernel", "kernel": kernel, "length": 8192})
+            got = run_child({"what": "kernel", "kernel": kernel, "length": 8192, "device": device})
             kernel_rows.append({"kernel": kernel, "length": 8192, **got})
             log(f"kernel {kernel:<28} " + (got.get("error") or f"{got['seconds']:.3f} s/layer"
                                             + (f" (compile {got['compile_s']:.0f} s)" if got.get("compile_s") else "")))
@@ -418,10 +454,13 @@ def tables(result: dict) -> str:
     peak = machine["bfloat16_gflops" if precision == "bf16" else "float32_gflops"]
     peaks = ", ".join(f"{name} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d, name in (("float32", "fp32"), ("bfloat16", "bf16"))
                       if f"{d}_gflops" in machine)
-    out = [f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}. Matmul 2048^3: {peaks}.",
+    gpu = machine.get("device") == "cuda"
+    where = f"GPU {machine['cpu']} ({machine['cores']} host cores)" if gpu else f"{machine['cpu']}, {machine['cores']} cores"
+    autocast = " autocast" if precision == "bf16" else f" (no bf16 autocast on this {'GPU' if gpu else 'CPU'})"
+    out = [f"Machine: {where}, torch {machine['torch']}. Matmul 2048^3: {peaks}."
+           + (" Peak MB: the GPU's allocated memory (torch.cuda.max_memory_allocated)." if gpu else ""),
            "", f"Model: {SHAPE['n_layers']} layers, d_model {SHAPE['d_model']}, {SHAPE['n_heads']} heads, "
-           f"FFN {SHAPE['d_ff']}, vocabulary {SHAPE['vocab']}; {precision}"
-           f"{' autocast' if precision == 'bf16' else ' (no bf16 autocast on this CPU)'}. x-transformers (x-t): the "
+           f"FFN {SHAPE['d_ff']}, vocabulary {SHAPE['vocab']}; {precision}{autocast}. x-transformers (x-t): the "
            "faster of attn_flash off/on per cell, at posbench's head dimension with tied embeddings; each ratio "
            "compares the two under the same allocator setting (malloc: glibc's default `system`, or posbench's "
            f"`posbench`). FLOP/s against the {precision} matmul peak.", ""]
@@ -489,15 +528,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per figure (after 2 warm-up steps)")
     parser.add_argument("--no-peer", action="store_true", help="leave out x-transformers")
     parser.add_argument("--kernels", action="store_true", help="also compare attention kernels (flex attention compiles)")
-    parser.add_argument("--malloc", nargs="+", choices=MALLOCS, default=list(MALLOCS),
-                        help="allocator settings every implementation is measured under (default: both): glibc's "
-                             "default (system) and posbench's, freed memory kept in the heap (posbench)")
+    parser.add_argument("--malloc", nargs="+", choices=MALLOCS, default=None,
+                        help="allocator settings every implementation is measured under (default: both on the CPU, "
+                             "system on a GPU): glibc's default (system) and posbench's, freed memory kept in the "
+                             "heap (posbench)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the models run (default: cpu); cuda: the first visible GPU")
     parser.add_argument("--update", action="store_true",
                         help="re-measure --encodings at the lengths given and replace those rows in --out's "
                              "bench.json (other rows, machine figures and kernels kept unless --kernels)")
     parser.add_argument("--out", default="results/bench", help="where bench.csv, bench.json and bench.md go")
     ns = parser.parse_args(argv)
     peer = not ns.no_peer
+    if ns.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            from .errors import PosbenchError
+            raise PosbenchError("posbench bench --device cuda: no CUDA GPU is visible here; valid here: --device cpu")
+    mallocs = ns.malloc or (list(MALLOCS) if ns.device == "cpu" else ["system"])
     if peer:
         try:
             import x_transformers  # noqa: F401
@@ -509,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
         from .errors import PosbenchError
         raise PosbenchError(f"--update needs an earlier run's {out / 'bench.json'}; valid: run posbench bench "
                             f"--out {out} first, or leave out --update")
-    result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, ns.malloc)
+    result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, mallocs, device=ns.device)
     if ns.update:
         old = json.loads((out / "bench.json").read_text())
         old["rows"] = measured(old).to_dict("records")  # older files: the allocator of each row

@@ -50,6 +50,14 @@ def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible (tests/test_gpu.py benches on it)")
+def test_bench_on_a_gpu_where_none_is_visible_is_one_line(tmp_path):
+    done = posbench("bench", "--device", "cuda", "--no-peer", "--out", str(tmp_path / "b"), check=False)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "no CUDA GPU is visible" in done.stderr and "--device cpu" in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("x_transformers") is not None, reason="x-transformers is installed")
 def test_bench_without_the_peer_library_says_how_to_get_it(tmp_path):
     done = posbench("bench", "--encodings", "alibi", "--out", str(tmp_path / "b"), check=False)

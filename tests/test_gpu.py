@@ -49,3 +49,13 @@ def test_training_free_extensions_on_gpu_match_the_cpu(method, fused):
     cpu = extended_attention(q, k, v, inv_freq, ext, scaling=0.25, chunk=32, fused=fused)
     gpu = extended_attention(q.cuda(), k.cuda(), v.cuda(), inv_freq.cuda(), ext, scaling=0.25, chunk=32, fused=fused)
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_measures_on_the_gpu(tmp_path):
+    out = tmp_path / "bench"
+    posbench("bench", "--device", "cuda", "--encodings", "alibi", "rope", "--train-lens", "64", "--eval-lens", "1024",
+             "--steps", "2", "--no-peer", "--out", str(out))
+    rows = pd.read_csv(out / "bench.csv")
+    assert len(rows) == 4 and (rows.device == "cuda").all() and set(rows.malloc) == {"system"}
+    assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 0).all() and rows.error.isna().all()
+    assert "Machine: GPU " in (out / "bench.md").read_text()
