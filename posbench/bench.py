@@ -74,6 +74,7 @@ def peak_rss_mb() -> float:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: kB on most systems
 
+
 def _device(spec: dict):
     """-> (the spec's torch device, a function that waits for it, peak memory in MB so far)."""
     import torch
@@ -257,9 +258,9 @@ def _matmul_child(spec: dict) -> dict:
     dtype = getattr(torch, spec["dtype"])
     a, b = (torch.randn(2048, 2048, dtype=dtype, device=dev) for _ in range(2))
     a @ b  # warm-up: on a GPU, the library's first call
+    sync()
     best = math.inf
     for _ in range(8):  # the best of 8 rounds of 4 products: a peak, not an average over noise
-        sync()
         start = time.perf_counter()
         for _ in range(4):
             a @ b
@@ -334,9 +335,12 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     # bf16 products are emulated, and slow, on a CPU without bf16 instructions: measured only where used
     dtypes = ("float32", "bfloat16") if precision == "bf16" else ("float32",)
     name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
+
+    def matmul(dtype: str) -> float:
+        return run_child({"what": "matmul", "dtype": dtype, "device": device})["gflops"]
+
     machine = {"cpu": name, "cores": os.cpu_count(), "device": device, "torch": torch.__version__,
-               "python": platform.python_version(), "precision": precision,
-               **{f"{d}_gflops": run_child({"what": "matmul", "dtype": d, "device": device})["gflops"] for d in dtypes}}
+               "python": platform.python_version(), "precision": precision, **{f"{d}_gflops": matmul(d) for d in dtypes}}
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {precision}; matmul 2048^3: "
         + ", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes))
     impls = ["posbench"] + (["x-transformers", "x-transformers flash"] if peer else [])
@@ -355,8 +359,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
                         figure = got.get("error") or (f"{got['tokens_per_s']:8,.0f} tok/s  {got['peak_mb']:6,.0f} MB")
                         log(f"{encoding:<14} {impl:<22} {malloc:<8} {kind:<5} {length:>6}  {figure}")
     for d in dtypes:  # again at the end: the higher of the two readings
-        machine[f"{d}_gflops"] = max(machine[f"{d}_gflops"],
-                                     run_child({"what": "matmul", "dtype": d, "device": device})["gflops"])
+        machine[f"{d}_gflops"] = max(machine[f"{d}_gflops"], matmul(d))
     kernel_rows = []
     if kernels:
         for kernel in ("sdpa, no bias", "bias per query chunk", "Toeplitz slices (posbench)", "flex attention"):

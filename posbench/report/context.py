@@ -38,7 +38,7 @@ import pandas as pd
 from ..eval.results import line_names, with_labels
 from ..eval.token_nll import FILE as TOKEN_NLL
 from ..eval.token_nll import read_token_nll, row_key
-from ..intervals import BLOCKS, Cell, Estimator
+from ..intervals import BLOCKS, Cell, Estimator, block_sums
 
 BINS = 4  # offset bins of the short window
 COLUMNS = ["line", "context", "offsets", "offset_lo", "offset_hi", "tokens", "seeds", "gain", "low", "high", "method"]
@@ -54,12 +54,11 @@ def pair_sums(short_nll: np.ndarray, long_nll: np.ndarray, short: int, long: int
     """One run: (mean gain, per-block gain sums, per-block token counts) over the tokens t >= long
     with lo <= t mod short < hi; the blocks are :func:`posbench.intervals.block_sums`' blocks of
     all n scored tokens, so every run of a line shares them."""
-    n = short_nll.size
-    t = np.arange(n)
+    t = np.arange(short_nll.size)
     keep = (t >= long) & (t % short >= lo) & (t % short < hi)
     diff = np.where(keep, short_nll.astype(np.float64) - long_nll.astype(np.float64), 0.0)
-    starts = np.unique(np.round(np.linspace(0, n, min(blocks, n) + 1)).astype(np.int64))[:-1]
-    sums, counts = np.add.reduceat(diff, starts), np.add.reduceat(keep.astype(np.int64), starts)
+    sums, _ = block_sums(diff, blocks)
+    counts = block_sums(keep, blocks)[0].astype(np.int64)  # the kept tokens of each block
     total = counts.sum()
     return (float(sums.sum() / total) if total else math.nan), sums, counts
 

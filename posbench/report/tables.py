@@ -722,13 +722,12 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         files.append(out / "context.csv")
         atomic_write_text(files[-1], gain.to_csv(index=False))
         figures["context"] = context_figure(gain, palette, setup)
-        probe_text += context_markdown(gain)
     shown = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{FIGURE_TEXT[name]}\n" if name in FIGURE_TEXT else "")
                     for name in figures)
     atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
-                      + probe_text
+                      + probe_text + context_markdown(gain)
                       + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in (_setup_line(setup), _reference_note(summary, ref)) if t)
                       + shown)
     if fmt == "latex":
