@@ -10,12 +10,9 @@
 #   JOBS=15 bash scripts/headline_sliding.sh      # on a GPU machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sweep=${SWEEP:-outputs/reference}
-steps=$(python -c "from omegaconf import OmegaConf; print(OmegaConf.load('conf/experiment/reference.yaml').train.steps)")
-study=${STUDY:-outputs/budget_study/default}/steps=$steps
-dirs=()
-for d in "$study" "$sweep"; do [ -d "$d" ] && dirs+=("$d"); done
-[ ${#dirs[@]} -gt 0 ] || { echo "headline_sliding.sh: no headline runs in $study or $sweep; run scripts/reference.sh first" >&2; exit 2; }
-find "${dirs[@]}" -name results.csv -path "*seed=*" -printf '%h\n' | sort \
+source scripts/headline_dirs.sh  # study, sweep, find_headline
+find_headline
+[ ${#headline[@]} -gt 0 ] || { echo "headline_sliding.sh: no headline runs in $study or $sweep; run scripts/reference.sh first" >&2; exit 2; }
+find "${headline[@]}" -name results.csv -path "*seed=*" -printf '%h\n' | sort \
     | xargs -P "${JOBS:-2}" -I{} posbench eval checkpoint={} eval.mode=sliding eval.stride=64 "eval.lengths=[256,512,1024,2048]"
-posbench report "${dirs[@]}" --out "${RESULTS:-results/headline_sliding}" --log-y
+posbench report "${headline[@]}" --out "${RESULTS:-results/headline_sliding}" --log-y

@@ -10,11 +10,8 @@
 #   JOBS=15 EXTRA=train.compile=false bash scripts/new_schemes.sh     # on a GPU machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=$(python -c "from omegaconf import OmegaConf; print(OmegaConf.load('conf/experiment/reference.yaml').train.steps)")
-headline=()
-for d in "${STUDY:-outputs/budget_study/default}/steps=$steps" "${SWEEP:-outputs/reference}"; do
-    [ -d "$d" ] && headline+=("$d")
-done
+source scripts/headline_dirs.sh  # study, sweep, find_headline
+find_headline
 EXPERIMENT=reference ENCODINGS=${ENCODINGS:-fox,p_rope,rope_nope,stickbreaking,dape,pope} \
     OUT=${OUT:-outputs/new_schemes} RESULTS=${RESULTS:-results/new_schemes} BESIDE="${headline[*]}" \
     bash scripts/zoo.sh

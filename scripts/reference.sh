@@ -14,12 +14,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-sinusoidal,rope,t5,alibi,nope}
 seeds=${SEEDS:-0,1,2}
-sweep=${SWEEP:-outputs/reference}
 read -ra extra <<< "${EXTRA:-train.compile=true}"
 launcher=(hydra/launcher="${LAUNCHER:-local_parallel}" hydra.launcher.n_jobs="${JOBS:-2}")
 [ "${LAUNCHER:-}" = basic ] && launcher=()
-steps=$(python -c "from omegaconf import OmegaConf; print(OmegaConf.load('conf/experiment/reference.yaml').train.steps)")
-study=${STUDY:-outputs/budget_study/default}/steps=$steps
+source scripts/headline_dirs.sh  # study, sweep, find_headline
 
 declare -A todo  # missing seeds ("2" or "0,2") -> the encodings that miss exactly those
 for enc in ${encodings//,/ }; do
@@ -33,6 +31,5 @@ for missing in "${!todo[@]}"; do
     posbench -m train experiment=reference encoding="${todo[$missing]}" seed="$missing" "${extra[@]}" \
         "${launcher[@]}" "hydra.sweep.dir='$sweep'" "hydra.sweep.subdir='\${encoding.name}/seed=\${seed}'"
 done
-dirs=()
-for d in "$study" "$sweep"; do [ -d "$d" ] && dirs+=("$d"); done
-posbench report "${dirs[@]}" --out "${RESULTS:-results/headline}" --log-y
+find_headline
+posbench report "${headline[@]}" --out "${RESULTS:-results/headline}" --log-y
