@@ -25,8 +25,9 @@
 # baseline branches off it (train.branch_from, as scripts/budget_study.sh does).
 #
 # Every run is evaluated at 128 .. 2048 (1x..16x of 128, 1x..4x of 512) on the whole validation
-# split, then the probes (passkey and variable tracking at 128 .. 2048). JOBS commands run side by
-# side (default 2, one per core; the commands on one run dir one after the other). Re-running resumes.
+# split, then the probes (passkey at 128 .. 2048, variable tracking at 256 .. 2048). JOBS commands
+# run side by side (default 2, one per core; the commands on one run dir one after the other).
+# Re-running resumes.
 #   bash scripts/extension_study.sh         # SEEDS="0 1 2" for a third seed
 #   JOBS=15 EXTRA=train.compile=false bash scripts/extension_study.sh     # on a GPU machine
 set -euo pipefail
@@ -115,11 +116,11 @@ scaled() {
         eval.extension_group=4 || return
     posbench eval checkpoint="$1" "eval.lengths=$lengths" eval.extension=rerope eval.extension_window=64
 }
-probes() {
-    for probe in passkey variable_tracking; do
-        posbench eval checkpoint="$1" probe=$probe "probe.lengths=$lengths" "probe.depths=[0,0.5,1]" \
-            probe.trials=10 || return
-    done
+probes() {  # variable tracking's 5 assignments, question and answer take 170 tokens: from 256 up
+    posbench eval checkpoint="$1" probe=passkey "probe.lengths=$lengths" "probe.depths=[0,0.5,1]" \
+        probe.trials=10 || return
+    posbench eval checkpoint="$1" probe=variable_tracking "probe.lengths=[256,512,1024,2048]" \
+        "probe.depths=[0,0.5,1]" probe.trials=10
 }
 parent_evals() {
     if [[ $1 == "$parents/rope/"* ]]; then scaled "$1" || return

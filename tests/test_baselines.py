@@ -57,13 +57,14 @@ def test_an_unknown_baseline_is_one_line_naming_the_shipped_ones(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_the_shipped_baseline_is_found_by_name_and_reports_its_shipped_table(tmp_path):
-    """`--baseline zoo_quick` resolves to results/baselines/zoo_quick (posbench/baselines in a
-    wheel), and its runs report the numbers its README and report.csv ship."""
+@pytest.mark.parametrize("name", ["zoo_quick", "headline"])
+def test_the_shipped_baseline_is_found_by_name_and_reports_its_shipped_table(tmp_path, name):
+    """`--baseline NAME` resolves to results/baselines/NAME (posbench/baselines in a wheel), and
+    its 15 runs (five encodings, three seeds) report the numbers its README and report.csv ship."""
     from posbench.report.baselines import shipped_baselines
 
-    assert "zoo_quick" in shipped_baselines()
-    bundle = resolve_baseline("zoo_quick")
+    assert name in shipped_baselines()
+    bundle = resolve_baseline(name)
     assert len(list(bundle.rglob(BLOCKS_FILE))) == 15
     summary = report([], tmp_path, reference=None, baselines=[bundle]).summary
     shipped = pd.read_csv(bundle / "report" / "report.csv")
