@@ -34,13 +34,29 @@ done
 # context, for the five methods that differ there (below 8k each is the model as trained, so the
 # unscaled rows stand for it; dynamic_ntk scores a whole prompt as ntk does, and log-n alone is
 # none's perplexity at 16k).
+# missing PROBE LABEL LENGTH...: the lengths at which $out/PROBE.csv has no rows of the method
+# LABEL (its rope_scaling column) yet, as a Hydra list, empty when none: a probe's rows are
+# written when it finishes, so re-running the script skips the probes that finished
+missing() {
+    python - "$out/$1.csv" "$2" "${@:3}" <<'PY'
+import sys, pathlib, pandas as pd
+path, label, lengths = pathlib.Path(sys.argv[1]), sys.argv[2], [int(x) for x in sys.argv[3:]]
+done = set(pd.read_csv(path).query("rope_scaling == @label").length) if path.is_file() else set()
+todo = [x for x in lengths if x not in done]
+print(f"[{','.join(map(str, todo))}]" if todo else "")
+PY
+}
 probe=(pretrained="$gguf" out="$out" probe=passkey "probe.depths=[0,0.5,1]" probe.trials=2)
-posbench eval "${probe[@]}" "probe.lengths=[2048,4096,8192,16384]"
-for method in "eval.rope_scaling=yarn" "${methods[5]}" "${methods[6]}" "eval.rope_scaling=ntk" "eval.rope_scaling=pi"; do
+todo=$(missing passkey none 2048 4096 8192 16384)
+[ -z "$todo" ] || posbench eval "${probe[@]}" "probe.lengths=$todo"
+for pair in "yarn|eval.rope_scaling=yarn" "self_extend(W=$W,G=$G)|${methods[5]}" "rerope(W=$W)|${methods[6]}" \
+            "ntk|eval.rope_scaling=ntk" "pi|eval.rope_scaling=pi"; do
+    todo=$(missing passkey "${pair%%|*}" 16384)
     # shellcheck disable=SC2086
-    posbench eval "${probe[@]}" "probe.lengths=[16384]" $method
+    [ -z "$todo" ] || posbench eval "${probe[@]}" "probe.lengths=$todo" ${pair#*|}
 done
 # RULER's variable tracking (one chain of 4 hops), zero-shot, for the model as trained
-posbench eval pretrained="$gguf" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" probe.trials=2 \
-    "probe.lengths=[2048,8192,16384]"
+todo=$(missing variable_tracking none 2048 8192 16384)
+[ -z "$todo" ] || posbench eval pretrained="$gguf" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" \
+    probe.trials=2 "probe.lengths=$todo"
 posbench report "$out" --out "$results" --log-y --no-reference  # the ALiBi paper's panel compares nothing here
