@@ -28,14 +28,17 @@ def isolated_cache(tmp_path_factory):
 
 # Commands the tests run keep a fixed thread count (posbench.runs.threads is bypassed where
 # OMP_NUM_THREADS is set), so their numbers do not depend on what else the machine runs;
-# tests/test_threads.py tests the policy itself.
-os.environ.setdefault("OMP_NUM_THREADS", str(min(2, os.cpu_count() or 1)))
+# tests/test_threads.py tests the policy itself. The suite runs its files on pytest-xdist
+# workers (pyproject's addopts: -n 2 --dist loadfile, one worker per core of this project's
+# 2-core CPU target), which share the cores: each takes its share of two threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(autouse=True)
 def _threads():
-    """Two threads (this project's CPU target), or OMP_NUM_THREADS when it is set."""
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
+    """The worker's share of two threads (this project's CPU target), or OMP_NUM_THREADS when set."""
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def posbench(*args, cwd=None, check=True, env=None):
