@@ -56,7 +56,9 @@ for pair in "yarn|eval.rope_scaling=yarn" "self_extend(W=$W,G=$G)|${methods[5]}"
     [ -z "$todo" ] || posbench eval "${probe[@]}" "probe.lengths=$todo" ${pair#*|}
 done
 # RULER's variable tracking (one chain of 4 hops), zero-shot, for the model as trained
-todo=$(missing variable_tracking none 2048 8192 16384)
-[ -z "$todo" ] || posbench eval pretrained="$gguf" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" \
-    probe.trials=2 "probe.lengths=$todo"
+for length in 2048 8192 16384; do  # one length a command, so each one's rows are kept as it finishes
+    todo=$(missing variable_tracking none "$length")
+    [ -z "$todo" ] || posbench eval pretrained="$gguf" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" \
+        probe.trials=2 "probe.lengths=$todo"
+done
 posbench report "$out" --out "$results" --log-y --no-reference  # the ALiBi paper's panel compares nothing here
