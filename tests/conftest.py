@@ -1,11 +1,18 @@
+import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from zygote import import_time_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # Quick end-to-end settings on a slice of the real packaged corpus.
@@ -35,23 +42,94 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1) // _WORKERS)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _zygote_ends():
+    yield
+    for zygote in _ZYGOTE:
+        zygote.close()
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     """The worker's share of two threads (this project's CPU target), or OMP_NUM_THREADS when set."""
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+class Zygote:
+    """This worker's warm interpreter (tests/zygote.py), started at its first command: each
+    command runs in a fork of it, a process of its own, without paying the imports again."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py"))], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ), bufsize=1)
+        self.env = import_time_env(os.environ)
+        self.pending, self.lock = b"", threading.Lock()
+        self.ready = "ready" in (self._reply(timeout=300) or {})
+        self.outputs = Path(tempfile.mkdtemp(prefix="posbench-zygote-"))
+
+    def _reply(self, timeout: float) -> dict | None:
+        """The zygote's next line, or None when none came within ``timeout`` seconds (or it ended)."""
+        fd, deadline = self.proc.stdout.fileno(), time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, args: list[str], cwd, environ: dict, timeout: float) -> subprocess.CompletedProcess:
+        with self.lock:  # one command at a time (a test may call posbench from several threads)
+            return self._run(args, cwd, environ, timeout)
+
+    def _run(self, args: list[str], cwd, environ: dict, timeout: float) -> subprocess.CompletedProcess:
+        out, err = self.outputs / "stdout", self.outputs / "stderr"
+        self.proc.stdin.write(json.dumps({"args": args, "cwd": str(cwd) if cwd else None, "env": environ,
+                                          "out": str(out), "err": str(err)}) + "\n")
+        self.proc.stdin.flush()
+        pid = self._reply(timeout=60)["pid"]
+        done = self._reply(timeout)
+        if done is None:
+            os.kill(pid, signal.SIGKILL)
+            self._reply(timeout=60)
+            raise subprocess.TimeoutExpired(["posbench", *args], timeout)
+        code = done["rc"]
+        return subprocess.CompletedProcess([sys.executable, "-m", "posbench.cli", *args], code,
+                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.outputs, ignore_errors=True)
+
+
+_ZYGOTE: list[Zygote] = []
+_STARTING = threading.Lock()
+
+
 def posbench(*args, cwd=None, check=True, env=None):
     """Run the installed console script like a user would (``env``: variables to set or, with
-    None, to remove)."""
+    None, to remove): a process of its own, forked from this worker's warm interpreter, or a
+    fresh interpreter where the environment differs from the warm one's in what libraries read
+    at import (tests/zygote.py)."""
     environ = dict(os.environ)
     for key, value in (env or {}).items():
         if value is None:
             environ.pop(key, None)
         else:
             environ[key] = str(value)
-    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    args = list(map(str, args))
+    with _STARTING:
+        if not _ZYGOTE and hasattr(os, "fork"):
+            _ZYGOTE.append(Zygote())
+    if _ZYGOTE and _ZYGOTE[0].ready and import_time_env(environ) == _ZYGOTE[0].env:
+        proc = _ZYGOTE[0].run(args, cwd, environ, timeout=600)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "posbench.cli", *args], cwd=cwd, env=environ,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"posbench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
