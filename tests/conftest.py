@@ -96,9 +96,8 @@ class Zygote:
             os.kill(pid, signal.SIGKILL)
             self._reply(timeout=60)
             raise subprocess.TimeoutExpired(["posbench", *args], timeout)
-        code = done["rc"]
-        return subprocess.CompletedProcess([sys.executable, "-m", "posbench.cli", *args], code,
-                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
+        return subprocess.CompletedProcess([*COMMAND, *args], done["rc"], out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
 
     def close(self):
         self.proc.stdin.close()
@@ -108,6 +107,24 @@ class Zygote:
 
 _ZYGOTE: list[Zygote] = []
 _STARTING = threading.Lock()
+COMMAND = [sys.executable, "-m", "posbench.cli"]
+
+
+def command_env(env: dict | None) -> dict:
+    """This process's environment with ``env``'s variables set or, where None, removed."""
+    environ = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = str(value)
+    return environ
+
+
+def fresh_posbench(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """`posbench args` in a fresh interpreter, its output captured."""
+    return subprocess.run([*COMMAND, *map(str, args)], cwd=cwd, env=command_env(env), capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=600)
 
 
 def posbench(*args, cwd=None, check=True, env=None):
@@ -115,12 +132,7 @@ def posbench(*args, cwd=None, check=True, env=None):
     None, to remove): a process of its own, forked from this worker's warm interpreter, or a
     fresh interpreter where the environment differs from the warm one's in what libraries read
     at import (tests/zygote.py)."""
-    environ = dict(os.environ)
-    for key, value in (env or {}).items():
-        if value is None:
-            environ.pop(key, None)
-        else:
-            environ[key] = str(value)
+    environ = command_env(env)
     args = list(map(str, args))
     with _STARTING:
         if not _ZYGOTE and hasattr(os, "fork"):
@@ -128,8 +140,7 @@ def posbench(*args, cwd=None, check=True, env=None):
     if _ZYGOTE and _ZYGOTE[0].ready and import_time_env(environ) == _ZYGOTE[0].env:
         proc = _ZYGOTE[0].run(args, cwd, environ, timeout=600)
     else:
-        proc = subprocess.run([sys.executable, "-m", "posbench.cli", *args], cwd=cwd, env=environ,
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        proc = fresh_posbench(*args, cwd=cwd, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"posbench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc

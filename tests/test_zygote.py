@@ -7,12 +7,8 @@ import sys
 import pytest
 
 import conftest
+from conftest import fresh_posbench as fresh
 from conftest import posbench
-
-
-def fresh(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "posbench.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600, env={**os.environ, **(env or {})})
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here: every command runs in a fresh interpreter")
