@@ -13,5 +13,6 @@ cd "$(dirname "$0")/.."
 source scripts/headline_dirs.sh  # study, sweep, find_headline
 find_headline
 EXPERIMENT=reference ENCODINGS=${ENCODINGS:-fox,p_rope,rope_nope,stickbreaking,dape,pope} \
-    OUT=${OUT:-outputs/new_schemes} RESULTS=${RESULTS:-results/new_schemes} BESIDE="${headline[*]}" \
+    OUT=${OUT:-outputs/new_schemes} RUNS=${RUNS:-results/new_schemes/runs} RESULTS=${RESULTS:-results/new_schemes} \
+    BESIDE="${headline[*]}" \
     bash scripts/zoo.sh

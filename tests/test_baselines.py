@@ -24,7 +24,8 @@ def rope_run(smoke_rope_run):
 def test_an_exported_run_keeps_its_block_sums_in_a_few_kib(smoke_run, tmp_path):
     written = export_baseline([smoke_run], tmp_path / "bundle")
     assert [p.relative_to(tmp_path / "bundle").as_posix() for p in written] == ["alibi/run"]
-    assert sorted(p.name for p in written[0].iterdir()) == [BLOCKS_FILE, "config.yaml", "results.csv"]
+    assert sorted(p.name for p in written[0].iterdir()) == [BLOCKS_FILE, "config.yaml", "positions.csv", "results.csv"]
+    assert (written[0] / "positions.csv").read_bytes() == (smoke_run / "positions.csv").read_bytes()
     assert (written[0] / BLOCKS_FILE).stat().st_size < 8192 < (smoke_run / "token_nll.npz").stat().st_size
     here, there = run_blocks(smoke_run), run_blocks(written[0])
     assert here.keys() == there.keys() and len(here) == len(pd.read_csv(smoke_run / "results.csv"))

@@ -3,14 +3,15 @@
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from conftest import SMOKE, compose, posbench
 from posbench.build import build_model
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
-from posbench.report.learned_bias import (bias_by_distance, has_learned_bias, learned_bias_figure, write_report_figure,
-                                   write_run_figure)
+from posbench.report.learned_bias import (bias_by_distance, has_learned_bias, learned_bias_figure, run_bias,
+                                          write_report_figure, write_run_figure)
 from posbench.train.optim import make_optimizer
 from posbench.data.windows import WindowSampler
 
@@ -151,3 +152,15 @@ def test_train_eval_and_report_draw_the_learned_bias(tmp_path):
     no_checkpoint.mkdir()
     (no_checkpoint / "results.csv").write_bytes((run / "results.csv").read_bytes())
     assert write_report_figure([no_checkpoint], tmp_path / "none") == []  # results only: nothing to draw
+    # an exported run keeps the table in place of the weights: its report draws the same lines
+    from posbench.report.baselines import export_baseline
+
+    exported = export_baseline([run], tmp_path / "bundle")[0]
+    assert (exported / "learned_bias.npz").is_file() and not list(exported.rglob("*.pt"))
+    assert report([exported], tmp_path / "from_bundle", reference=None).files
+    lines = [{i for i in svg_ids(d / "learned_bias.svg") if i.startswith("bias:")} for d in (tmp_path / "report",
+                                                                                               tmp_path / "from_bundle")]
+    assert lines[0] == lines[1] == {f"bias:kerple_log:0:0:{head}" for head in range(4)}
+    (original, bias), (options, table) = run_bias(run), run_bias(exported)
+    assert options == original
+    pd.testing.assert_frame_equal(table, bias, check_dtype=False)  # the bias bit for bit (float32 in both)

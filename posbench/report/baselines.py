@@ -10,9 +10,13 @@ writes exactly that for every run under some run or sweep dirs, one folder per r
 * ``config.yaml``, the run's config (the report checks that a line's runs share it, and ``--by``
   reads it);
 * ``blocks.npz``, per results row (named by :func:`posbench.eval.token_nll.row_key`) a (2,
-  BLOCKS) array: the blocks' NLL sums and their token counts.
+  BLOCKS) array: the blocks' NLL sums and their token counts;
+* where the run has them, ``positions.csv`` (the report's NLL-by-position figure) and
+  ``learned_bias.npz`` (its learned bias by distance, :mod:`posbench.report.learned_bias`, which
+  the report would otherwise rebuild from the checkpoint).
 
-A few KiB per run instead of 0.5 MiB per row of ``token_nll.npz``. The bundles live in
+A few KiB per run instead of 0.5 MiB per row of ``token_nll.npz`` (up to 60 KiB more for a
+per-layer learned bias). The bundles live in
 ``results/baselines/<study>/`` and ship inside the wheel as ``posbench/baselines/<study>/``, so
 ``posbench report MY_RUNS --baseline <study>`` works from a pip install; the report reads a
 bundle's run folders as it reads run dirs (:func:`run_blocks`). The pairing holds only where
@@ -36,8 +40,11 @@ from ..eval.token_nll import FILE as TOKEN_NLL
 from ..eval.token_nll import read_token_nll, row_key
 from ..intervals import block_sums
 from ..runs.rundir import atomic_write
+from .learned_bias import TABLE_FILE as BIAS_TABLE
+from .learned_bias import run_bias, write_bias_table
 
 BLOCKS_FILE = "blocks.npz"
+POSITIONS = "positions.csv"
 
 
 def baselines_dir() -> Path | None:
@@ -98,6 +105,10 @@ def export_baseline(paths: list[str | Path], out: str | Path) -> list[Path]:
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results, dest / RESULTS)
         shutil.copyfile(run / "config.yaml", dest / "config.yaml")
+        if (run / POSITIONS).is_file():
+            shutil.copyfile(run / POSITIONS, dest / POSITIONS)
+        if (bias := run_bias(run)) is not None:
+            write_bias_table(bias[1], dest / BIAS_TABLE)
         buffer = io.BytesIO()
         np.savez(buffer, **{k: np.stack([blocks[k][0], blocks[k][1].astype(np.float64)]) for k in sorted(keys)})
         atomic_write(dest / BLOCKS_FILE, lambda f: f.write(buffer.getvalue()))

@@ -11,13 +11,16 @@ False) get one row set per layer.
 - :func:`write_run_figure`: ``learned_bias.png`` / ``.svg`` in a run dir (``posbench train``
   and ``posbench eval``).
 - :func:`write_report_figure`: ``learned_bias.png`` / ``.svg`` in a report dir, one panel per
-  encoding, every run's heads (gid ``bias:<encoding>:<run #>:<layer>:<head>``).
+  encoding, every run's heads (gid ``bias:<encoding>:<run #>:<layer>:<head>``), from each run's
+  checkpoint, or from the ``learned_bias.npz`` table an exported run keeps in its place
+  (:func:`posbench.report.baselines.export_baseline`: the table, not the weights).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -25,6 +28,7 @@ from ..encodings import PositionEncoding
 
 COLUMNS = ["layer", "head", "distance", "bias"]
 FILE = "learned_bias.png"
+TABLE_FILE = "learned_bias.npz"  # an exported run's bias by distance (no checkpoint to rebuild it from)
 
 
 def has_learned_bias(encoding: PositionEncoding) -> bool:
@@ -130,11 +134,36 @@ def trained_encoding(run_dir: str | Path) -> tuple[dict, PositionEncoding] | Non
     return options, encoding
 
 
+def write_bias_table(table: pd.DataFrame, path: str | Path) -> None:
+    """``table`` (:func:`bias_by_distance`'s rows) as compressed columns: the bias in float32, as
+    :func:`bias_by_distance` computes it, so a figure drawn from the file is the checkpoint's."""
+    from ..runs.rundir import atomic_write
+
+    columns = {"layer": table.layer.to_numpy(np.int16), "head": table["head"].to_numpy(np.int16),
+               "distance": table.distance.to_numpy(np.int32), "bias": table.bias.to_numpy(np.float32)}
+    atomic_write(Path(path), lambda f: np.savez_compressed(f, **columns))
+
+
+def read_bias_table(path: str | Path) -> pd.DataFrame:
+    with np.load(path) as f:
+        return pd.DataFrame({c: f[c] for c in COLUMNS})
+
+
 def run_bias(run_dir: str | Path) -> tuple[dict, pd.DataFrame] | None:
-    """A trained run's encoding config and its bias by distance, or None when it has no learned
-    bias (or no checkpoint)."""
+    """A run's encoding config and its bias by distance: from its checkpoint, or from an exported
+    run's ``learned_bias.npz`` and config.yaml; None when it has no learned bias (or neither)."""
     found = trained_encoding(run_dir)
-    if found is None or not has_learned_bias(found[1]):
+    if found is None:
+        run = Path(run_dir)
+        if not ((run / TABLE_FILE).is_file() and (run / "config.yaml").is_file()):
+            return None
+        from omegaconf import OmegaConf
+
+        from ..encodings import saved_options
+
+        encoding = OmegaConf.to_container(OmegaConf.load(run / "config.yaml").encoding, resolve=True)
+        return saved_options(encoding), read_bias_table(run / TABLE_FILE)
+    if not has_learned_bias(found[1]):
         return None
     options, encoding = found
     return options, bias_by_distance(encoding, _default_distance(encoding))
