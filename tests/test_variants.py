@@ -3,6 +3,8 @@ written here, and, where the math says two variants are the same function, a tes
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -237,6 +239,7 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
     from posbench.train import loop as train_module
     from posbench.convert import convert_run
     from posbench.eval.ladder import evaluate
+    from posbench.eval.token_nll import read_token_nll
     from posbench.train.loop import train
 
     shape = ["model.d_model=64", "model.n_heads=4", "model.n_layers=2", "model.d_ff=128"]
@@ -272,14 +275,18 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
     moved = [i for i in old_m if not torch.equal(old_m[i]["exp_avg"], new_m[i]["exp_avg"])]
     assert len(moved) == 2  # the two layers' qkv weights
     assert new["config_hash"] != old["config_hash"] and new["step"] == old["step"] == 6
-    # the step-6 weights read with the new pairing (no permutation) score visibly differently
+    # the step-6 weights read with the new pairing (no permutation) score differently, token by token:
+    # 200x the converted run's mean gap (6 steps from the init, whole-split perplexities differ only
+    # in their 6th digit, too close to the converted run's float noise to tell apart)
     unconverted = tmp_path / "unconverted"
     convert_run(out, "interleaved", unconverted)  # a copy of the converted run...
     torch.save({**torch.load(unconverted / "checkpoints/last.pt", weights_only=False), "model": old["model"]},
                unconverted / "checkpoints/last.pt")  # ...holding the unpermuted weights
-    wrong = evaluated(unconverted)
-    for b, a, w in zip(before.ppl, after.ppl, wrong.ppl):
-        assert abs(a - b) * 10 < abs(w - b)
+    evaluated(unconverted)
+    b, a, w = (read_token_nll(d / "token_nll.npz") for d in (run, out, unconverted))
+    assert b.keys() == a.keys() == w.keys() and len(b) == 2
+    for key in b:
+        assert np.abs(a[key] - b[key]).mean() * 10 < np.abs(w[key] - b[key]).mean()
     # both runs resume from step 6 (the converted one under its own config) and end alike
     finished = train(cfg, run).rows.ppl.tolist()
     assert train(cfg_interleaved, out).rows.ppl.tolist() == pytest.approx(finished, rel=1e-5)
