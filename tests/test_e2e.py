@@ -94,7 +94,7 @@ def test_multirun_sweep_and_report(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["encoding=alibii"], "unknown encoding 'alibii'; valid choices: alibi, "),
     (["model=huge"], "unknown model 'huge'; valid choices: alibi_paper, base, small, task, tiny"),
-    (["model.n_heads=7"], "model.n_heads=7 does not divide model.d_model=256"),
+    (["model.n_heads=7"], "model.n_heads=7 does not divide model.d_model=64"),
     (["train.steps=abc"], "train.steps must be int, got 'abc'"),
     (["train.lr=-1"], "train.lr must be > 0, got -1.0"),
     (["eval.lengths=[64,100000000]"], "eval length 100000000 is longer than the"),
