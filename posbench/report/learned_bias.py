@@ -112,13 +112,22 @@ def write_run_figure(encoding: PositionEncoding, run_dir: str | Path, max_distan
     return save(fig, Path(run_dir) / FILE, also_svg=True)
 
 
+def _encoding_options(cfg) -> dict:
+    """A run config's encoding options, as the run's encoding was built from them."""
+    from omegaconf import OmegaConf
+
+    from ..encodings import saved_options
+
+    return saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))
+
+
 def trained_encoding(run_dir: str | Path) -> tuple[dict, PositionEncoding] | None:
     """A trained run's encoding options and its encoding with the checkpoint's weights (only the
     encoding is rebuilt), or None when the run has no config or checkpoint."""
     from omegaconf import OmegaConf
 
     from ..config import model_config
-    from ..encodings import build_encoding, saved_options
+    from ..encodings import build_encoding
     from ..model import LanguageModel
     from ..runs.rundir import RunDir, load_checkpoint
 
@@ -126,7 +135,7 @@ def trained_encoding(run_dir: str | Path) -> tuple[dict, PositionEncoding] | Non
     if not (run.config.is_file() and run.checkpoint.is_file()):
         return None
     cfg = OmegaConf.load(run.config)
-    options = saved_options(OmegaConf.to_container(cfg.encoding, resolve=True))
+    options = _encoding_options(cfg)
     weights = load_checkpoint(run.checkpoint)["model"]
     dims = LanguageModel.dims(model_config(cfg.model), int(cfg.train.train_len), weights["tok_emb.weight"].shape[0])
     encoding = build_encoding(options, dims)
@@ -159,10 +168,7 @@ def run_bias(run_dir: str | Path) -> tuple[dict, pd.DataFrame] | None:
             return None
         from omegaconf import OmegaConf
 
-        from ..encodings import saved_options
-
-        encoding = OmegaConf.to_container(OmegaConf.load(run / "config.yaml").encoding, resolve=True)
-        return saved_options(encoding), read_bias_table(run / TABLE_FILE)
+        return _encoding_options(OmegaConf.load(run / "config.yaml")), read_bias_table(run / TABLE_FILE)
     if not has_learned_bias(found[1]):
         return None
     options, encoding = found
