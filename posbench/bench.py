@@ -571,13 +571,11 @@ def main(argv: list[str] | None = None) -> None:
         fresh = {tuple(r[k] for k in key) for r in result["rows"]}
         result = {"machine": old["machine"], "kernels": result["kernels"] or old["kernels"],
                   "rows": [r for r in old["rows"] if tuple(r[k] for k in key) not in fresh] + result["rows"]}
-    import pandas as pd
-
     from .runs.rundir import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     text = tables(result)
-    atomic_write_text(out / "bench.csv", pd.DataFrame(result["rows"]).to_csv(index=False))
+    atomic_write_text(out / "bench.csv", measured(result).to_csv(index=False))  # every column, errors or none
     atomic_write_text(out / "bench.json", json.dumps(result, indent=1))
     atomic_write_text(out / "bench.md", text)
     print("\n" + text)

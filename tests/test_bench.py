@@ -19,6 +19,7 @@ def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     rows = pd.read_csv(out / "bench.csv")
     assert len(rows) == 2 * (1 + 1) and set(rows.kind) == {"train", "eval"} and set(rows.malloc) == {"posbench"}
     assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 100).all()  # torch alone is > 100 MB resident
+    assert rows.error.isna().all()  # the column is there when no figure failed
     assert (rows.params > 5e6).all()  # the tiny model: 5.25M parameters
     text = (out / "bench.md").read_text()
     assert "| alibi | posbench | 5.25M |" in text

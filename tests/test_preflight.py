@@ -80,12 +80,12 @@ def test_estimate_is_within_a_factor_of_two_of_the_measured_peak(kind, length, n
 def test_a_job_that_cannot_fit_is_refused_with_its_estimate_and_the_flag_overrides(tmp_path):
     run = tmp_path / "run"
     # a job far past any machine, as `posbench train encoding=learned train.train_len=100000` (the smoke
-    # slice has 95k train tokens): 32 windows of 90,000 tokens
-    proc = posbench("train", *SMOKE, "encoding=learned", "train.train_len=90000", "train.batch_size=32",
+    # slice has 95k train tokens): 4,096 windows of 90,000 tokens, terabytes even on SMOKE's narrow model
+    proc = posbench("train", *SMOKE, "encoding=learned", "train.train_len=90000", "train.batch_size=4096",
                     "train.steps=2", "eval.lengths=[32]", f"hydra.run.dir={run}", cwd=tmp_path, check=False)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert lines[-1].startswith("posbench: error: a training step of 32 windows x train.train_len=90000 "
+    assert lines[-1].startswith("posbench: error: a training step of 4096 windows x train.train_len=90000 "
                                 "needs about "), lines[-1]
     assert "GB of available RAM" in lines[-1] or "GB of memory left under" in lines[-1], lines[-1]
     assert lines[-1].endswith("or train.preflight=false to run it anyway")
@@ -93,12 +93,10 @@ def test_a_job_that_cannot_fit_is_refused_with_its_estimate_and_the_flag_overrid
 
     # a small job under a limit it exceeds is refused; train.preflight=false runs it anyway
     small = ["train", *SMOKE, "train.steps=2", "eval.lengths=[32]", f"hydra.run.dir={run}"]
-    limited = {**os.environ, "POSBENCH_MEMORY_LIMIT": "0.001"}
-    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *small], env=limited, capture_output=True,
-                          text=True, timeout=600)
+    limited = {"POSBENCH_MEMORY_LIMIT": "0.001"}
+    proc = posbench(*small, env=limited, cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "than the 0.00 GB of memory set by POSBENCH_MEMORY_LIMIT" in proc.stderr
     assert not run.exists()
-    proc = subprocess.run([sys.executable, "-m", "posbench.cli", *small, "train.preflight=false",
-                           "eval.preflight=false"], env=limited, capture_output=True, text=True, timeout=600)
+    proc = posbench(*small, "train.preflight=false", "eval.preflight=false", env=limited, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "results.csv").exists()
