@@ -18,7 +18,10 @@
 #   bash scripts/zoo.sh report               # the report of the runs exported so far, and stop
 #   JOBS=15 EXTRA=train.compile=false bash scripts/zoo.sh     # on a GPU machine
 # EXPERIMENT (default zoo), ENCODINGS, OUT, RUNS, RESULTS and BESIDE (run or sweep dirs reported
-# beside these; scripts/new_schemes.sh uses them) make the same comparison elsewhere.
+# beside these; scripts/new_schemes.sh uses them) make the same comparison elsewhere. ONLY
+# (default all: encodings,ssmax,logn,qk_norm,window) trains only those groups, so that several
+# zoo.sh processes can train the groups side by side on a machine with cores to spare:
+#   ONLY=encodings JOBS=10 bash scripts/zoo.sh & ONLY=ssmax,logn,qk_norm,window JOBS=4 bash scripts/zoo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 encodings=${ENCODINGS:-$(posbench encodings | awk 'NR>1 && NF>3 && $1!="(params:" && $1!~/^model/ {print $1}' | paste -sd, -)}
@@ -35,6 +38,14 @@ sub="\${encoding.name}/seed=\${seed}"
 # group, then the encodings it trains and the model option that sets it apart
 groups=("encodings $encodings" "ssmax nope,rope model.length_scaling=ssmax" "logn nope model.length_scaling=logn"
         "qk_norm rope model.qk_norm=true" "window rope model.window=128")
+names=$(for group in "${groups[@]}"; do echo "${group%% *}"; done | paste -sd, -)
+selected=${ONLY:-$names}
+for name in ${selected//,/ }; do
+    if [[ ",$names," != *",$name,"* ]]; then
+        echo "zoo.sh: unknown group ONLY=$selected ('$name'); valid: $names" >&2
+        exit 2
+    fi
+done
 
 export_finished() {  # a finished run (its ppl_vs_length.png is drawn last) without an export gets one
     local plot run rel tmp
@@ -42,6 +53,7 @@ export_finished() {  # a finished run (its ppl_vs_length.png is drawn last) with
         [ -e "$plot" ] || continue
         run=${plot%/ppl_vs_length.png}
         rel=${run#"$out"/}
+        [[ ",$selected," == *",${rel%%/*},"* ]] || continue  # another zoo.sh exports its own groups
         [ -e "$runs/$rel/blocks.npz" ] && continue
         tmp=$(mktemp -d)
         if posbench report "$run" --export-baseline "$tmp" > /dev/null; then
@@ -79,6 +91,7 @@ exporter=$!
 trap 'kill $exporter 2> /dev/null || true' EXIT
 for group in "${groups[@]}"; do
     read -r name which setting <<< "$group"
+    [[ ",$selected," == *",$name,"* ]] || continue
     which=$(to_train "$name" "$which")
     if [ -z "$which" ]; then
         echo "$name: every run is exported to $runs/$name"
