@@ -10,6 +10,10 @@ ratio_ci_high): "yes" if the whole interval is <= 1.05, "partly" if it lies with
 "no" if it lies above 1.5 or the encoding cannot run that long. An interval that straddles 1.05
 or 1.5 supports neither side: "not distinguishable (yes/partly)"; one that is missing, "no interval".
 Rows are sorted by the ratio's point estimate, which is no ranking where intervals overlap.
+A line set apart by ``--by`` options shows only the values that differ from what most lines
+have (``posbench.eval.results.compact_labels``): the report's ``rope [length_scaling=none,
+qk_norm=False, window=128]`` is ``rope [window=128]``, and a line under the table names the
+values left out.
 """
 
 import math
@@ -18,6 +22,7 @@ import sys
 import pandas as pd
 
 from posbench.encodings import REGISTRY
+from posbench.eval.results import compact_labels
 
 BOUNDS = ((1.05, "yes"), (1.5, "partly"), (math.inf, "no"))
 
@@ -50,15 +55,18 @@ def main(path: str) -> None:
         ratio, low, high = (float(longest.get(c, math.nan)) for c in ("ratio_mean", "ratio_ci_low", "ratio_ci_high"))
         params = (float(g.params.iloc[0]), float(g.pos_params.iloc[0])) if "params" in g else (math.nan, math.nan)
         rows.append((ratio, label, str(g.encoding.iloc[0]), params, base, longest.ppl_mean, low, high))
-    for ratio, label, enc, (params, pos), base, longest, low, high in sorted(rows, key=lambda r: (math.isnan(r[0]),
-                                                                                                  r[0])):
+    rows.sort(key=lambda r: (math.isnan(r[0]), r[0]))
+    shorts, common = compact_labels([r[1] for r in rows])
+    for short, (ratio, label, enc, (params, pos), base, longest, low, high) in zip(shorts, rows):
         cls = REGISTRY.get(enc)
         paper, hook = (cls.paper, cls.hook_kind()) if cls else ("", "")
         fmt = lambda v: "n/a" if v != v else f"{v:.1f}"
         count = "n/a" if params != params else f"{params / 1e6:.2f}M ({int(pos):,})"
         shown = "n/a" if ratio != ratio else f"{ratio:.3f}" + ("" if low != low else f" [{low:.3f}, {high:.3f}]")
-        lines.append(f"| `{label}` | {paper} | {hook} | {count} | {fmt(base)} | {fmt(longest)} | {shown} | "
+        lines.append(f"| `{short}` | {paper} | {hook} | {count} | {fmt(base)} | {fmt(longest)} | {shown} | "
                      f"{verdict(ratio, low, high)} |")
+    if common:
+        lines += ["", f"Unless a line shows otherwise: {common}."]
     print("\n".join(lines))
 
 

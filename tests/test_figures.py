@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 from test_report import positions_rows, reference_csv, rows, svg_ids, write_run
 
-from posbench.eval.results import with_labels
+from posbench.eval.results import compact_labels, with_labels
 from posbench.report.figures import (
     DPI,
     MIN_BIN_TOKENS,
@@ -178,6 +178,34 @@ def test_one_colour_per_line_in_every_figure_with_by(tmp_path):
     assert colour[first]["ours"] != colour[second]["ours"]
     # the published t5 takes the colour of our first t5 line
     assert svg_colour(out / "report.svg", "paper:t5") == colour[first]["ours"]
+
+
+def test_by_values_most_lines_share_are_named_once_in_the_legends_title(tmp_path):
+    """A zoo's --by lines: what most lines share leaves their legend entries and goes to the title."""
+    runs = [run(tmp_path / f"{enc}-{scale}", rows(enc, 0, {64: ppl, 128: ppl + 0.5}, chash=f"{enc}{scale}",
+                                                 train_len=64), encoding={"bias_scale": scale})
+            for enc, scale, ppl in (("t5", "none", 11.0), ("alibi", "none", 10.0), ("t5", "sqrt", 10.5))]
+    report(runs, tmp_path / "out", by=["encoding.bias_scale"])
+    text = svg_text(tmp_path / "out/report.svg")
+    assert "unless shown: bias_scale=none" in text
+    assert "t5 [bias_scale=sqrt]" in text and "bias_scale=none]" not in text
+    assert pd.read_csv(tmp_path / "out/report.csv").label.str.contains(r"\[bias_scale=none\]").any()  # tables: in full
+
+
+def test_compact_labels_leave_out_only_a_strict_majority_and_keep_lines_apart():
+    zoo = ["alibi [scaling=none, window=0]", "rope [scaling=none, window=128]", "rope [scaling=ssmax, window=0]",
+           "rope [scaling=none, window=0]", "rope sliding/64"]
+    assert compact_labels(zoo) == (["alibi", "rope [window=128]", "rope [scaling=ssmax]", "rope", "rope sliding/64"],
+                                   "scaling=none, window=0")
+    tie = ["t5 [bias_scale=none]", "t5 [bias_scale=sqrt]"]
+    assert compact_labels(tie) == (tie, "")  # a tie names no common value
+    odd = ["t5 [lengths=[1, 2]]", "t5 [lengths=[3]]"]  # not k=v pairs: as they are
+    assert compact_labels(odd) == (odd, "")
+    assert compact_labels(["a [x=1]", "b [x=1]", "c [x=2]"])[0] == ["a", "b", "c [x=2]"]
+    same = ["a [x=1]", "a [x=1]", "b [x=2]"]  # a line counts once, however often its label comes
+    assert compact_labels(same) == (same, "")
+    suffixed = ["a [x=1] (L=2048)", "b [x=1] (L=128)", "c [x=2] (L=2048)"]  # positions' legend
+    assert compact_labels(suffixed)[0] == ["a (L=2048)", "b (L=128)", "c [x=2] (L=2048)"]
 
 
 # ---------------------------------------------------------------- 4. cells with another seed count

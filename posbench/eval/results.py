@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -117,6 +118,39 @@ def variant_text(config: dict, keys: list[str]) -> str:
     """'bias_scale=none, steps=800': the values of the dotted ``keys`` in a run's flattened
     config, each named by its last component ('unset' where the run's config lacks it)."""
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={config.get(k, 'unset')}" for k in keys)
+
+
+def compact_labels(labels: list[str]) -> tuple[list[str], str]:
+    """Line labels whose ``[k=v, ...]`` variants (:func:`variant_text`) repeat what most lines share,
+    shortened: each ``k=v`` whose value is the one most of the labels with ``k`` have (strictly
+    more than any other value) is left out, and brackets left empty go, so a zoo's
+    ``rope [length_scaling=none, qk_norm=False, window=128]`` reads ``rope [window=128]``.
+    -> (the labels, in order, and 'length_scaling=none, ...' naming what was left out, for a
+    legend's title; '' when nothing was). Labels without a variant stay as they are, and all of
+    them do where one variant does not read as ``k=v`` pairs; distinct labels stay distinct."""
+    parsed = []
+    for label in labels:
+        m = re.fullmatch(r"(.*?) \[(.*)\]((?: \([^()]*\))?)", label)  # base [variant] (a figure's suffix)
+        pairs = [kv.split("=", 1) for kv in m[2].split(", ")] if m else None
+        if pairs is not None and not all(len(kv) == 2 for kv in pairs):
+            return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
+        parsed.append((m[1], pairs, m[3]) if pairs else (label, None, ""))
+    counts: dict[str, dict[str, int]] = {}
+    for label in dict.fromkeys(labels):  # each line once
+        _, pairs, _ = parsed[labels.index(label)]
+        for k, v in pairs or []:
+            counts.setdefault(k, {})
+            counts[k][v] = counts[k].get(v, 0) + 1
+    common = {}
+    for k, values in counts.items():
+        ranked = sorted(values.values(), reverse=True)
+        if len(ranked) == 1 or ranked[0] > ranked[1]:
+            common[k] = max(values, key=values.get)
+    out = []
+    for label, (base, pairs, tail) in zip(labels, parsed):
+        kept = [f"{k}={v}" for k, v in pairs or [] if common.get(k) != v]
+        out.append(label if pairs is None else (f"{base} [{', '.join(kept)}]" if kept else base) + tail)
+    return out, ", ".join(f"{k}={v}" for k, v in common.items())
 
 
 def stride_tags(df: pd.DataFrame) -> pd.Series:

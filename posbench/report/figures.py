@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..eval.results import LINE, line_names
+from ..eval.results import LINE, compact_labels, line_names
 from ..runs.rundir import atomic_write
 
 DPI = 120
@@ -215,10 +215,21 @@ def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
 
 
 def _legend(ax, n: int) -> None:
+    """The legend of ``n`` lines, outside the axes past 10; ``--by`` values most lines share are
+    left out of the entries and named once in the title (:func:`compact_labels`)."""
+    handles, labels = ax.get_legend_handles_labels()
+    labels, common = compact_labels(labels)
+    title = {"title": f"unless shown: {common}", "title_fontsize": "small"} if common else {}
     if n > 10:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), **title)
     else:
-        ax.legend(fontsize="small")
+        ax.legend(handles, labels, fontsize="small", **title)
+
+
+def _height(n: int, few: float, many: float = 5.4) -> float:
+    """A figure's height in inches: ``few`` up to 10 lines, else tall enough for a legend of ``n``
+    entries beside the axes (about 0.2 inch each at the small font)."""
+    return few if n <= 10 else max(many, 0.2 * n + 1.4)
 
 
 # ---------------------------------------------------------------- perplexity and its ratio
@@ -365,7 +376,7 @@ def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log
     names = list(dict.fromkeys(palette.names(summary)))
     many = len(names) > 10
     panels = 3 if matched else 2
-    fig, axes = plt.subplots(1, panels, figsize=((9.0 if many else 6.0) + 5.4 * (panels - 1), 5.4 if many else 4.8),
+    fig, axes = plt.subplots(1, panels, figsize=((9.0 if many else 6.0) + 5.4 * (panels - 1), _height(len(names), 4.8)),
                              sharex=True, layout="constrained", squeeze=False)
     ours, ratio = axes[0, 0], axes[0, 1]
     _draw_ours(ours, summary, palette, multiples=True)
@@ -394,7 +405,8 @@ def run_figure(summary: pd.DataFrame, title: str | None = None, setup: pd.DataFr
     palette = Palette(summary)
     names = list(dict.fromkeys(palette.names(summary)))
     many = len(names) > 10
-    fig, (ax, ratio) = plt.subplots(1, 2, figsize=(14.0, 5.4) if many else (11.0, 4.4), layout="constrained")
+    fig, (ax, ratio) = plt.subplots(1, 2, figsize=(14.0 if many else 11.0, _height(len(names), 4.4)),
+                                    layout="constrained")
     _draw_ours(ax, summary, palette, multiples=False)
     _draw_ratio(ratio, summary, palette, multiples=False)
     for a in (ax, ratio):
@@ -424,7 +436,8 @@ def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Pale
     positions = positions.assign(name=palette.names(positions))
     names = list(dict.fromkeys(positions.name))
     longest = int(positions.eval_len.max())
-    fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(9.0 if len(names) > 10 else 6.4, _height(len(names), 4.4, 5.2)),
+                           layout="constrained")
     left_out = 0
     drawn = 0
     for name, line in positions.groupby("name", sort=False):
@@ -469,7 +482,8 @@ def training_figure(curves: pd.DataFrame, palette: Palette | None = None, setup:
     palette = palette or Palette(extra=list(dict.fromkeys(curves.name)))
     names = list(dict.fromkeys(curves.name))
     by_tokens = curves.tokens.notna().all()
-    fig, ax = plt.subplots(figsize=(9.0, 5.2) if len(names) > 10 else (6.4, 4.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(9.0 if len(names) > 10 else 6.4, _height(len(names), 4.4, 5.2)),
+                           layout="constrained")
     banded = False
     for name, g in curves.groupby("name", sort=False):
         at = g.groupby("step").agg(x=("tokens" if by_tokens else "step", "mean"), mean=("loss", "mean"),
