@@ -238,9 +238,21 @@ def user_errors(run_dir: Path | None):
     """A single run: PosbenchError -> one line, exit 2, its fresh run dir removed; a bug keeps
     its traceback. A multirun job: any exception, user error or bug (with its type), is
     recorded in the job dir's ``FAILED`` and the sweep goes on; it exits 1 at the end naming
-    the failed jobs. Ctrl-C (SystemExit, KeyboardInterrupt) still stops the sweep."""
+    the failed jobs. Ctrl-C (SystemExit, KeyboardInterrupt) still stops the sweep, and ends a job
+    that runs in a pool's worker process (``hydra/launcher=local_parallel``) with the worker: the
+    signal went to the whole process group, the launcher is gone, and a worker left alive would
+    idle on, or start a queued job, after the sweep was stopped."""
     try:
         yield
+    except (SystemExit, KeyboardInterrupt) as e:
+        import multiprocessing
+
+        if multiprocessing.parent_process() is None or not _in_multirun():
+            raise
+        code = 130 if isinstance(e, KeyboardInterrupt) else e.code if isinstance(e.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # the job's own cleanup (checkpoint, run-dir lock) ran as the exception rose
     except Exception as e:
         if isinstance(e, BrokenPipeError):
             raise  # stdout closed (`| head`): main ends quietly, as SIGPIPE would; no job failed

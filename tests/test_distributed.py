@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import SMOKE, posbench
+from conftest import COMMAND, SMOKE, posbench
 from posbench.runs.distributed import World, micro_batches, shard
 from posbench.errors import PosbenchError
 
@@ -110,6 +110,51 @@ def test_a_failed_job_under_the_parallel_launcher_fails_the_sweep(tmp_path):
     failed = list(sweep.rglob("FAILED"))
     assert len(failed) == 1 and "train.train_len=1000000" in str(failed[0].parent)
     assert len(list(sweep.rglob("results.csv"))) == 1
+
+
+def group_alive(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that still run (zombies, which an init that does
+    not reap leaves behind, do not count)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_parallel_sweep_checkpoints_its_job_and_starts_no_queued_one(tmp_path):
+    """SIGTERM to a local_parallel sweep's process group (`kill -- -PGID`, a cluster ending the
+    allocation): the running job checkpoints, and its worker ends with the launcher instead of
+    idling on (or taking the queued job) as an orphan."""
+    import signal
+    import time
+
+    sweep = tmp_path / "sweep"
+    cmd = [*COMMAND, "-m", "train", *QUICK, "train.steps=4000", "train.ckpt_every=4000", "encoding=alibi,rope,nope",
+           "hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    deadline = time.time() + 300
+    started = []
+    while time.time() < deadline and proc.poll() is None and len(started) < 2:
+        started = [m for m in sweep.rglob("metrics.jsonl") if len(m.read_text().splitlines()) >= 3]
+        time.sleep(0.2)
+    assert proc.poll() is None and sorted(m.parent.parent.name for m in started) == ["alibi", "rope"]
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=120)
+    deadline = time.time() + 60  # the workers (and loky's resource tracker) end with the sweep
+    while time.time() < deadline and group_alive(proc.pid):
+        time.sleep(0.5)
+    assert not group_alive(proc.pid)
+    for job in (m.parent for m in started):
+        stopped = torch.load(job / "checkpoints" / "last.pt", weights_only=True)["step"]
+        assert 3 <= stopped < 4000
+    assert not (sweep / "nope").exists()  # the queued job never started
 
 
 @pytest.mark.slow
