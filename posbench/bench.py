@@ -321,9 +321,10 @@ MALLOCS = ("system", "posbench")  # glibc's default; posbench's (freed memory ke
 
 
 def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: int, mallocs=MALLOCS,
-          log=print, device: str = "cpu") -> dict:
+          log=print, device: str = "cpu", matmuls: bool = True) -> dict:
     """Run every measurement on ``device`` (cpu or cuda); -> {"machine": {...}, "rows": [...],
-    "kernels": [...]}."""
+    "kernels": [...]}. ``matmuls=False`` skips the machine's matmul peaks (``--update`` keeps the
+    earlier run's machine figures, so measuring them again would be thrown away)."""
     import torch
 
     from .build import autocast_dtype
@@ -339,12 +340,14 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
 
     def matmul(dtype: str) -> float:
+        if not matmuls:
+            return math.nan
         return run_child({"what": "matmul", "dtype": dtype, "device": device})["gflops"]
 
     machine = {"cpu": name, "cores": os.cpu_count(), "device": device, "torch": torch.__version__,
                "python": platform.python_version(), "precision": precision, **{f"{d}_gflops": matmul(d) for d in dtypes}}
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {precision}; matmul 2048^3: "
-        + ", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes))
+        + (", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes) if matmuls else "not measured"))
     impls = ["posbench"] + (["x-transformers", "x-transformers flash"] if peer else [])
     rows = []
     for encoding in encodings:
@@ -563,7 +566,8 @@ def main(argv: list[str] | None = None) -> None:
         from .errors import PosbenchError
         raise PosbenchError(f"--update needs an earlier run's {out / 'bench.json'}; valid: run posbench bench "
                             f"--out {out} first, or leave out --update")
-    result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, mallocs, device=ns.device)
+    result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, mallocs, device=ns.device,
+                   matmuls=not ns.update)
     if ns.update:
         old = json.loads((out / "bench.json").read_text())
         old["rows"] = measured(old).to_dict("records")  # older files: the allocator of each row

@@ -1,6 +1,7 @@
 """posbench bench: a real (tiny) run of the benchmark, its tables and its errors."""
 
 import importlib.util
+import json
 import os
 
 import pandas as pd
@@ -29,8 +30,11 @@ def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     assert "wrote" in done.stdout
     # --update re-measures the named encodings and keeps the others' rows; another allocator
     # setting adds rows beside the first setting's
-    posbench("bench", "--encodings", "alibi", "--train-lens", "--eval-lens", "128", "--no-peer", "--update",
-             "--malloc", "posbench", "system", "--out", str(out))
+    machine = json.loads((out / "bench.json").read_text())["machine"]
+    again = posbench("bench", "--encodings", "alibi", "--train-lens", "--eval-lens", "128", "--no-peer", "--update",
+                     "--malloc", "posbench", "system", "--out", str(out))
+    assert "matmul 2048^3: not measured" in again.stdout  # the earlier run's machine figures are kept
+    assert json.loads((out / "bench.json").read_text())["machine"] == machine
     updated = pd.read_csv(out / "bench.csv")
     assert len(updated) == len(rows) + 1
     merged = updated.set_index(["encoding", "malloc", "kind", "length"]).tokens_per_s
