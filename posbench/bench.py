@@ -252,23 +252,26 @@ def _kernel_child(spec: dict) -> dict:
 
 
 def _matmul_child(spec: dict) -> dict:
+    """The peak of a 2048^3 matrix product in each of ``spec["dtypes"]``, one process for all."""
     import torch
 
     dev, sync, _ = _device(spec)
-    dtype = getattr(torch, spec["dtype"])
-    a, b = (torch.randn(2048, 2048, dtype=dtype, device=dev) for _ in range(2))
-    a @ b  # warm-up: on a GPU, the library's first call
-    sync()
-    best, begun = math.inf, time.perf_counter()
-    for round_ in range(8):  # the best of up to 8 rounds of 4 products: a peak, not an average over noise
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ b
+    peaks = {}
+    for name in spec["dtypes"]:
+        a, b = (torch.randn(2048, 2048, dtype=getattr(torch, name), device=dev) for _ in range(2))
+        a @ b  # warm-up: on a GPU, the library's first call
         sync()
-        best = min(best, time.perf_counter() - start)
-        if round_ >= 2 and time.perf_counter() - begun > 2.0:  # a slow CPU on one thread: 3 rounds or 2 s
-            break
-    return {"gflops": 4 * 2 * 2048 ** 3 / best / 1e9}
+        best, begun = math.inf, time.perf_counter()
+        for round_ in range(8):  # the best of up to 8 rounds of 4 products: a peak, not an average over noise
+            start = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            sync()
+            best = min(best, time.perf_counter() - start)
+            if round_ >= 2 and time.perf_counter() - begun > 2.0:  # a slow CPU on one thread: 3 rounds or 2 s
+                break
+        peaks[f"{name}_gflops"] = 4 * 2 * 2048 ** 3 / best / 1e9
+    return peaks
 
 
 # ---- the parent ----------------------------------------------------------------------------
@@ -339,13 +342,12 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     dtypes = ("float32", "bfloat16") if precision == "bf16" else ("float32",)
     name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
 
-    def matmul(dtype: str) -> float:
-        if not matmuls:
-            return math.nan
-        return run_child({"what": "matmul", "dtype": dtype, "device": device})["gflops"]
+    def matmul_peaks() -> dict:  # GFLOP/s of each dtype (nan where not measured or it failed)
+        got = run_child({"what": "matmul", "dtypes": list(dtypes), "device": device}) if matmuls else {}
+        return {f"{d}_gflops": got.get(f"{d}_gflops", math.nan) for d in dtypes}
 
     machine = {"cpu": name, "cores": os.cpu_count(), "device": device, "torch": torch.__version__,
-               "python": platform.python_version(), "precision": precision, **{f"{d}_gflops": matmul(d) for d in dtypes}}
+               "python": platform.python_version(), "precision": precision, **matmul_peaks()}
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {precision}; matmul 2048^3: "
         + (", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes) if matmuls else "not measured"))
     impls = ["posbench"] + (["x-transformers", "x-transformers flash"] if peer else [])
@@ -363,8 +365,8 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
                         rows.append({**spec, **got})
                         figure = got.get("error") or (f"{got['tokens_per_s']:8,.0f} tok/s  {got['peak_mb']:6,.0f} MB")
                         log(f"{encoding:<14} {impl:<22} {malloc:<8} {kind:<5} {length:>6}  {figure}")
-    for d in dtypes:  # again at the end: the higher of the two readings
-        machine[f"{d}_gflops"] = max(machine[f"{d}_gflops"], matmul(d))
+    for key, again in matmul_peaks().items():  # again at the end: the higher of the two readings
+        machine[key] = max((v for v in (machine[key], again) if v == v), default=math.nan)
     kernel_rows = []
     if kernels:
         for kernel in ("sdpa, no bias", "bias per query chunk", "Toeplitz slices (posbench)", "flex attention"):
