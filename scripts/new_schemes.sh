@@ -8,11 +8,16 @@
 # JOBS, LAUNCHER and EXTRA as for zoo.sh. Re-running resumes.
 #   bash scripts/new_schemes.sh
 #   JOBS=15 EXTRA=train.compile=false bash scripts/new_schemes.sh     # on a GPU machine
+# or, on a GPU machine with 16 cores, the five groups side by side (22 jobs; zoo.sh's ONLY):
+#   for g in encodings:12 ssmax:4 logn:2 qk_norm:2 window:2; do
+#       ONLY=${g%:*} JOBS=${g#*:} EXTRA=train.compile=false bash scripts/new_schemes.sh &
+#   done; wait; bash scripts/new_schemes.sh report
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/headline_dirs.sh  # study, sweep, find_headline
 find_headline
+# the headline's runs where this machine has them, else as they ship (results/baselines/headline)
 EXPERIMENT=reference ENCODINGS=${ENCODINGS:-fox,p_rope,rope_nope,stickbreaking,dape,pope} \
     OUT=${OUT:-outputs/new_schemes} RUNS=${RUNS:-results/new_schemes/runs} RESULTS=${RESULTS:-results/new_schemes} \
-    BESIDE="${headline[*]}" \
-    bash scripts/zoo.sh
+    BESIDE="${headline[*]:-results/baselines/headline}" \
+    bash scripts/zoo.sh "$@"  # a step (export, report) as zoo.sh takes it
