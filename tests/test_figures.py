@@ -23,6 +23,7 @@ from posbench.report.figures import (
     MIN_BIN_TOKENS,
     SEEDS_LABEL,
     Palette,
+    _log_axes,
     positions_figure,
     ppl_figure,
     ratio_interval_label,
@@ -190,6 +191,20 @@ def test_by_values_most_lines_share_are_named_once_in_the_legends_title(tmp_path
     assert "unless shown: bias_scale=none" in text
     assert "t5 [bias_scale=sqrt]" in text and "bias_scale=none]" not in text
     assert pd.read_csv(tmp_path / "out/report.csv").label.str.contains(r"\[bias_scale=none\]").any()  # tables: in full
+
+
+def test_long_token_axes_label_every_other_length_and_narrow_log_axes_every_tick():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 4096], [4.2, 7.5])
+    _log_axes(ax, [2.0 ** i for i in range(13)], multiples=False, log_y=True)
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "", "4", "", "16", "", "64", "", "256", "", "1024",
+                                                             "", "4096"]  # 13 labels would overlap
+    shown = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels() if t.get_text()]
+    assert {"5", "6", "7"} <= set(shown)  # less than a decade: every minor tick, not only the 5
+    plt.close(fig)
 
 
 def test_compact_labels_leave_out_only_a_strict_majority_and_keep_lines_apart():

@@ -204,13 +204,21 @@ def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     ax.set_xscale("log", base=2)
-    ax.set_xticks(x_ticks, [f"{t:g}x" if multiples else str(int(t)) for t in x_ticks])
+    labels = [f"{t:g}x" if multiples else str(int(t)) for t in x_ticks]
+    if not multiples and len(x_ticks) > 8:  # 1 .. 4096 tokens would overlap: every other length
+        labels = [lab if i % 2 == 0 else "" for i, lab in enumerate(labels)]
+    ax.set_xticks(x_ticks, labels)
     ax.xaxis.set_minor_formatter(NullFormatter())
     if log_y:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        # label the 2s, 3s and 5s between decades, not every minor tick
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "235" else ""))
+        # label the 2s, 3s and 5s between decades, not every minor tick; all of them where the axis
+        # spans less than a decade (4 to 7 nats would otherwise show only the 5)
+        def minor(v, _):
+            low, high = ax.get_ylim()
+            return f"{v:g}" if f"{v:e}"[0] in "235" or 0 < low and high / low < 10 else ""
+
+        ax.yaxis.set_minor_formatter(FuncFormatter(minor))
     ax.grid(True, which="both", alpha=0.3)
 
 
