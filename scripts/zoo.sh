@@ -40,6 +40,7 @@ groups=("encodings $encodings" "ssmax nope,rope model.length_scaling=ssmax" "log
         "qk_norm rope model.qk_norm=true" "window rope model.window=128")
 names=$(for group in "${groups[@]}"; do echo "${group%% *}"; done | paste -sd, -)
 selected=${ONLY:-$names}
+chosen() { [[ ",$selected," == *",$1,"* ]]; }  # group -> whether ONLY trains it
 for name in ${selected//,/ }; do
     if [[ ",$names," != *",$name,"* ]]; then
         echo "zoo.sh: unknown group ONLY=$selected ('$name'); valid: $names" >&2
@@ -53,7 +54,7 @@ export_finished() {  # a finished run (its ppl_vs_length.png is drawn last) with
         [ -e "$plot" ] || continue
         run=${plot%/ppl_vs_length.png}
         rel=${run#"$out"/}
-        [[ ",$selected," == *",${rel%%/*},"* ]] || continue  # another zoo.sh exports its own groups
+        chosen "${rel%%/*}" || continue  # another zoo.sh exports its own groups
         [ -e "$runs/$rel/blocks.npz" ] && continue
         tmp=$(mktemp -d)
         if posbench report "$run" --export-baseline "$tmp" > /dev/null; then
@@ -91,7 +92,7 @@ exporter=$!
 trap 'kill $exporter 2> /dev/null || true' EXIT
 for group in "${groups[@]}"; do
     read -r name which setting <<< "$group"
-    [[ ",$selected," == *",$name,"* ]] || continue
+    chosen "$name" || continue
     which=$(to_train "$name" "$which")
     if [ -z "$which" ]; then
         echo "$name: every run is exported to $runs/$name"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -135,17 +136,15 @@ def compact_labels(labels: list[str]) -> tuple[list[str], str]:
         if pairs is not None and not all(len(kv) == 2 for kv in pairs):
             return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
         parsed.append((m[1], pairs, m[3]) if pairs else (label, None, ""))
-    counts: dict[str, dict[str, int]] = {}
-    for label in dict.fromkeys(labels):  # each line once
-        _, pairs, _ = parsed[labels.index(label)]
+    counts: dict[str, Counter] = {}
+    for _, pairs, _ in dict(zip(labels, parsed)).values():  # each line once
         for k, v in pairs or []:
-            counts.setdefault(k, {})
-            counts[k][v] = counts[k].get(v, 0) + 1
+            counts.setdefault(k, Counter())[v] += 1
     common = {}
     for k, values in counts.items():
-        ranked = sorted(values.values(), reverse=True)
-        if len(ranked) == 1 or ranked[0] > ranked[1]:
-            common[k] = max(values, key=values.get)
+        (top, n), *rest = values.most_common(2)
+        if not rest or n > rest[0][1]:
+            common[k] = top
     out = []
     for label, (base, pairs, tail) in zip(labels, parsed):
         kept = [f"{k}={v}" for k, v in pairs or [] if common.get(k) != v]
