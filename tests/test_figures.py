@@ -19,6 +19,7 @@ from test_report import positions_rows, reference_csv, rows, svg_ids, write_run
 
 from posbench.eval.results import compact_labels, with_labels
 from posbench.report.figures import (
+    CLIPPED_NOTE,
     DPI,
     MIN_BIN_TOKENS,
     SEEDS_LABEL,
@@ -191,6 +192,37 @@ def test_by_values_most_lines_share_are_named_once_in_the_legends_title(tmp_path
     assert "unless shown: bias_scale=none" in text
     assert "t5 [bias_scale=sqrt]" in text and "bias_scale=none]" not in text
     assert pd.read_csv(tmp_path / "out/report.csv").label.str.contains(r"\[bias_scale=none\]").any()  # tables: in full
+
+
+def test_one_huge_interval_does_not_set_the_axes_and_the_cut_is_said(tmp_path):
+    """Two seeds that disagree give an interval reaching 1e8; the y axes fit the lines (with half
+    their span to spare) instead, and say under the axes that a band runs past them. Bands within
+    that room set the axes as before, with nothing said."""
+    for seed, (a, b, c) in enumerate([(10.0, 10.5, 11.0), (11.0, 11.2, 11.9)]):
+        run(tmp_path / f"alibi{seed}", rows("alibi", seed, {64: a, 128: b, 256: c}, train_len=64))
+    run(tmp_path / "nope", rows("nope", 0, {64: 10.0, 128: 12.0, 256: 20.0}, chash="h2", train_len=64))
+    summary = summarize(collect([tmp_path]))
+    for log_y in (False, True):
+        ours, ratio = ppl_figure(summary, log_y=log_y).axes
+        assert ours.get_ylim()[0] <= summary.ppl_ci_low.min() and ours.get_ylim()[1] >= summary.ppl_ci_high.max()
+        assert all(CLIPPED_NOTE not in ax.get_xlabel() for ax in (ours, ratio))
+
+    wild = summary.assign(ppl_ci_high=summary.ppl_ci_high.where(summary.label != "nope", 1e8),
+                          ratio_ci_high=summary.ratio_ci_high.where(summary.label != "nope", 1e6),
+                          ppl_ci_low=summary.ppl_ci_low.where(summary.label != "nope", 1e-3))
+    for log_y in (False, True):
+        ours, ratio = ppl_figure(wild, log_y=log_y).axes
+        low, high = ours.get_ylim()
+        assert low <= wild.ppl_mean.min() and high >= wild.ppl_mean.max()  # every line shows
+        if log_y:  # half the lines' log span to spare: 10 .. 20 -> 7.07 .. 28.3
+            assert (low, high) == pytest.approx((10 / 2 ** 0.5, 20 * 2 ** 0.5))
+        else:
+            assert (low, high) == pytest.approx((5.0, 25.0))
+        assert ratio.get_ylim()[1] < 10
+        for ax in (ours, ratio):
+            assert ax.get_xlabel() == f"evaluation length / train length\n({CLIPPED_NOTE})"
+    report([tmp_path], tmp_path / "out", reference=None)  # the drawn report is within its bands: nothing said
+    assert CLIPPED_NOTE not in svg_text(tmp_path / "out/report.svg")
 
 
 def test_long_token_axes_label_every_other_length_and_narrow_log_axes_every_tick():

@@ -274,6 +274,31 @@ def _draw_lines(ax, summary: pd.DataFrame, palette: Palette, multiples: bool, pa
     return shaded
 
 
+BAND_SPARE = 0.5  # of the lines' own span (on a log axis, of their log span), kept above and below them
+CLIPPED_NOTE = "some intervals run past the axes: the table has them"
+
+
+def _fit_to_lines(ax, summary: pd.DataFrame, panel: str) -> None:
+    """Bands do not set the y axis: it fits ``panel``'s lines with half their span to spare above
+    and below. Two seeds that disagree give an interval reaching 1e8 (Student's t at one degree
+    of freedom), which would otherwise flatten every line into the bottom of the axes; a band cut
+    off so is said under the axes, and the table keeps its numbers. Call it after the axis' scale
+    and x label are set."""
+    mean, low, high = PANELS[panel][:3]
+    y = summary[mean].dropna() if mean in summary else pd.Series(dtype=float)
+    if low not in summary or y.empty or summary[low].isna().all():
+        return
+    log = ax.get_yscale() == "log"
+    to, back = (np.log, np.exp) if log else (float, float)
+    lo, hi = to(y.min()), to(y.max())
+    spare = max(BAND_SPARE * (hi - lo), np.log(1.25) if log else 0.05 * abs(hi))
+    now_lo, now_hi = ax.get_ylim()
+    fit_lo, fit_hi = max(now_lo, back(lo - spare)), min(now_hi, back(hi + spare))
+    if (fit_lo, fit_hi) != (now_lo, now_hi):
+        ax.set_ylim(fit_lo, fit_hi)
+        ax.set_xlabel(f"{ax.get_xlabel()}\n({CLIPPED_NOTE})")  # under the axes: no legend covers it
+
+
 def _hollow_entry(ax, summary: pd.DataFrame, gid: str) -> None:
     if uneven_seeds(summary).any():
         ax.plot([], [], linestyle="none", marker="o", color="gray", markerfacecolor="white", label=SEEDS_LABEL, gid=gid)
@@ -402,6 +427,8 @@ def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log
     for ax in axes[0]:
         _log_axes(ax, _powers_of_two(top), multiples=True, log_y=log_y and (ax is not ratio or wide))
         ax.set_xlabel("evaluation length / train length")
+    _fit_to_lines(ours, summary, "ppl")
+    _fit_to_lines(ratio, summary, "ratio")
     _caption(fig, setup)
     return fig
 
