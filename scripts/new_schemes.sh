@@ -8,10 +8,12 @@
 # JOBS, LAUNCHER and EXTRA as for zoo.sh. Re-running resumes.
 #   bash scripts/new_schemes.sh
 #   JOBS=15 EXTRA=train.compile=false bash scripts/new_schemes.sh     # on a GPU machine
-# or, on a GPU machine with 16 cores, the five groups side by side (22 jobs; zoo.sh's ONLY):
-#   for g in encodings:12 ssmax:4 logn:2 qk_norm:2 window:2; do
-#       ONLY=${g%:*} JOBS=${g#*:} EXTRA=train.compile=false bash scripts/new_schemes.sh &
-#   done; wait; bash scripts/new_schemes.sh report
+# or, on a GPU machine with 16 cores, the groups side by side (zoo.sh's ONLY), 16 jobs and then
+# the last 6 (720 s on one H100; results/new_schemes/README.md):
+#   ONLY=encodings JOBS=12 EXTRA=train.compile=false bash scripts/new_schemes.sh &
+#   ONLY=ssmax JOBS=4 EXTRA=train.compile=false bash scripts/new_schemes.sh & wait
+#   for g in logn qk_norm window; do ONLY=$g JOBS=2 EXTRA=train.compile=false bash scripts/new_schemes.sh & done
+#   wait; bash scripts/new_schemes.sh report
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/headline_dirs.sh  # study, sweep, find_headline
