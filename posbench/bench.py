@@ -6,10 +6,12 @@ its own. The model is the benchmark shape of the performance issue: 4 layers, d_
 8 heads, FFN 1024, vocabulary 8192 (``model=tiny``), bf16 autocast where the CPU has it.
 
 * **train**: tokens/s of full training steps (forward, backward, gradient clipping, AdamW)
-  at each train length, 4,096 tokens a step (batch = 4096 / train_len), after warm-up steps;
+  at each train length, 4,096 tokens a step (batch = 4096 / train_len; ``--train-tokens``),
+  after warm-up steps;
 * **eval**: tokens/s and peak memory of one no-grad forward pass scoring 16,384 tokens
-  (batch = 16384 / length windows), the way ``posbench eval`` runs, after a warm-up pass at
-  1,024 tokens;
+  (batch = 16384 / length windows; ``--eval-tokens``), the way ``posbench eval`` runs, after a
+  warm-up pass at 1,024 tokens. Fewer tokens make a quick look on a slow machine (and the
+  tests); bench.md states the counts each table ran with;
 * **peer**: the same figures for x-transformers (``pip install -e ".[bench]"``) where it has
   the encoding, at whichever of its two attention settings (``attn_flash`` on or off) is
   faster, and the ratio posbench / x-transformers. The peer has posbench's shape and
@@ -56,6 +58,7 @@ PEER_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "xpos", "nope"
 SHAPE = {"d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 1024, "vocab": 8192}
 TRAIN_TOKENS = 4096  # per training step
 EVAL_TOKENS = 16384  # per evaluation pass
+DEFAULT_TOKENS = {"train": TRAIN_TOKENS, "eval": EVAL_TOKENS}
 MEMORY_CAP = 16 << 30  # bytes of address space per child
 
 
@@ -154,7 +157,7 @@ def _child(spec: dict) -> dict:
 
     if spec["kind"] == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        x, y = batch(TRAIN_TOKENS, length), batch(TRAIN_TOKENS, length)
+        x, y = batch(spec.get("tokens", TRAIN_TOKENS), length), batch(spec.get("tokens", TRAIN_TOKENS), length)
 
         def step():
             with amp:
@@ -177,7 +180,7 @@ def _child(spec: dict) -> dict:
         model.eval()
 
         def forward(n):
-            x = batch(EVAL_TOKENS, n)
+            x = batch(spec.get("tokens", EVAL_TOKENS), n)
             with torch.no_grad(), amp:
                 if peer:
                     model(x)
@@ -324,10 +327,11 @@ MALLOCS = ("system", "posbench")  # glibc's default; posbench's (freed memory ke
 
 
 def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: int, mallocs=MALLOCS,
-          log=print, device: str = "cpu", matmuls: bool = True) -> dict:
+          log=print, device: str = "cpu", matmuls: bool = True, tokens: dict | None = None) -> dict:
     """Run every measurement on ``device`` (cpu or cuda); -> {"machine": {...}, "rows": [...],
     "kernels": [...]}. ``matmuls=False`` skips the machine's matmul peaks (``--update`` keeps the
-    earlier run's machine figures, so measuring them again would be thrown away)."""
+    earlier run's machine figures, so measuring them again would be thrown away). ``tokens``:
+    {"train": tokens a step, "eval": tokens a pass} (default 4,096 and 16,384), in every row."""
     import torch
 
     from .build import autocast_dtype
@@ -360,7 +364,8 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
                 for kind, lengths in (("train", train_lens), ("eval", eval_lens)):
                     for length in lengths:
                         spec = {"what": "model", "encoding": encoding, "impl": impl, "malloc": malloc, "kind": kind,
-                                "length": length, "steps": steps, "warmup": 2, "device": device}
+                                "length": length, "steps": steps, "warmup": 2, "device": device,
+                                "tokens": {**DEFAULT_TOKENS, **(tokens or {})}[kind]}
                         got = run_child(spec)
                         rows.append({**spec, **got})
                         figure = got.get("error") or (f"{got['tokens_per_s']:8,.0f} tok/s  {got['peak_mb']:6,.0f} MB")
@@ -389,7 +394,8 @@ def _cpu_name() -> str:
 
 def measured(result: dict):
     """The rows as a DataFrame, with the columns older bench.json files lack: ``malloc`` (there,
-    posbench ran under its own setting and the peer under ``machine.peer_malloc``) and ``params``."""
+    posbench ran under its own setting and the peer under ``machine.peer_malloc``), ``params`` and
+    ``tokens`` (a step or a pass; there, the defaults)."""
     import pandas as pd
 
     df = pd.DataFrame(result["rows"])
@@ -400,6 +406,8 @@ def measured(result: dict):
         df["malloc"] = None
     peer_malloc = result["machine"].get("peer_malloc", "system")
     df["malloc"] = df.malloc.fillna(df.impl.map(lambda impl: "posbench" if impl == "posbench" else peer_malloc))
+    defaults = df.kind.map(DEFAULT_TOKENS)  # rows from before --train-tokens / --eval-tokens ran with the defaults
+    df["tokens"] = defaults if "tokens" not in df else df.tokens.fillna(defaults)
     return df
 
 
@@ -439,8 +447,10 @@ def _model_table(df, kind: str, peak_gflops: float) -> list[str]:
            else ("tok/s", "MB", "x-t tok/s", "x-t MB", "ratio"))
     head = ["encoding", "malloc", "params", "x-t params"] + [f"{x} {'T=' if kind == 'train' else ''}{n}"
                                                              for n in lengths for x in per]
-    out = [f"### {'Training' if kind == 'train' else 'Evaluation'}", "", "| " + " | ".join(head) + " |",
-           "|" + "---|" * len(head)]
+    counts = ", ".join(f"{int(n):,}" for n in sorted(set(df[df.kind == kind].tokens)))
+    out = [f"### {'Training' if kind == 'train' else 'Evaluation'}", "",
+           f"{counts} tokens {'a step' if kind == 'train' else 'a pass'}.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for enc in sorted(set(df.encoding)):
         for malloc in [m for m in MALLOCS if m in set(df.malloc)]:
             cells = [enc, malloc, _params(df, enc, False), _params(df, enc, True)]
@@ -536,6 +546,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-lens", nargs="*", type=int, default=[128, 512], metavar="T")
     parser.add_argument("--eval-lens", nargs="+", type=int, default=[1024, 4096, 8192, 16384], metavar="L")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per figure (after 2 warm-up steps)")
+    parser.add_argument("--train-tokens", type=int, default=TRAIN_TOKENS, metavar="N",
+                        help=f"tokens a training step (default {TRAIN_TOKENS}: batch = N / train length)")
+    parser.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS, metavar="N",
+                        help=f"tokens an evaluation pass (default {EVAL_TOKENS}: batch = N / length)")
     parser.add_argument("--no-peer", action="store_true", help="leave out x-transformers")
     parser.add_argument("--kernels", action="store_true", help="also compare attention kernels (flex attention compiles)")
     parser.add_argument("--malloc", nargs="+", choices=MALLOCS, default=None,
@@ -568,8 +582,14 @@ def main(argv: list[str] | None = None) -> None:
         from .errors import PosbenchError
         raise PosbenchError(f"--update needs an earlier run's {out / 'bench.json'}; valid: run posbench bench "
                             f"--out {out} first, or leave out --update")
+    for flag, value, least in (("--train-tokens", ns.train_tokens, max(ns.train_lens, default=1)),
+                               ("--eval-tokens", ns.eval_tokens, max(ns.eval_lens))):
+        if value < least:
+            from .errors import PosbenchError
+            raise PosbenchError(f"posbench bench {flag} {value}: fewer tokens than one window of {least}; valid: "
+                                f"an integer >= {least}")
     result = bench(ns.encodings, ns.train_lens, ns.eval_lens, peer, ns.kernels, ns.steps, mallocs, device=ns.device,
-                   matmuls=not ns.update)
+                   matmuls=not ns.update, tokens={"train": ns.train_tokens, "eval": ns.eval_tokens})
     if ns.update:
         old = json.loads((out / "bench.json").read_text())
         old["rows"] = measured(old).to_dict("records")  # older files: the allocator of each row

@@ -15,8 +15,9 @@ from posbench.build import keep_freed_memory
 
 def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     out = tmp_path / "bench"  # every figure is a process of its own: few of them
+    few = ["--train-tokens", "512", "--eval-tokens", "2048"]  # a quick look: 32 windows a step, 16 a pass
     done = posbench("bench", "--encodings", "alibi", "nope+model.length_scaling=ssmax", "--train-lens", "16",
-                    "--eval-lens", "128", "--steps", "1", "--no-peer", "--malloc", "posbench", "--out", str(out))
+                    "--eval-lens", "128", "--steps", "1", "--no-peer", "--malloc", "posbench", *few, "--out", str(out))
     rows = pd.read_csv(out / "bench.csv")
     assert len(rows) == 2 * (1 + 1) and set(rows.kind) == {"train", "eval"} and set(rows.malloc) == {"posbench"}
     assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 100).all()  # torch alone is > 100 MB resident
@@ -27,12 +28,13 @@ def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     assert "| nope+model.length_scaling=ssmax | posbench | 5.25M |" in text  # a model option, with an encoding
     assert "every encoding evaluates at 128 tokens under 2 GB peak" in text
     assert "alibi evaluation" not in text  # the 2x-of-rope target is judged at 8,192 tokens only
+    assert "512 tokens a step." in text and "2,048 tokens a pass." in text and set(rows.tokens) == {512, 2048}
     assert "wrote" in done.stdout
     # --update re-measures the named encodings and keeps the others' rows; another allocator
     # setting adds rows beside the first setting's
     machine = json.loads((out / "bench.json").read_text())["machine"]
     again = posbench("bench", "--encodings", "alibi", "--train-lens", "--eval-lens", "128", "--no-peer", "--update",
-                     "--malloc", "posbench", "system", "--out", str(out))
+                     "--malloc", "posbench", "system", *few, "--out", str(out))
     assert "matmul 2048^3: not measured" in again.stdout  # the earlier run's machine figures are kept
     assert json.loads((out / "bench.json").read_text())["machine"] == machine
     updated = pd.read_csv(out / "bench.csv")
@@ -52,6 +54,14 @@ def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert "nonsense" in done.stderr and "valid choices" in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_rejects_fewer_tokens_than_one_window_in_one_line(tmp_path):
+    done = posbench("bench", "--encodings", "alibi", "--eval-lens", "128", "4096", "--eval-tokens", "2048", "--no-peer",
+                    "--out", str(tmp_path / "b"), check=False)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "--eval-tokens 2048" in done.stderr and "valid: an integer >= 4096" in done.stderr
     assert not (tmp_path / "b").exists()
 
 
