@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from zygote import import_time_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,11 @@ def isolated_cache(tmp_path_factory):
 # 2-core CPU target), which share the cores: each takes its share of two threads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1) // _WORKERS)))
+# Importing torch._inductor (torch.compile in tests/test_compile.py) sets TORCHINDUCTOR_CACHE_DIR in
+# the worker's environment where it is unset. Set first, to the same directory, it stays as the
+# zygote saw it; else every later command of that worker differs from the zygote in a variable read
+# at import and runs in a fresh interpreter (3-5 s more each; about 50 commands of a suite run).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,19 @@ def test_a_forked_command_prints_and_exits_as_a_fresh_interpreter_does(args, tmp
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here: every command runs in a fresh interpreter")
+def test_torch_compile_in_a_worker_keeps_its_commands_forked():
+    """Inductor, at its import, sets TORCHINDUCTOR_CACHE_DIR in the process environment where it is
+    unset; conftest sets it first, so a worker that compiled (tests/test_compile.py) still matches
+    its zygote's import-time environment and keeps forking its commands."""
+    code = ("import os, conftest, zygote; before = zygote.import_time_env(os.environ); "
+            "import torch._inductor.config; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+            "cache_dir(); print(zygote.import_time_env(os.environ) == before)")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(conftest.__file__).parent, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["True"], done.stderr[-2000:]
+
+
 def test_a_fork_sees_the_working_directory_and_pythonpath_of_its_command(tmp_path):
     """`python -m` puts the working directory first on sys.path, then PYTHONPATH: a module in
     either is importable by a `_target_` of the command's config dir, as in a fresh interpreter."""
