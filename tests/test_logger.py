@@ -3,6 +3,7 @@ from its transaction log (``run-<id>.wandb``) with wandb's own protobuf messages
 
 import json
 import struct
+import time
 
 import pandas as pd
 import pytest
@@ -34,15 +35,10 @@ def wandb_env(tmp_path, monkeypatch):
     assert [p for p in home.rglob("*") if "wandb" in str(p).lower()] == []
 
 
-def read_offline_run(run_dir):
-    """-> (config, history rows, summary, run record, files dir) of the one offline wandb run under
-    ``run_dir``. The .wandb file is a LevelDB-style log: a 7-byte file header, then 32 KiB
-    blocks of records, each a 7-byte header (crc32, length uint16, type: 1 full, 2 first, 3 middle,
-    4 last) and a chunk of one serialized ``Record`` protobuf."""
+def _records(data: bytes) -> list:
+    """The ``Record`` protobufs of a .wandb file's bytes (see :func:`read_offline_run`)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
     assert data[:4] == b":W&B"
     block, i, chunk, records = 32768, 7, b"", []
     while i + 7 <= len(data):
@@ -54,6 +50,8 @@ def read_offline_run(run_dir):
         if kind == 0:  # zero padding to the end of the block
             i += left
             continue
+        if i + 7 + length > len(data):  # a record still being written
+            break
         chunk += data[i + 7:i + 7 + length]
         i += 7 + length
         if kind in (1, 4):
@@ -61,6 +59,21 @@ def read_offline_run(run_dir):
             record.ParseFromString(chunk)
             records.append(record)
             chunk = b""
+    return records
+
+
+def read_offline_run(run_dir):
+    """-> (config, history rows, summary, run record, files dir) of the one offline wandb run under
+    ``run_dir``. The .wandb file is a LevelDB-style log: a 7-byte file header, then 32 KiB
+    blocks of records, each a 7-byte header (crc32, length uint16, type: 1 full, 2 first, 3 middle,
+    4 last) and a chunk of one serialized ``Record`` protobuf."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60
+    while True:  # wandb's service process may still be writing the file when finish() returns: read to its exit record
+        records = _records(path.read_bytes())
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
 
     def key(item):
         return "/".join(item.nested_key) if item.nested_key else item.key
