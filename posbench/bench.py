@@ -157,7 +157,7 @@ def _child(spec: dict) -> dict:
 
     if spec["kind"] == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        x, y = batch(spec.get("tokens", TRAIN_TOKENS), length), batch(spec.get("tokens", TRAIN_TOKENS), length)
+        x, y = batch(spec["tokens"], length), batch(spec["tokens"], length)
 
         def step():
             with amp:
@@ -180,7 +180,7 @@ def _child(spec: dict) -> dict:
         model.eval()
 
         def forward(n):
-            x = batch(spec.get("tokens", EVAL_TOKENS), n)
+            x = batch(spec["tokens"], n)
             with torch.no_grad(), amp:
                 if peer:
                     model(x)
@@ -355,6 +355,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {precision}; matmul 2048^3: "
         + (", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes) if matmuls else "not measured"))
     impls = ["posbench"] + (["x-transformers", "x-transformers flash"] if peer else [])
+    tokens = {**DEFAULT_TOKENS, **(tokens or {})}
     rows = []
     for encoding in encodings:
         for malloc in mallocs:
@@ -365,7 +366,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
                     for length in lengths:
                         spec = {"what": "model", "encoding": encoding, "impl": impl, "malloc": malloc, "kind": kind,
                                 "length": length, "steps": steps, "warmup": 2, "device": device,
-                                "tokens": {**DEFAULT_TOKENS, **(tokens or {})}[kind]}
+                                "tokens": tokens[kind]}
                         got = run_child(spec)
                         rows.append({**spec, **got})
                         figure = got.get("error") or (f"{got['tokens_per_s']:8,.0f} tok/s  {got['peak_mb']:6,.0f} MB")
