@@ -19,7 +19,7 @@ its own. The model is the benchmark shape of the performance issue: 4 layers, d_
   rotary over the whole head (``rotary_emb_dim``; its default is half) and tied input and
   output embeddings (``tie_embedding``); both counts are in every row and table;
 * **allocator**: every implementation is measured under each setting of ``--malloc``: glibc's
-  default (``system``) and posbench's (``posbench``, :func:`posbench.build.keep_freed_memory`),
+  default (``system``) and posbench's (``posbench``, :func:`posbench.model.build.keep_freed_memory`),
   so each ratio compares the two libraries in the same environment;
 * **FLOP/s**: training FLOPs per token, 6 N (N = matmul parameters, output layer included)
   plus 6 n_layers d_model T (causal attention, forward and backward), times tokens/s, as a
@@ -106,7 +106,7 @@ def _posbench_model(encoding: str, train_len: int, max_len: int):
     entry (:func:`split_entry`)."""
     from hydra import compose, initialize_config_dir
 
-    from .build import build_model
+    from .model.build import build_model
     from .config import conf_dir
 
     name, overrides = split_entry(encoding)
@@ -138,7 +138,7 @@ def _child(spec: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from .build import autocast_dtype, keep_freed_memory
+    from .model.build import autocast_dtype, keep_freed_memory
 
     peer = spec["impl"] != "posbench"
     if spec["malloc"] == "posbench":
@@ -203,8 +203,8 @@ def _kernel_child(spec: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from . import attention
-    from .build import autocast_dtype, keep_freed_memory
+    from .model import attention
+    from .model.build import autocast_dtype, keep_freed_memory
     from .encodings import ModelDims, build_encoding
 
     keep_freed_memory()
@@ -334,7 +334,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     {"train": tokens a step, "eval": tokens a pass} (default 4,096 and 16,384), in every row."""
     import torch
 
-    from .build import autocast_dtype
+    from .model.build import autocast_dtype
     from .encodings import REGISTRY
 
     unknown = sorted({split_entry(e)[0] for e in encodings} - set(REGISTRY))

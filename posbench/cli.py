@@ -637,7 +637,7 @@ def encoding_param_counts(names: list[str]) -> dict[str, dict[str, int]]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    from .build import build_model
+    from .model.build import build_model
     from .encodings import PLUGINS, plugin_config
 
     with initialize_config_dir(str(conf_dir()), version_base=None):
@@ -690,7 +690,7 @@ def cmd_encodings(args: list[str]) -> None:
 
 
 def cmd_check(args: list[str]) -> None:
-    from .testing import CHECKS, ConformanceError, check_encoding, resolve
+    from .model.conformance import CHECKS, ConformanceError, check_encoding, resolve
 
     parser = argparse.ArgumentParser(prog="posbench check", description=COMMANDS["check"],
                                      epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")

@@ -2,7 +2,7 @@
 
 This module imports no torch (a test checks it), so the CLI, the report and any tool can read
 and validate configs cheaply; components are named by string and built elsewhere
-(:mod:`posbench.build`).
+(:mod:`posbench.model.build`).
 
 The YAML files under ``conf/`` are the single source of defaults; these dataclasses
 are the schema. ``typed(Schema, node, "train")`` checks each value's type and range
@@ -46,6 +46,7 @@ PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
 # the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
 EMBED_SCALES = ("sqrt_d", "none")
+LENGTH_SCALINGS = ("none", "logn", "ssmax")  # model.length_scaling (posbench.model.length_scaling)
 
 
 def max_position(random_positions: int | None, train_len: int) -> int:
@@ -99,14 +100,12 @@ class ModelConfig:
     window: int = 0  # sliding-window attention: each query sees its last `window` keys (itself included); 0: all
 
     def __post_init__(self):
-        from .length_scaling import SCALINGS
-
         if self.embed_scale not in EMBED_SCALES:
             raise PosbenchError(f"model.embed_scale={self.embed_scale!r} is not valid; "
                                 f"valid choices: {', '.join(EMBED_SCALES)}")
-        if self.length_scaling not in SCALINGS:
+        if self.length_scaling not in LENGTH_SCALINGS:
             raise PosbenchError(f"model.length_scaling={self.length_scaling!r} is not valid; "
-                                f"valid choices: {', '.join(SCALINGS)}")
+                                f"valid choices: {', '.join(LENGTH_SCALINGS)}")
 
     def embed_factor(self) -> float:
         """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
@@ -143,7 +142,7 @@ class TrainConfig:
     ckpt_every: int = 100
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool | str = "auto"  # torch.compile the model for training: true, false, or auto (compile_policy)
-    preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.preflight)
+    preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.model.preflight)
     random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.train.optim)
     decay_frac: float = 0.2  # wsd: the last fraction of the steps that cools the learning rate down
@@ -207,7 +206,7 @@ class EvalConfig:
     position_bins: list[int] | None = None  # first position of each loss bin; None: 0, 1, 2, 4, 8, ...
     recompute: bool = False  # posbench eval: recompute rows results.csv already holds
     preflight: bool = True  # refuse an evaluation whose estimated memory exceeds this machine's
-    extension: str = "none"  # none | self_extend | rerope (rotary models) | logn (any): posbench.extension
+    extension: str = "none"  # none | self_extend | rerope (rotary models) | logn (any): posbench.encodings.extension
     extension_window: int | None = None  # self_extend, rerope: the neighbour window W
     extension_group: int | None = None  # self_extend: the group size G
 
@@ -418,7 +417,7 @@ class RunConfig:
     eval: EvalConfig
     data: DataConfig
     model: ModelConfig
-    encoding: str  # the encoding's name; its options stay in the Hydra tree (posbench.build)
+    encoding: str  # the encoding's name; its options stay in the Hydra tree (posbench.model.build)
     device: str
     config_hash: str
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -69,7 +69,7 @@ def _convert_optimizer_state(cfg, model_state: dict, optimizer_state: dict, n_he
                              perm: torch.Tensor) -> dict:
     """Permute AdamW's per-parameter tensors of the qkv weights like the weights themselves.
     The optimizer indexes parameters by their order in ``make_optimizer``'s groups."""
-    from .build import build_model
+    from .model.build import build_model
     from .train.optim import make_optimizer
 
     vocab_size = model_state["tok_emb.weight"].shape[0]

@@ -45,9 +45,9 @@ def child(spec: dict) -> dict:
     import torch
 
     import posbench
-    from posbench.build import autocast, autocast_dtype, keep_freed_memory
+    from posbench.model.build import autocast, autocast_dtype, keep_freed_memory
     from posbench.encodings import build_encoding
-    from posbench.model import LanguageModel, ModelConfig
+    from posbench.model.transformer import LanguageModel, ModelConfig
 
     torch.set_num_threads(1)
     keep_freed_memory()

@@ -16,7 +16,7 @@ other at each length:
   trained context), ``posbench eval pretrained=`` reuses the unscaled row, so it costs nothing.
 
 Both run in one process under the allocator setting ``posbench eval`` makes
-(:func:`posbench.build.keep_freed_memory`), which speeds the plain forward up as well.
+(:func:`posbench.model.build.keep_freed_memory`), which speeds the plain forward up as well.
 
 Prints, and writes with --out, the seconds per length, the ratio plain / posbench for the
 unscaled model, each method's seconds, and the whole comparison: the methods x lengths of a
@@ -39,12 +39,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from posbench.build import keep_freed_memory
+from posbench.model.build import keep_freed_memory
 from posbench.data.corpus import load_corpus
 from posbench.encodings.rotary import rope_scaling, scaling_factor
 from posbench.eval.ladder import window_nll
-from posbench.extension import Extension
-from posbench.pretrained import load_pretrained
+from posbench.encodings.extension import Extension
+from posbench.model.pretrained import load_pretrained
 
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 

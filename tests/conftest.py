@@ -173,7 +173,7 @@ def tiny_model(name="alibi", params=None, *, vocab=50, train_len=8, **model):
     options ``params``; ``model``: ModelConfig fields that replace the sizes below (attn_chunk,
     dropout and embed_scale keep ModelConfig's defaults unless given)."""
     from posbench.encodings import build_encoding
-    from posbench.model import LanguageModel, ModelConfig
+    from posbench.model.transformer import LanguageModel, ModelConfig
 
     torch.manual_seed(0)
     cfg = ModelConfig(**{"d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 64, **model})

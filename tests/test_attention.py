@@ -1,6 +1,6 @@
 """Every attention kernel against plain fp32 attention: results must not depend on the kernel.
 
-Kernels (posbench/attention.py): explicit (training at short lengths), fused SDPA with a
+Kernels (posbench/model/attention.py): explicit (training at short lengths), fused SDPA with a
 causal flag or a masked bias, Toeplitz slices of one bias (relative biases past one chunk),
 per-chunk biases, explicit chunks (content-dependent scores). Tolerance: 1e-5 absolute in
 fp32, 3e-2 under bf16 autocast (bf16 has 8 mantissa bits).
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import posbench.attention as attention
-from posbench.attention import _toeplitz, _toeplitz_slice, causal_attention, masked_bias, reference_attention
+import posbench.model.attention as attention
+from posbench.model.attention import _toeplitz, _toeplitz_slice, causal_attention, masked_bias, reference_attention
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
-from posbench.model import LanguageModel, ModelConfig
+from posbench.model.transformer import LanguageModel, ModelConfig
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16, vocab_size=64)
 
@@ -123,7 +123,7 @@ def test_token_nll_equals_cross_entropy_of_the_logits():
 @pytest.mark.parametrize("rows", [7, 4096])
 def test_fused_output_layer_loss_equals_cross_entropy_with_its_gradients(rows):
     """linear_cross_entropy (training's loss) against F.cross_entropy of the full logits, fp32."""
-    from posbench.loss import linear_cross_entropy
+    from posbench.model.loss import linear_cross_entropy
 
     torch.manual_seed(0)
     h = torch.randn(3, 20, 16, requires_grad=True)

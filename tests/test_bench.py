@@ -10,7 +10,7 @@ import pytest
 
 from conftest import posbench
 from posbench.bench import flops_per_token, measured, targets
-from posbench.build import keep_freed_memory
+from posbench.model.build import keep_freed_memory
 
 
 def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from posbench.build import build_model
+from posbench.model.build import build_model
 
 from conftest import compose
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMOKE, compose, posbench
-from posbench.build import build_model
+from posbench.model.build import build_model
 from posbench.config import DataConfig, EvalConfig, TrainConfig, conf_dir, config_hash, model_config, typed
 from posbench.errors import PosbenchError
 
@@ -103,6 +103,9 @@ def test_conf_ships_in_the_wheel(tmp_path):
     data = {f"posbench/{p.relative_to(root / 'results').as_posix()}" for d in ("baselines", "reference")
             for p in (root / "results" / d).rglob("*") if p.suffix in (".csv", ".yaml", ".npz", ".md")}
     assert "posbench/reference/alibi_paper_L512.csv" in data and data <= names
+    # every module of every package folder (pyproject lists the packages one by one)
+    modules = {p.relative_to(root).as_posix() for p in (root / "posbench").rglob("*.py")}
+    assert "posbench/model/transformer.py" in modules and modules <= names, sorted(modules - names)
 
 
 def test_readme_set_up_commands_match_ci():

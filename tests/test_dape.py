@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posbench.attention import causal_attention
+from posbench.model.attention import causal_attention
 from posbench.encodings import ModelDims, build_encoding
 from posbench.errors import PosbenchError
 

@@ -9,7 +9,7 @@ from conftest import tiny_model
 from posbench.encodings import REGISTRY, ModelDims, PositionEncoding, PositionRangeError, build_encoding
 from posbench.encodings.bias import alibi_slopes, t5_bucket
 from posbench.errors import PosbenchError
-from posbench.model import LanguageModel, ModelConfig
+from posbench.model.transformer import LanguageModel, ModelConfig
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16)
 
@@ -211,7 +211,7 @@ def test_a_saved_t5_run_without_bias_scale_is_rebuilt_unscaled():
     from omegaconf import OmegaConf
 
     from conftest import compose
-    from posbench.build import build_model
+    from posbench.model.build import build_model
 
     cfg = compose("encoding=t5", "model.d_model=32", "model.n_heads=4", "model.n_layers=2", "model.d_ff=64")
     assert build_model(cfg, 64).encoding.scale == pytest.approx(math.sqrt(8))  # today's default

@@ -1,4 +1,4 @@
-"""Training-free extension (posbench.extension): Self-Extend, ReRoPE and log-n attention equal
+"""Training-free extension (posbench.encodings.extension): Self-Extend, ReRoPE and log-n attention equal
 their papers' definitions written pair by pair, leave a model unchanged where they should, and
 run on a pretrained model through transformers' attention interface."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.extension import Extension, direct_logits, extended_attention, rotate
+from posbench.encodings.extension import Extension, direct_logits, extended_attention, rotate
 
 T, HS, H = 23, 8, 2
 INV_FREQ = 10000.0 ** (-torch.arange(0, HS, 2, dtype=torch.float32) / HS)

@@ -7,8 +7,8 @@ import torch
 
 from posbench.config import ModelConfig
 from posbench.encodings import build_encoding
-from posbench.model import LanguageModel
-from posbench.preflight import train_memory
+from posbench.model.transformer import LanguageModel
+from posbench.model.preflight import train_memory
 
 VOCAB, TRAIN_LEN = 40, 8
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import SMOKE, posbench
-from posbench.attention import causal_attention, reference_attention
-from posbench.build import autocast_dtype, resolve_device
+from posbench.model.attention import causal_attention, reference_attention
+from posbench.model.build import autocast_dtype, resolve_device
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
 
 pytestmark = [pytest.mark.gpu,
@@ -40,7 +40,7 @@ def test_train_and_evaluate_on_gpu(tmp_path):
 @pytest.mark.parametrize("method", ["self_extend", "rerope", "logn"])
 @pytest.mark.parametrize("fused", [True, False], ids=["two fused attentions", "query chunks"])
 def test_training_free_extensions_on_gpu_match_the_cpu(method, fused):
-    from posbench.extension import Extension, extended_attention
+    from posbench.encodings.extension import Extension, extended_attention
 
     ext = Extension(method, None if method == "logn" else 16, 4 if method == "self_extend" else None, 32)
     inv_freq = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float32) / 16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import SMOKE, compose, posbench
-from posbench.build import build_model
+from posbench.model.build import build_model
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
 from posbench.report.learned_bias import (bias_by_distance, has_learned_bias, learned_bias_figure, run_bias,
                                           write_report_figure, write_run_figure)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from posbench.attention import fused_causal
+from posbench.model.attention import fused_causal
 from posbench.encodings import ModelDims, build_encoding
 from posbench.errors import PosbenchError
 

@@ -1,5 +1,5 @@
 """The preflight's memory estimate against peaks measured in fresh processes, and the refusal of a
-job that cannot fit (posbench.preflight)."""
+job that cannot fit (posbench.model.preflight)."""
 
 import json
 import os
@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from posbench import bench
 from posbench import preflight
-from posbench.build import autocast, autocast_dtype, build_model, keep_freed_memory
+from posbench.model.build import autocast, autocast_dtype, build_model, keep_freed_memory
 from posbench.config import conf_dir
 from posbench.config import TrainConfig, typed
 from posbench.train.optim import make_optimizer

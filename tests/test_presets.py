@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, compose
-from posbench.build import build_model
+from posbench.model.build import build_model
 from posbench.config import config_hash
 from posbench.runs.distributed import World, micro_batches
 

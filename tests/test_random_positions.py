@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import compose, tiny_model
 
-import posbench.attention as attention
-import posbench.model as model_module
-from posbench.attention import reference_attention
-from posbench.build import encoding_options
+import posbench.model.attention as attention
+import posbench.model.transformer as model_module
+from posbench.model.attention import reference_attention
+from posbench.model.build import encoding_options
 from posbench.config import TrainConfig, config_hash, hashed_part
 from posbench.data.positions import random_positions
 from posbench.encodings import REGISTRY

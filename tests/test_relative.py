@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from posbench.attention import causal_attention
+from posbench.model.attention import causal_attention
 from posbench.encodings import ModelDims, build_encoding
-from posbench.model import LanguageModel, ModelConfig
+from posbench.model.transformer import LanguageModel, ModelConfig
 
 DIMS = ModelDims(d_model=16, n_heads=2, n_layers=2, train_len=8)  # head_dim 8
 HS = DIMS.head_dim

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posbench.attention import causal_attention
+from posbench.model.attention import causal_attention
 from posbench.config import ModelConfig
 from posbench.encodings import ModelDims, build_encoding
-from posbench.model import LanguageModel
+from posbench.model.transformer import LanguageModel
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=8)
 

@@ -94,34 +94,48 @@ def test_no_function_longer_than_80_lines():
 
 
 # The pipeline's stages in the order data flows through them (see posbench/__init__.py).
-# A module may import modules of its own stage or an earlier one, never a later one.
+# A module may import modules of its own stage or an earlier one, never a later one. The stages
+# are folders, but for the shared base (a few torch-free modules) and the entry points; the
+# package's own ``posbench/__init__.py`` is named exactly, so no entry is a catch-all.
+ROOT = "posbench"
 STAGES = {
-    "base": ("posbench", "posbench.errors", "posbench.config", "posbench.intervals", "posbench.plugins", "posbench.runs"),
+    "base": (ROOT, "posbench.errors", "posbench.config", "posbench.intervals", "posbench.plugins", "posbench.runs"),
     "data": ("posbench.data",),
-    "model": ("posbench.encodings", "posbench.attention", "posbench.model", "posbench.loss", "posbench.build",
-              "posbench.preflight", "posbench.pretrained",
-              "posbench.extension"),
+    "model": ("posbench.encodings", "posbench.model"),
     "eval": ("posbench.eval",),
     "train": ("posbench.train",),
     "report": ("posbench.report",),
+    # the commands, and posbench.testing: the documented import of the conformance checks
     "app": ("posbench.cli", "posbench.bench", "posbench.convert", "posbench.testing"),
 }
 
 
-def stage_of(module: str) -> int:
-    """Index in STAGES of the longest prefix that names ``module`` or a package above it."""
+def stage_of(module: str) -> int | None:
+    """Index in STAGES of the longest prefix that names ``module`` or a package above it (the root
+    package names itself only); None for a module in no stage."""
     best, index = "", None
     for i, prefixes in enumerate(STAGES.values()):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+            below = prefix != ROOT and module.startswith(prefix + ".")
+            if (module == prefix or below) and len(prefix) > len(best):
                 best, index = prefix, i
-    assert index is not None, f"{module} belongs to no stage: add it to STAGES"
     return index
 
 
+def test_stage_of_names_a_stray_module():
+    """The stage test can fail: a new top-level module belongs to no stage until STAGES says so."""
+    assert stage_of("posbench.stray") is None and stage_of("posbench.model.stray") == 2
+    assert stage_of(ROOT) == 0 and stage_of("posbench.runs.lock") == 0
+
+
+def test_top_level_modules_are_entry_points_or_the_base():
+    """Every other module sits in a stage folder (the model stage's too: posbench/model/)."""
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert top == {"errors", "config", "intervals", "plugins", "cli", "bench", "convert", "testing"}
+
+
 def test_every_module_has_a_stage():
-    for module in import_graph():
-        stage_of(module)
+    assert [m for m in import_graph() if stage_of(m) is None] == []
 
 
 def test_no_import_from_a_later_stage():

@@ -144,7 +144,7 @@ def test_encode_targets_are_the_answer_and_eos_only():
 
 
 def test_loss_is_the_mean_over_answer_tokens():
-    from posbench.build import build_model
+    from posbench.model.build import build_model
 
     cfg = compose("task=copy", *TINY_TASK)
     task = make_task(TaskConfig(name="copy", train_size=4))
@@ -185,7 +185,7 @@ def test_a_run_that_has_not_learned_its_task_says_so_under_its_table():
 
 def test_exact_match_equals_greedy_decoding():
     """Teacher-forced: every answer token's arg-max right <=> greedy decoding after <sep> gives the answer."""
-    from posbench.build import build_model
+    from posbench.model.build import build_model
 
     cfg = compose("task=copy", *TINY_TASK)
     tcfg = TaskConfig(name="copy", train_size=4, eval_instances=40, eval_batch=40)

@@ -9,12 +9,12 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import SMOKE, compose
-from posbench.attention import causal_attention
-from posbench.build import build_model
+from posbench.model.attention import causal_attention
+from posbench.model.build import build_model
 from posbench.cli import main
 from posbench.encodings import REGISTRY, ModelDims, PositionRangeError, build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import LanguageModel, ModelConfig
+from posbench.model.transformer import LanguageModel, ModelConfig
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16)  # head_dim 8
 HS, HALF = DIMS.head_dim, DIMS.d_model // 2
@@ -420,7 +420,7 @@ def test_t5_per_layer_bias_reaches_every_layer():
 
 def test_kernels_agree_for_every_variant():
     """Chunked kernels match plain fp32 attention for each non-default option too."""
-    from posbench.attention import reference_attention
+    from posbench.model.attention import reference_attention
 
     torch.manual_seed(5)
     q, k, v = (torch.randn(2, 4, 21, HS) for _ in range(3))

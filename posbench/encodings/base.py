@@ -136,7 +136,7 @@ class PositionEncoding(nn.Module):
     def decay(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """x: (B, T, D), the attention layer's input (after its norm) -> log forget gates (B, H, T),
         each <= 0: the logit of query i and key j <= i gains sum_{t = j+1 .. i} log f_t (the
-        attention kernel sums them, :func:`posbench.attention.causal_attention`'s ``decay``)."""
+        attention kernel sums them, :func:`posbench.model.attention.causal_attention`'s ``decay``)."""
         raise NotImplementedError
 
     def normalize(self, logits: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, hidden: torch.Tensor,
@@ -163,7 +163,7 @@ class PositionEncoding(nn.Module):
         return self.dims.head_dim ** -0.5
 
     # ---- training-free extension at evaluation (``eval.extension``) ----------------
-    # The :class:`posbench.extension.Extension` in effect inside :meth:`extended`; None outside it.
+    # The :class:`posbench.encodings.extension.Extension` in effect inside :meth:`extended`; None outside it.
     # log-n scales every query (any encoding); Self-Extend and ReRoPE replace the rotation and the
     # attention of the encodings that give their frequencies (:meth:`extension_frequencies`).
     extension = None
@@ -198,9 +198,9 @@ class PositionEncoding(nn.Module):
     def extended_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                            layer: int) -> torch.Tensor:
         """Self-Extend or ReRoPE attention of ``q``, ``k`` as projected (not rotated), ``v`` (B, H,
-        T, hs) at positions 0..T-1 -> (B, H, T, hs), by :func:`posbench.extension.extended_attention`
+        T, hs) at positions 0..T-1 -> (B, H, T, hs), by :func:`posbench.encodings.extension.extended_attention`
         on :meth:`extension_frequencies`."""
-        from ..extension import extended_attention
+        from .extension import extended_attention
 
         T = q.shape[-2]
         if int(positions[0]) != 0 or int(positions[-1]) != T - 1:

@@ -39,7 +39,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ..build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..config import EvalConfig, code_version, config_hash, typed
 from ..data.corpus import load_corpus
 from ..data.positions import draw_positions
@@ -47,9 +47,9 @@ from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from ..errors import PosbenchError
-from ..extension import Extension
-from ..model import LanguageModel
-from ..preflight import check_evaluation
+from ..encodings.extension import Extension
+from ..model.transformer import LanguageModel
+from ..model.preflight import check_evaluation
 from ..runs import threads
 from ..runs.rundir import RunDir, load_checkpoint
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results

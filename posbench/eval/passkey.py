@@ -43,7 +43,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..build import autocast
+from ..model.build import autocast
 from ..config import ladder_lengths, not_empty, positive
 from ..encodings import PositionRangeError
 from ..errors import PosbenchError

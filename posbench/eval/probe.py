@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from ..build import autocast
+from ..model.build import autocast
 from ..config import ladder_lengths
 
 RUN_KEY = ["encoding", "rope_scaling", "train_len", "seed"]  # a probe row's run, before the probe's own key

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..build import autocast
+from ..model.build import autocast
 from ..config import TaskConfig
 from ..data.positions import draw_positions
 from ..data.tasks import IGNORE, Task, encode, make_task

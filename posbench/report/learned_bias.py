@@ -128,7 +128,7 @@ def trained_encoding(run_dir: str | Path) -> tuple[dict, PositionEncoding] | Non
 
     from ..config import model_config
     from ..encodings import build_encoding
-    from ..model import LanguageModel
+    from ..model.transformer import LanguageModel
     from ..runs.rundir import RunDir, load_checkpoint
 
     run = RunDir(run_dir)

@@ -38,14 +38,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from .. import preflight
-from ..build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from ..model import preflight
+from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..config import RunConfig, code_version, run_config
 from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
-from ..model import LanguageModel
+from ..model.transformer import LanguageModel
 from ..runs import distributed, threads
 from ..runs.distributed import print0
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint

@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..config import TrainConfig
-from ..model import OWN_PARAMETERS
+from ..model.transformer import OWN_PARAMETERS
 
 
 def lr_lambda(tcfg: TrainConfig):

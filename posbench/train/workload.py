@@ -30,7 +30,7 @@ from ..data.windows import WindowSampler
 from ..errors import PosbenchError
 from ..eval.ladder import perplexity_ladder, result_rows, scored_tokens
 from ..eval.results import markdown_results, write_results
-from ..preflight import check_evaluation
+from ..model.preflight import check_evaluation
 from ..runs.rundir import RunDir, atomic_write_text
 
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .encodings import PositionEncoding
+from ..encodings import PositionEncoding
 
 EXPLICIT_MAX_LEN = 128  # training at T <= this: explicit attention (faster backward on CPU)
 EXPLICIT_HOOKS = frozenset({"score", "value", "normalize"})  # hooks that take the explicit query chunks

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .config import DEVICES, choice, model_config
-from .encodings import REGISTRY, build_encoding, saved_options
-from .errors import PosbenchError
-from .model import LanguageModel
+from ..config import DEVICES, choice, model_config
+from ..encodings import REGISTRY, build_encoding, saved_options
+from ..errors import PosbenchError
+from .transformer import LanguageModel
 
 
 def keep_freed_memory() -> bool:
@@ -25,7 +25,7 @@ def keep_freed_memory() -> bool:
     touch. With no mmap (M_MMAP_MAX 0) and a 1 GiB trim threshold, every step reuses the
     previous step's pages; training and evaluation both get faster (``posbench bench`` measures
     each allocator, results/bench/). Evaluation's long-context chunks come longest first
-    (:func:`posbench.attention._chunks`) so the heap is reused rather than fragmented.
+    (:func:`posbench.model.attention._chunks`) so the heap is reused rather than fragmented.
 
     Returns whether it applied (glibc on Linux); ``POSBENCH_SYSTEM_MALLOC=1`` leaves malloc alone."""
     if os.environ.get("POSBENCH_SYSTEM_MALLOC") == "1" or not sys.platform.startswith("linux"):

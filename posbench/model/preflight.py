@@ -16,12 +16,12 @@ autocast else 4):
 * saved activations: N L (ACT_D D + ACT_F F) a: what autograd keeps per token and layer (the
   block's inputs, LayerNorm outputs, q, k, v, the attention output, the MLP's two hidden
   tensors), ACT_D and ACT_F set from measurements (below);
-* attention (:mod:`posbench.attention`): the explicit kernel (short CPU training windows,
+* attention (:mod:`posbench.model.attention`): the explicit kernel (short CPU training windows,
   content-dependent encodings) keeps fp32 probabilities (B, H, T, T) per layer, times the
   encoding's ``pair_cost`` for scores of its own; a bias kernel keeps one (H, T, T) mask per
   forward pass (one per layer when the bias differs by layer), or the (H, chunk, T) Toeplitz
   table; the fused kernel keeps O(T) per head, which is left out;
-* the fused loss (:mod:`posbench.loss`): its fp32 gradient of the hidden states (N, D) and of
+* the fused loss (:mod:`posbench.model.loss`): its fp32 gradient of the hidden states (N, D) and of
   the output embedding (V, D), and 1,024 x V fp32 logits per slice;
 * a bias with parameters (T5, KERPLE, FIRE, ...) needs its gradient, so SDPA takes its math
   path in training and keeps about 8 bytes per (B, H, T, T) value and layer (measured);
@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 
 from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
-from .errors import PosbenchError
+from ..errors import PosbenchError
 
 ACT_D, ACT_F = 20, 3  # activation values kept per token and layer: ACT_D x d_model + ACT_F x d_ff
-LOSS_ROWS, NLL_ROWS = 1024, 4096  # the fused loss's and head_nll's slices (posbench.loss, model.head_nll)
+LOSS_ROWS, NLL_ROWS = 1024, 4096  # the fused loss's and head_nll's slices (posbench.model.loss, model.head_nll)
 GB = 1e9
 
 
@@ -120,11 +120,11 @@ def eval_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, d
 
 def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, extension: str = "none",
                       chunk: int = 256) -> Estimate:
-    """Peak bytes of evaluating a pretrained model (:class:`posbench.pretrained.PretrainedLM`) at the
+    """Peak bytes of evaluating a pretrained model (:class:`posbench.model.pretrained.PretrainedLM`) at the
     longest of ``lengths``: its weights as loaded, one layer's activations of a forward pass (the
     terms above, with the model's own widths), its SDPA attention O(T) but for the keys and values
     its grouped-query heads repeat, and for Self-Extend or ReRoPE (``extension``) a few fp32 score
-    blocks of (heads, ``chunk``, T) per window (:func:`posbench.extension.extended_attention`)."""
+    blocks of (heads, ``chunk``, T) per window (:func:`posbench.encodings.extension.extended_attention`)."""
     config = model.model.config
     D, F = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     H, V = config.num_attention_heads, model.head.weight.shape[0]

@@ -8,7 +8,7 @@ per-position loss, token NLL for paired intervals, probes. PATH is a local model
 hub names are refused with one line.
 
 :class:`PretrainedLM` wraps the transformers model in the interface the ladder and the probes
-use for posbench's :class:`~posbench.model.LanguageModel`: ``hidden(ids, positions)``,
+use for posbench's :class:`~posbench.model.transformer.LanguageModel`: ``hidden(ids, positions)``,
 ``head_nll(hidden, targets)`` (the logits made a few thousand rows at a time, so a 32k window
 with a 49k vocabulary never holds its logits at once), ``forward(ids) -> logits``,
 ``param_counts()`` and an ``encoding`` whose ``dims.train_len`` is the model's trained context
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .encodings import PositionRangeError
-from .encodings.rotary import ntk_base, scaling_factor
-from .errors import PosbenchError
+from ..encodings import PositionRangeError
+from ..encodings.rotary import ntk_base, scaling_factor
+from ..errors import PosbenchError
 
 EXTRA = 'pip install "posbench[hf]"'
 ROTARY_KEYS = ("rope_theta", "rope_parameters", "rotary_dim", "rotary_pct")
@@ -102,7 +102,7 @@ class PositionScheme:
 
     @contextmanager
     def extended(self, ext):
-        """A training-free extension (:class:`posbench.extension.Extension`) through transformers'
+        """A training-free extension (:class:`posbench.encodings.extension.Extension`) through transformers'
         attention interface, for the block; nothing for ``none``."""
         self.check_extension(ext)
         if ext.method == "none":
@@ -110,7 +110,7 @@ class PositionScheme:
             return
         from transformers import AttentionInterface
 
-        from . import extension
+        from ..encodings import extension
 
         AttentionInterface.register(extension.HF_NAME, extension.hf_attention)
         config = self.rotary.config

@@ -11,7 +11,7 @@ j <= i (d = i - j), with q and k the projections before rotation and R(p) the ro
   relative position clipped at W.
 * **log-n** (Chiang & Cholak 2022; Qwen's ``use_logn_attn``): q times max(1, log_{L} (i + 1)),
   L the trained context, so attention stays as sharp over more keys; the factor is
-  :func:`posbench.length_scaling.logn_factor`, the one posbench's own models train with
+  :func:`posbench.model.length_scaling.logn_factor`, the one posbench's own models train with
   (``model.length_scaling=logn``).
 
 :func:`extended_attention` computes any of them exactly, query chunk by query chunk (two score
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .errors import PosbenchError
-from .length_scaling import logn_factor
+from ..errors import PosbenchError
+from ..model.length_scaling import logn_factor
 
 METHODS = ("none", "self_extend", "rerope", "logn")
 

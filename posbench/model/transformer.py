@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import causal_attention, cumulative_decay, layer_window
-from .config import ModelConfig
-from .encodings import ModelDims, PositionEncoding
-from .encodings.randomized import check_positions
+from ..config import ModelConfig
+from ..encodings import ModelDims, PositionEncoding
+from ..encodings.randomized import check_positions
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 
@@ -47,7 +47,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if self.q_norm is not None:  # in fp32, as Qwen3's RMSNorm (and no bf16 input beside an fp32 gain)
             q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
-        ext = enc.extension  # eval.extension (posbench.extension), None but at evaluation
+        ext = enc.extension  # eval.extension (posbench.encodings.extension), None but at evaluation
         if ext is not None and ext.method in ("self_extend", "rerope"):  # the rotation is part of the attention
             y = enc.extended_attention(q, k, v, positions, layer)
         else:
@@ -129,7 +129,7 @@ class LanguageModel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab); with ``targets`` (B, T) the mean
-        next-token cross-entropy instead, without making the logits (:mod:`posbench.loss`), over the
+        next-token cross-entropy instead, without making the logits (:mod:`posbench.model.loss`), over the
         targets >= 0 (a negative target, ``posbench.data.tasks.IGNORE``, is skipped). ``positions``: see
         :meth:`hidden`."""
         hidden = self.hidden(idx, positions)

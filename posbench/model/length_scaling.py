@@ -35,9 +35,10 @@ import math
 import torch
 from torch import nn
 
-from .errors import PosbenchError
+from ..config import LENGTH_SCALINGS
+from ..errors import PosbenchError
 
-SCALINGS = ("none", "logn", "ssmax")
+SCALINGS = LENGTH_SCALINGS  # the choices live in the torch-free config, which checks them
 SSMAX_INIT = 0.43
 
 

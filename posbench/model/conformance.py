@@ -1,0 +1,257 @@
+"""The conformance checks every encoding passes, built-in or plugin: one source of truth.
+
+``check_encoding(cls)`` runs them all on small models and raises :class:`ConformanceError`
+naming the first that fails; ``posbench check pkg.module:Class`` runs them from the command
+line; posbench's own tests call the same checks for every built-in encoding
+(``tests/test_encodings.py``), so a plugin is held to exactly the zoo's standard.
+
+=====================  ======================================================================
+check                  what it asserts
+=====================  ======================================================================
+``causality``          changing tokens after position i never changes the logits up to i
+``kernels``            every attention kernel (explicit, SDPA, Toeplitz slices, query chunks,
+                       with and without gradients) equals plain fp32 attention
+``layer_invariant``    the claim ``layer_invariant_bias``: a forward that shares layer 0's
+                       bias equals one that rebuilds every layer's
+``relative``           the claim ``relative_bias``: the bias at positions shifted by a constant
+                       is the same (the Toeplitz slices rely on it)
+``reads_positions``    the claim ``reads_positions``: gapped positions change the output
+                       exactly when the encoding says it reads them
+``bf16``               under bf16 autocast the loss is finite and every parameter of the
+                       encoding gets a finite, non-zero gradient (it can learn)
+``long``               a forward at 16x the training length is finite (or the encoding refuses
+                       with a PositionRangeError, as a learned table must), and no tensor any
+                       op makes exceeds the chunked kernels' bound: the larger of pair_cost x
+                       query chunk x T and the token-wise activations, twice
+=====================  ======================================================================
+
+A flag an encoding does not claim costs only speed (the kernels take the slow, always-right
+path), so only claims are checked; a wrong claim gives wrong numbers, and the check fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .attention import causal_attention, cumulative_decay, layer_window, reference_attention
+from ..config import ModelConfig
+from ..encodings import REGISTRY, PositionEncoding, PositionRangeError, encoding_class
+from ..errors import PosbenchError
+from .transformer import LanguageModel
+from ..plugins import import_target
+
+VOCAB = 64
+
+
+class ConformanceError(AssertionError):
+    """An encoding failed a conformance check; the message names the check and what differed."""
+
+
+def resolve(encoding: str | type[PositionEncoding]) -> type[PositionEncoding]:
+    """A class, a registered name, or an import path (``pkg.module:Class`` / ``pkg.module.Class``)."""
+    if isinstance(encoding, type):
+        if not issubclass(encoding, PositionEncoding):
+            raise PosbenchError(f"{encoding!r} is not a subclass of posbench.encodings.PositionEncoding")
+        return encoding
+    if encoding in REGISTRY:
+        return REGISTRY[encoding]
+    if ":" in encoding or "." in encoding:
+        cls = import_target(encoding, f"encoding {encoding!r}")
+        return resolve(cls)
+    return encoding_class({"name": encoding})
+
+
+def _model(cls, options, *, d_model=32, n_layers=2, n_heads=4, d_ff=64, chunk=8, train_len=16, perturb=False,
+           model: Mapping[str, Any] | None = None):
+    """A small model; ``perturb`` moves the encoding's parameters off their init so every term
+    counts (a table that starts at zero would hide a wrong flag); ``model``: more ModelConfig
+    options (a model option such as ``length_scaling`` checked with the encoding)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk,
+                      **dict(model or {}))
+    net = LanguageModel(cfg, VOCAB, cls.build(LanguageModel.dims(cfg, train_len, VOCAB), dict(options)))
+    if perturb:
+        with torch.no_grad():
+            for p in net.encoding.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.dtype))
+    return net.eval()
+
+
+def _tokens(B: int, T: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _fail(check: str, cls: type, message: str) -> None:
+    raise ConformanceError(f"{cls.name or cls.__name__}: {check}: {message}")
+
+
+# ---- the checks ------------------------------------------------------------------------------
+
+def check_causality(cls, options, model=None) -> None:
+    net, x = _model(cls, options, perturb=True, model=model), _tokens(2, 16, 0)
+    y = x.clone()
+    y[:, 10:] = _tokens(2, 6, 1)
+    with torch.no_grad():
+        a, b = net(x), net(y)
+    if not torch.allclose(a[:, :10], b[:, :10], atol=1e-5):
+        _fail("causality", cls, f"changing tokens 10.. changed the logits of tokens < 10 by up to "
+                                f"{(a[:, :10] - b[:, :10]).abs().max():.2e}: a query sees keys after it")
+
+
+def check_kernels(cls, options, model=None) -> None:
+    enc = _model(cls, options, perturb=True, model=model).encoding
+    for grad, T, chunk in [(True, 37, 64), (False, 37, 64), (False, 37, 10), (True, 150, 64)]:
+        torch.manual_seed(1)
+        q, k, v = (torch.randn(2, enc.dims.n_heads, T, enc.dims.head_dim) for _ in range(3))
+        pos = torch.arange(T)
+        q, k = enc.rotate(q, k, pos, 1)
+        with torch.no_grad():  # the gates of a layer input, summed as the model sums them
+            decay = cumulative_decay(enc, torch.randn(2, T, enc.dims.d_model), 1)
+        window = layer_window(enc, 1, (model or {}).get("window", 0))
+        with torch.set_grad_enabled(grad):
+            out = causal_attention(q, k, v, enc, pos, 1, chunk_size=chunk, cache={}, decay=decay, window=window)
+            ref = reference_attention(q, k, v, enc, pos, 1, decay=decay, window=window)
+        if not torch.allclose(out.float(), ref, atol=1e-5, rtol=1e-5):
+            _fail("kernels", cls, f"the attention kernel at T={T}, query chunk {chunk}, grad={grad} differs from "
+                                  f"plain fp32 attention by up to {(out.float() - ref).abs().max():.2e}")
+
+
+def _per_layer_forward(model: LanguageModel, x: torch.Tensor) -> torch.Tensor:
+    """The model's forward with nothing shared between layers (a fresh cache per layer, holding
+    only the model's length scaling)."""
+    from .length_scaling import key_counts
+
+    positions = torch.arange(x.shape[1])
+    h = model.drop(model.encoding.embed(model.tok_emb(x) * model.emb_scale, positions, x))
+    scaling = ({"length_scaling": model.length_scaling, "key_counts": key_counts(x.shape[1])}
+               if model.length_scaling is not None else {})
+    for layer, block in enumerate(model.blocks):
+        h = block(h, model.encoding, positions, layer, dict(scaling))
+    return model.ln_f(h) @ model.tok_emb.weight.t()
+
+
+def check_layer_invariant(cls, options, model=None) -> None:
+    x = _tokens(2, 16, 3)
+    for chunk in (1024, 7):  # one (H, T, T) bias per forward; Toeplitz slices or per-chunk biases
+        net = _model(cls, options, chunk=chunk, perturb=True, model=model)
+        if not net.encoding.layer_invariant_bias:  # the instance's claim (an option may change it)
+            return
+        with torch.no_grad():
+            got, want = net(x), _per_layer_forward(net, x)
+        if not torch.allclose(got, want, atol=1e-5):
+            _fail("layer_invariant", cls, "claims layer_invariant_bias, but a forward reusing layer 0's bias "
+                                          f"differs from one building every layer's by {(got - want).abs().max():.2e} "
+                                          "(set layer_invariant_bias = False)")
+
+
+def check_relative(cls, options, model=None) -> None:
+    enc = _model(cls, options, perturb=True, model=model).encoding
+    if not enc.relative_bias:
+        return
+    q_pos, k_pos = torch.arange(40, 60), torch.arange(0, 60)
+    with torch.no_grad():
+        for layer in range(enc.dims.n_layers):
+            a, b = enc.bias(q_pos + 333, k_pos + 333, layer), enc.bias(q_pos, k_pos, layer)
+            if not torch.allclose(a, b, atol=1e-5, rtol=1e-5):
+                _fail("relative", cls, "claims relative_bias, but shifting both positions by 333 changes the bias "
+                                       f"of layer {layer} by {(a - b).abs().max():.2e} (set relative_bias = False)")
+
+
+def check_reads_positions(cls, options, model=None) -> None:
+    net, x = _model(cls, options, perturb=True, train_len=16, model=model), _tokens(2, 24, 1)
+    gapped = torch.randperm(64, generator=torch.Generator().manual_seed(2))[:24].sort().values
+    try:
+        with torch.no_grad():
+            ordinary, other = net(x), net(x, positions=gapped)
+    except PositionRangeError:
+        return  # a table too short for position 63: it reads positions (and says so by refusing)
+    changed = not torch.allclose(ordinary, other, atol=1e-5)
+    if changed != net.encoding.reads_positions:
+        _fail("reads_positions", cls, f"says reads_positions = {net.encoding.reads_positions}, but gapped positions "
+                                      f"{'change' if changed else 'do not change'} the output")
+
+
+def check_bf16(cls, options, model=None) -> None:
+    net = _model(cls, options, model=model).train()
+    x = _tokens(2, 17, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = net(x[:, :-1], targets=x[:, 1:])
+    loss.backward()
+    if not torch.isfinite(loss):
+        _fail("bf16", cls, f"the loss under bf16 autocast is {loss.item()}")
+    scaling = net.length_scaling.named_parameters("length_scaling") if net.length_scaling is not None else []
+    for name, param in [*net.encoding.named_parameters(), *scaling]:
+        if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0:
+            _fail("bf16", cls, f"parameter {name!r} gets no finite non-zero gradient: it cannot learn")
+
+
+def _long_model(cls, options, model=None):
+    return _model(cls, options, d_model=64, n_layers=2, n_heads=4, d_ff=128, chunk=64, train_len=128, model=model)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() > self.largest:
+                self.largest, self.op = t.numel(), str(func)
+        return out
+
+
+def check_long(cls, options, model=None) -> None:
+    """One forward at 16x the training length (train_len 128 -> 2048 tokens, query chunks of 64):
+    finite logits, and no tensor over the chunked bound."""
+    net, T = _long_model(cls, options, model), 16 * 128
+    enc, cfg = net.encoding, net.cfg
+    bound = 2 * max(enc.pair_cost() * cfg.attn_chunk * T,  # one query chunk's scores or bias
+                    T * max(cfg.d_ff, 3 * cfg.d_model, VOCAB))  # the token-wise activations
+    tracker = _LargestTensor()
+    try:
+        with torch.no_grad(), tracker:
+            logits = net(_tokens(1, T, 5))
+    except PositionRangeError:
+        return  # refuses clearly, as a learned table must
+    if not torch.isfinite(logits).all():
+        _fail("long", cls, f"logits at 16x the training length (T={T}) are not finite")
+    if tracker.largest > bound:
+        _fail("long", cls, f"at T={T} an op ({tracker.op}) made a tensor of {tracker.largest:,} elements, over the "
+                           f"chunked bound {bound:,}: compute content- or position-dependent terms per query chunk "
+                           "(and set pair_cost to the values held per (query, key) pair)")
+
+
+CHECKS: dict[str, Callable[[type, Mapping], None]] = {
+    "causality": check_causality, "kernels": check_kernels, "layer_invariant": check_layer_invariant,
+    "relative": check_relative, "reads_positions": check_reads_positions, "bf16": check_bf16,
+    "long": check_long,
+}
+
+
+def check_encoding(encoding: str | type[PositionEncoding], options: Mapping[str, Any] | None = None,
+                   checks: list[str] | None = None, model: Mapping[str, Any] | None = None) -> list[str]:
+    """Run ``checks`` (default: all of :data:`CHECKS`) on ``encoding`` built with ``options``
+    (default: its constructor's defaults), in models with the ModelConfig options ``model``
+    (e.g. ``{"length_scaling": "ssmax"}``: a model option is held to the same checks with every
+    encoding). -> the names of the checks run; raises :class:`ConformanceError` at the first that
+    fails."""
+    cls = resolve(encoding)
+    names = list(CHECKS) if checks is None else list(checks)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise PosbenchError(f"unknown check {unknown[0]!r}; valid choices: {', '.join(CHECKS)}")
+    threads = torch.get_num_threads()
+    try:
+        for name in names:
+            CHECKS[name](cls, dict(options or {}), dict(model or {}))
+    finally:
+        torch.set_num_threads(threads)
+    return names
