@@ -300,6 +300,7 @@ def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .report.tables import draw_run
+    from .runs.callbacks import check_encoding_options
     from .runs.lock import hold
     from .runs.output import tee_to
     from .train.loop import train
@@ -308,6 +309,7 @@ def _train_task(cfg) -> None:
     _use_threads()
     log = tee_to(run_dir / "train.log") if _rank() == 0 else nullcontext()  # what the run prints, kept
     with log, user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
+        check_encoding_options(cfg)  # a sweep job's (a single run's was checked before its run dir existed)
         finished = train(cfg, run_dir)
         if finished.rows is None:  # not rank 0: rank 0 evaluates and reports
             return

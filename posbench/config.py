@@ -310,7 +310,9 @@ def choice(key: str, value, choices) -> None:
         raise PosbenchError(f"{key}={value!r} is not valid; valid choices: {', '.join(choices)}")
 
 
-def _check_type(key: str, value, hint) -> Any:
+def check_type(key: str, value, hint) -> Any:
+    """``value`` as type ``hint`` (int read as float, lists item by item), or a PosbenchError naming
+    ``key``, the value and the type (:func:`typed`, and plugin options: posbench.plugins.check_options)."""
     origin = getattr(hint, "__args__", None)
     if value is None:
         if origin and type(None) in origin:
@@ -323,9 +325,11 @@ def _check_type(key: str, value, hint) -> Any:
     if container is list:
         if not isinstance(value, (list, tuple)):
             raise PosbenchError(f"{key} must be a list, got {value!r}")
-        (item,) = base.__args__
-        return [_check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+        (item,) = getattr(base, "__args__", (Any,))
+        return list(value) if item is Any else [check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
     if container is dict:
+        if not isinstance(value, dict):
+            raise PosbenchError(f"{key} must be a mapping, got {value!r}")
         return dict(value)
     if container is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -342,7 +346,7 @@ def typed(schema, node, section: str):
     unknown = sorted(set(values) - names)
     if unknown:
         raise PosbenchError(f"{section}.{unknown[0]} is not a known option; valid: {', '.join(sorted(names))}")
-    return schema(**{k: _check_type(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+    return schema(**{k: check_type(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
 
 
 def model_config(node) -> ModelConfig:

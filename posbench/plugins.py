@@ -21,6 +21,8 @@ out of the config hash. This module imports no torch and nothing of posbench but
 from __future__ import annotations
 
 import importlib
+import inspect
+import typing
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
@@ -85,6 +87,57 @@ def distribution_of(cls: type) -> str | None:
         return f"{names[0]}=={metadata.version(names[0])}"
     except metadata.PackageNotFoundError:
         return None
+
+
+MISSING = "???"  # Hydra's mark of an option without a value (an entry point's option without a default)
+PLAIN_TYPES = (bool, int, float, str, list, dict)
+
+
+def option_types(cls: type) -> dict[str, tuple[Any, Any]]:
+    """Constructor keyword -> (the type its values must have, its default): the annotation
+    (``base: float``, ``width: int | None``), else the default's type (``scale=1.0``: float).
+    Options with neither, or with a type other than the plain ones a config holds, are left out."""
+    params = {name: p for name, p in inspect.signature(cls.__init__).parameters.items()
+              if name not in ("self", "dims") and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that does not resolve here: the defaults alone
+        hints = {}
+    types = {}
+    for name, p in params.items():
+        default = None if p.default is inspect.Parameter.empty else p.default
+        hint = hints.get(name, type(default) if default is not None else None)
+        args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if all(typing.get_origin(a) in PLAIN_TYPES or a in PLAIN_TYPES for a in args):
+            types[name] = (hint, p.default)
+    return types
+
+
+def check_options(cls: type, options: Mapping[str, Any], section: str, what: str) -> None:
+    """One PosbenchError for the first option of ``options`` (a config section, ``name`` and the
+    import keys aside) that ``cls``'s constructor does not take or whose value has another type
+    than it declares (:func:`option_types`): ``encoding.base must be float, got 'abc' (rope's
+    base defaults to 10000.0)``. Values are read as a config file holds them; an int stands for a float."""
+    from .config import check_type
+
+    known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "dims")]
+    types = option_types(cls)
+    for key, value in options.items():
+        if key == "name" or key in META_KEYS:
+            continue
+        if key not in known:
+            raise PosbenchError(f"{section} {what!r} has no option {key!r}; its options: {', '.join(known) or '(none)'}")
+        if key not in types:
+            continue
+        hint, default = types[key]
+        shown = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+        if value == MISSING:
+            raise PosbenchError(f"{section}.{key} has no default in {what}; valid: {section}.{key}=<{shown}>")
+        try:
+            check_type(f"{section}.{key}", value, hint)
+        except PosbenchError as e:
+            said = "" if default is inspect.Parameter.empty else f"; {what}'s {key} defaults to {default!r}"
+            raise PosbenchError(f"{e}{said}") from None
 
 
 def config_dirs(args: list[str], config_dir: str | None = None) -> list[str]:

@@ -1,0 +1,62 @@
+"""A researcher's day, round two: each test runs the command as a user types it and checks the
+one line it prints, its exit status and what it leaves on disk."""
+
+import textwrap
+
+from conftest import SMOKE, posbench
+
+PLUGIN = '''
+from posbench.encodings import PositionEncoding
+
+
+class Shift(PositionEncoding):
+    """A plugin encoding for the tests: no positions, one option of each kind."""
+
+    description = "a test plugin"
+
+    def __init__(self, dims, scale: float = 1.0, width=4, flag: bool = False):
+        super().__init__(dims)
+        self.scale, self.width, self.flag = float(scale), int(width), flag
+'''
+
+
+def last_line(proc) -> str:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def plugin_dirs(tmp_path, yaml: str = "name: shift\n_target_: shift_plugin.Shift\nscale: 1.0\nwidth: 4\n"):
+    """A plugin module on PYTHONPATH and a config dir whose encoding/shift.yaml names it."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "shift_plugin.py").write_text(PLUGIN)
+    configs = tmp_path / "configs"
+    (configs / "encoding").mkdir(parents=True)
+    (configs / "encoding" / "shift.yaml").write_text(yaml)
+    return configs, {"PYTHONPATH": str(code)}
+
+
+def test_an_encoding_option_of_another_type_is_one_line_before_the_run_dir(tmp_path):
+    """`encoding.base=abc` was a ValueError traceback leaving outputs/train/rope/<overrides>/ with
+    .hydra/ and an empty train.log; a plugin's option the same."""
+    work = tmp_path / "work"
+    work.mkdir()
+    line = last_line(posbench("train", "encoding=rope", "encoding.base=abc", "experiment=smoke", cwd=work, check=False))
+    assert line == "posbench: error: encoding.base must be float, got 'abc'; rope's base defaults to 10000.0"
+    line = last_line(posbench("train", "encoding=alibi", "encoding.learned_slopes=3", *SMOKE, cwd=work, check=False))
+    assert line == "posbench: error: encoding.learned_slopes must be bool, got 3; alibi's learned_slopes defaults to False"
+    configs, env = plugin_dirs(tmp_path)
+    for option, expected in (("encoding.scale=abc", "encoding.scale must be float, got 'abc'"),
+                             ("encoding.width=2.5", "encoding.width must be int, got 2.5"),
+                             ("+encoding.bogus=1", "encoding 'shift' has no option 'bogus'; its options: scale, "
+                                                   "width, flag")):
+        line = last_line(posbench("train", "--config-dir", configs, "encoding=shift", option, *SMOKE, cwd=work,
+                                  check=False, env=env))
+        assert line.startswith(f"posbench: error: {expected}"), line
+    assert list(work.iterdir()) == []  # no outputs/train/... left behind
+    # an int where the class takes a float is a float, as in a config file
+    proc = posbench("train", "--config-dir", configs, "encoding=shift", "encoding.scale=2", *SMOKE, "--cfg", "job",
+                    cwd=work, env=env)
+    assert "scale: 2" in proc.stdout
