@@ -137,14 +137,14 @@ def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, dic
 
 def _check_plugin_yaml(path: Path, group: str = "encoding") -> dict:
     """A user's ``encoding/NAME.yaml`` (or ``task/``, ``probe/``) either names its class
-    (``_target_``) and itself (``name: NAME``), or sets options of a built-in (``name: alibi``,
+    (``_target_``) and itself (``name: NAME``, or no ``name:``), or sets options of a built-in (``name: alibi``,
     no ``_target_``). -> its contents."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
     if cfg.get("_target_"):
-        if cfg.get("name") != path.stem:
-            fail(f"{path} must say name: {path.stem} (its file name), found name: {cfg.get('name')}")
+        if cfg.setdefault("name", path.stem) != path.stem:  # no name: its file name
+            fail(f"{path} says name: {cfg['name']}; valid: name: {path.stem} (its file name), or no name:")
     elif not (conf_dir() / group / f"{cfg.get('name')}.yaml").is_file():
         base = {"encoding": "posbench.encodings.PositionEncoding", "task": "posbench.data.tasks.Task",
                 "probe": "posbench.eval.probe.Probe"}[group]
@@ -300,7 +300,7 @@ def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .report.tables import draw_run
-    from .runs.callbacks import check_encoding_options
+    from .runs.callbacks import check_encoding_options, fill_choice_names
     from .runs.lock import hold
     from .runs.output import tee_to
     from .train.loop import train
@@ -309,6 +309,7 @@ def _train_task(cfg) -> None:
     _use_threads()
     log = tee_to(run_dir / "train.log") if _rank() == 0 else nullcontext()  # what the run prints, kept
     with log, user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
+        fill_choice_names(cfg)  # a sweep job's (a single run's were filled before its run dir existed)
         check_encoding_options(cfg)  # a sweep job's (a single run's was checked before its run dir existed)
         finished = train(cfg, run_dir)
         if finished.rows is None:  # not rank 0: rank 0 evaluates and reports
@@ -338,7 +339,10 @@ def _eval_task(cfg) -> None:
     from .runs.rundir import RunDir
     from .train.workload import check_later_evaluation
 
+    from .runs.callbacks import fill_choice_names
+
     _use_threads()
+    fill_choice_names(cfg, ("probe",))
     if cfg.get("pretrained"):
         return _eval_pretrained(cfg)
     with user_errors(None), _eval_lock(cfg):
@@ -607,6 +611,9 @@ def cmd_report(args: list[str]) -> None:
     parser.add_argument("--threshold", type=float, default=None, metavar="SCORE",
                         help="the score in [0, 1] a probe's effective length keeps at every length up to it "
                              "(RULER's rule; default 0.5)")
+    parser.add_argument("--mix", action="store_true",
+                        help="report runs scored on different text (corpus, split, vocabulary, scored tokens) "
+                             "together, each text's lines apart (default: refuse, naming what differs)")
     parser.add_argument("--export-baseline", metavar="OUT",
                         help="instead of a report, write what paired intervals need of the runs under DIRS "
                              "(results, config, per-block NLL sums: a few KiB per run) to OUT")
@@ -622,7 +629,9 @@ def cmd_report(args: list[str]) -> None:
         raise PosbenchError(f"report: --threshold {threshold:g} is not valid; valid: a score in [0, 1], e.g. 0.5")
     baselines = [str(resolve_baseline(b)) for b in ns.baseline]
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
-                  by=by, baselines=baselines, threshold=threshold)
+                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix)
+    if done.header:
+        print(done.header + "\n")
     if done.table:
         print(done.table)
         print("\n" + "\n".join(done.text))
@@ -691,20 +700,42 @@ def cmd_encodings(args: list[str]) -> None:
         print(f"{option:<{width}}  {description}  [{paper}]")
 
 
+def config_dir_encoding(name: str, dirs: list[Path]) -> tuple[type | None, dict]:
+    """``posbench check --config-dir DIR NAME``: the class and options of ``DIR/encoding/NAME.yaml``
+    (its ``_target_``, or the built-in it sets options of), or (None, {}) where no dir has it.
+    Options that interpolate a run's keys (``${train.train_len}``) take the constructor's default."""
+    from .encodings import encoding_class
+    from .plugins import META_KEYS
+
+    for d in dirs:
+        path = d / "encoding" / f"{name}.yaml"
+        if path.is_file():
+            cfg = _check_plugin_yaml(path)
+            options = {k: v for k, v in cfg.items() if k != "name" and k not in META_KEYS
+                       and not (isinstance(v, str) and "${" in v)}
+            return encoding_class(cfg), options
+    return None, {}
+
+
 def cmd_check(args: list[str]) -> None:
     from .model.conformance import CHECKS, ConformanceError, check_encoding, resolve
 
     parser = argparse.ArgumentParser(prog="posbench check", description=COMMANDS["check"],
                                      epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")
-    parser.add_argument("encoding", help="a registered name, or the class as pkg.module:Class")
+    parser.add_argument("encoding", help="a registered name, a config dir's encoding (--config-dir), or the class as "
+                                         "pkg.module:Class")
     parser.add_argument("options", nargs="*", metavar="KEY=VALUE",
                         help="constructor options (YAML values); model.KEY=VALUE: a model option to check with it "
                              "(e.g. model.length_scaling=ssmax)")
     parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run (default: all)")
+    parser.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                        help="read ENCODING from DIR/encoding/ENCODING.yaml: its _target_ (or built-in name) and "
+                             "its options, which KEY=VALUE options override")
     ns = parser.parse_args(args)
     import yaml
 
-    options, model = {}, {}
+    cls, options = config_dir_encoding(ns.encoding, existing_dirs(ns.config_dir))
+    model = {}
     for item in ns.options:
         key, eq, value = item.partition("=")
         if not eq:
@@ -717,7 +748,10 @@ def cmd_check(args: list[str]) -> None:
         from .config import model_config
 
         model_config(model)  # an unknown or bad model option is one line
-    cls = resolve(ns.encoding)
+    from .plugins import check_options
+
+    cls = cls or resolve(ns.encoding)
+    check_options(cls, options, "encoding", cls.name or cls.__name__)  # names and types, as posbench train does
     checks = [c for c in ns.only.split(",") if c]
     failed = 0
     for check in checks:

@@ -60,3 +60,29 @@ def test_an_encoding_option_of_another_type_is_one_line_before_the_run_dir(tmp_p
     proc = posbench("train", "--config-dir", configs, "encoding=shift", "encoding.scale=2", *SMOKE, "--cfg", "job",
                     cwd=work, env=env)
     assert "scale: 2" in proc.stdout
+
+
+def test_check_reads_a_config_dirs_encoding_with_its_options_and_the_name_defaults_to_the_file(tmp_path):
+    """`posbench check` had no --config-dir: a _target_ plugin was checked by pkg.module:Class
+    without its YAML's options. A config dir's YAML without name: trains under its file name."""
+    configs, env = plugin_dirs(tmp_path, "_target_: shift_plugin.Shift\nscale: 2.5\nwidth: 3\n")  # no name:
+    proc = posbench("check", "--config-dir", configs, "shift", "--only", "causality", env=env)
+    assert proc.stdout.splitlines() == ["ok    causality", "shift: 1 of 1 checks passed"]
+    line = last_line(posbench("check", "--config-dir", configs, "shift", "width=abc", "--only", "causality",
+                              env=env, check=False))
+    assert line == "posbench: error: encoding.width must be int, got 'abc'; shift's width defaults to 4"
+    (configs / "encoding" / "shift.yaml").write_text("_target_: shift_plugin.Shift\nscale: abc\n")
+    line = last_line(posbench("check", "-cd", configs, "shift", env=env, check=False))
+    assert line == "posbench: error: encoding.scale must be float, got 'abc'; shift's scale defaults to 1.0"
+    (configs / "encoding" / "shift.yaml").write_text("_target_: shift_plugin.Shift\nscale: 2.5\n")
+    run = tmp_path / "work"
+    run.mkdir()
+    proc = posbench("train", "--config-dir", configs, "encoding=shift", *SMOKE, "train.steps=4", "eval.multiples=[1]",
+                    cwd=run, env=env)
+    assert "| shift | 32 | 32 |" in proc.stdout
+    (run_dir,) = (run / "outputs" / "train" / "shift").iterdir()  # named after the file
+    saved = (run_dir / "config.yaml").read_text()
+    assert "name: shift" in saved and "scale: 2.5" in saved
+    (configs / "encoding" / "shift.yaml").write_text("_target_: shift_plugin.Shift\nname: other\n")
+    line = last_line(posbench("train", "--config-dir", configs, "encoding=shift", *SMOKE, cwd=run, env=env, check=False))
+    assert line.endswith("shift.yaml says name: other; valid: name: shift (its file name), or no name:")

@@ -73,6 +73,22 @@ class NewRunDir(Callback):
         NEW_DIRS[:] = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
 
 
+def fill_choice_names(config: DictConfig, groups=("encoding", "task", "probe")) -> None:
+    """A config dir's ``encoding/NAME.yaml`` (or ``task/``, ``probe/``) that leaves ``name:`` out
+    is named NAME, its file name, as Hydra chose it (``hydra.runtime.choices``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    if not HydraConfig.initialized():
+        return
+    choices = HydraConfig.get().runtime.choices
+    for group in groups:
+        node = config.get(group)
+        if isinstance(node, DictConfig) and node.get("name") is None and choices.get(group):
+            with open_dict(node):
+                node.name = str(choices[group])
+
+
 def check_encoding_options(config: DictConfig) -> None:
     """A PosbenchError for the first option of ``config.encoding`` that its class (built-in or
     plugin) does not take or that has another type than it declares."""
@@ -90,6 +106,7 @@ class EncodingOptions(Callback):
         from hydra.core.hydra_config import HydraConfig
 
         HydraConfig.instance().set_config(config)
+        fill_choice_names(config)  # the task gets this config object
         try:
             check_encoding_options(config)
         except PosbenchError as e:  # Hydra turns a callback's exception into a warning and goes on
