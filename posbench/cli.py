@@ -141,16 +141,24 @@ def _check_plugin_yaml(path: Path, group: str = "encoding") -> dict:
     no ``_target_``). -> its contents."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    try:
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    except Exception as e:  # YAML that does not parse
+        raise PosbenchError(f"{path} is not a valid YAML mapping ({' '.join(str(e).split())}); valid: "
+                            f"_target_: pkg.module.Class and its options, one key: value a line") from None
+    if not isinstance(cfg, dict):
+        raise PosbenchError(f"{path} holds {type(cfg).__name__}, not a mapping; valid: _target_: pkg.module.Class "
+                            "and its options, one key: value a line")
     if cfg.get("_target_"):
         if cfg.setdefault("name", path.stem) != path.stem:  # no name: its file name
-            fail(f"{path} says name: {cfg['name']}; valid: name: {path.stem} (its file name), or no name:")
+            raise PosbenchError(f"{path} says name: {cfg['name']}; valid: name: {path.stem} (its file name), "
+                                "or no name:")
     elif not (conf_dir() / group / f"{cfg.get('name')}.yaml").is_file():
         base = {"encoding": "posbench.encodings.PositionEncoding", "task": "posbench.data.tasks.Task",
                 "probe": "posbench.eval.probe.Probe"}[group]
-        fail(f"{path} names no class and no built-in {group} (name: {cfg.get('name')}); valid: "
-             f"_target_: pkg.module.Class (a subclass of {base}) with "
-             f"name: {path.stem}, or name: <a built-in {group}> with its options")
+        raise PosbenchError(f"{path} names no class and no built-in {group} (name: {cfg.get('name')}); valid: "
+                            f"_target_: pkg.module.Class (a subclass of {base}) with "
+                            f"name: {path.stem}, or name: <a built-in {group}> with its options")
     return cfg
 
 
@@ -640,16 +648,17 @@ def cmd_report(args: list[str]) -> None:
     print(f"\nwrote {', '.join(map(str, done.files))}")
 
 
-def encoding_param_counts(names: list[str]) -> dict[str, dict[str, int]]:
+def encoding_param_counts(names: list[str], broken: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
     """Encoding name -> {'params', 'pos_params'} of the default model (``posbench train`` with no
     overrides but ``encoding=``: model tiny, the default corpus's vocabulary size data.vocab_size,
     train.train_len), built on the CPU without loading any data. (The meta device would allocate
-    nothing but costs more here: its first use takes longer than the 21 small builds.)"""
+    nothing but costs more here: its first use takes longer than the 21 small builds.) A plugin
+    that cannot be built there goes to ``broken`` (name -> why) instead."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
     from .model.build import build_model
-    from .encodings import PLUGINS, plugin_config
+    from .encodings import ENCODINGS, PLUGINS, plugin_config
 
     with initialize_config_dir(str(conf_dir()), version_base=None):
         cfg = compose(HYDRA_APPS["train"])
@@ -658,38 +667,65 @@ def encoding_param_counts(names: list[str]) -> dict[str, dict[str, int]]:
         yaml = conf_dir() / "encoding" / f"{name}.yaml"
         with open_dict(cfg):
             cfg.encoding = OmegaConf.load(yaml) if name not in PLUGINS else OmegaConf.create(plugin_config(name))
-        counts[name] = build_model(cfg, int(cfg.data.vocab_size)).param_counts()
+        try:
+            counts[name] = build_model(cfg, int(cfg.data.vocab_size)).param_counts()
+        except PosbenchError:
+            if broken is None or not ENCODINGS.errors:
+                raise
+            # a plugin named like a built-in (listed as broken) blocks that built-in and those that use it
+        except Exception as e:
+            if name not in PLUGINS or broken is None:
+                raise  # a built-in that does not build is a bug
+            first = (str(e).splitlines() or [""])[0]
+            broken[name] = (f"encoding plugin {name!r} ({PLUGINS[name]}) cannot be built in the default model "
+                            f"({type(e).__name__}: {first})")
     return counts
 
 
-def _register_config_dir_encodings(dirs: list[Path]) -> None:
-    """Import and register the ``_target_`` encodings of user config dirs, for listings."""
+def _register_config_dir_encodings(dirs: list[Path]) -> dict[str, str]:
+    """Import and register the ``_target_`` encodings of user config dirs, for listings. -> file
+    name -> why it could not be (YAML that does not parse, a class that does not import, ...)."""
     from .encodings import encoding_class
 
+    broken = {}
     for d in dirs:
         for path in sorted((d / "encoding").glob("*.yaml")):
-            cfg = _check_plugin_yaml(path)
-            if cfg.get("_target_"):
-                encoding_class(cfg)
+            try:
+                cfg = _check_plugin_yaml(path)
+                if cfg.get("_target_"):
+                    encoding_class(cfg)
+            except PosbenchError as e:
+                broken[path.stem] = str(e) if str(path) in str(e) else f"{path}: {e}"
+    return broken
 
 
 def cmd_encodings(args: list[str]) -> None:
-    from .encodings import PLUGINS, REGISTRY, check_plugins
+    """The listing: every encoding that loads, then one line per plugin that does not (an entry
+    point whose module is gone, a config dir's file that does not parse), naming its package or
+    file and the error, so one broken plugin hides neither the others nor itself."""
+    from .encodings import ENCODINGS, PLUGINS, REGISTRY
     from .report.tables import count_text
 
     parser = argparse.ArgumentParser(prog="posbench encodings", description=COMMANDS["encodings"])
     parser.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
                         help="also list the _target_ encodings of DIR/encoding/*.yaml")
     ns = parser.parse_args(args)
-    check_plugins()
-    _register_config_dir_encodings(existing_dirs(ns.config_dir))
-    counts = encoding_param_counts(sorted(REGISTRY))
-    width = max(map(len, REGISTRY))
-    print(f"{'encoding':<{width}}  {'hook':<6}  {'params':>6}  {'position':>8}  description  [paper]")
-    for name, cls in sorted(REGISTRY.items()):
-        total, pos = count_text(counts[name]["params"]), count_text(counts[name]["pos_params"])
+    broken = dict(ENCODINGS.errors)
+    broken.update(_register_config_dir_encodings(existing_dirs(ns.config_dir)))
+    counts = encoding_param_counts(sorted(REGISTRY), broken)
+    listed = {name: cls for name, cls in sorted(REGISTRY.items()) if name in counts or name not in broken}
+    width = max(map(len, [*listed, *broken]))
+    hook = max(len("hook"), *(len(cls.hook_kind()) for cls in listed.values()))
+    print(f"{'encoding':<{width}}  {'hook':<{hook}}  {'params':>6}  {'position':>8}  description  [paper]")
+    for name, cls in listed.items():
+        total, pos = (count_text(counts[name]["params"]), count_text(counts[name]["pos_params"])) if name in counts \
+            else ("?", "?")  # blocked by a broken plugin of its name
+
         plugin = f"  (plugin: {PLUGINS[name]})" if name in PLUGINS else ""
-        print(f"{name:<{width}}  {cls.hook_kind():<6}  {total:>6}  {pos:>8}  {cls.description}  [{cls.paper}]{plugin}")
+        print(f"{name:<{width}}  {cls.hook_kind():<{hook}}  {total:>6}  {pos:>8}  {cls.description}  "
+              f"[{cls.paper}]{plugin}")
+    for name, why in sorted(broken.items()):
+        print(f"{name:<{width}}  {'broken':<{hook}}  {why}")
     print("(params: all parameters of the default model, model=tiny with the default corpus's vocabulary; "
           "position: those of the position encoding)")
     from .config import MODEL_OPTIONS

@@ -40,11 +40,18 @@ def entry_points(group: str) -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in metadata.entry_points(group=group)}
 
 
+def dist_of(ep: metadata.EntryPoint) -> str | None:
+    """``name==version`` of the distribution that declares entry point ``ep`` (None: unknown)."""
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name}=={dist.version}" if dist else None
+
+
 def duplicates(group: str) -> dict[str, list[str]]:
-    """Names that two installed distributions both declare in ``group`` -> their values."""
+    """Names that two installed distributions both declare in ``group`` -> their values, each
+    with its distribution (``pkg.mod:Class of dist==1.0``)."""
     seen: dict[str, list[str]] = {}
     for ep in metadata.entry_points(group=group):
-        seen.setdefault(ep.name, []).append(ep.value)
+        seen.setdefault(ep.name, []).append(ep.value + (f" of {dist_of(ep)}" if dist_of(ep) else ""))
     return {name: values for name, values in seen.items() if len(values) > 1}
 
 
@@ -193,15 +200,18 @@ class Registry:
         for name, ep in entry_points(self.group).items():
             if name in self.errors:
                 continue
+            dist = dist_of(ep)
             try:
                 cls = ep.load()
             except Exception as e:  # a broken plugin must not break every other member
-                self.errors[name] = (f"{self.kind} plugin {name!r} (entry point {ep.value}) cannot be imported "
-                                     f"({type(e).__name__}: {e}); reinstall or fix the package that declares it")
+                first = (str(e).splitlines() or [""])[0]
+                fix = (f"pip install --force-reinstall {dist.partition('==')[0]}, or pip uninstall "
+                       f"{dist.partition('==')[0]}" if dist else "reinstall or fix the package that declares it")
+                self.errors[name] = (f"{self.kind} plugin {name!r} (entry point {ep.value} of {dist or 'an unknown package'}) "
+                                     f"cannot be imported ({type(e).__name__}: {first}); valid: {fix}")
                 continue
-            dist = getattr(ep, "dist", None)
             try:
-                self.add(name, cls, f"entry point of {dist.name}=={dist.version}" if dist else "entry point")
+                self.add(name, cls, f"entry point of {dist}" if dist else "entry point")
             except PosbenchError as e:
                 self.errors[name] = str(e)
         return self

@@ -1,7 +1,7 @@
 """A researcher's day, round two: each test runs the command as a user types it and checks the
 one line it prints, its exit status and what it leaves on disk."""
 
-import textwrap
+import re
 
 from conftest import SMOKE, posbench
 
@@ -86,3 +86,34 @@ def test_check_reads_a_config_dirs_encoding_with_its_options_and_the_name_defaul
     (configs / "encoding" / "shift.yaml").write_text("_target_: shift_plugin.Shift\nname: other\n")
     line = last_line(posbench("train", "--config-dir", configs, "encoding=shift", *SMOKE, cwd=run, env=env, check=False))
     assert line.endswith("shift.yaml says name: other; valid: name: shift (its file name), or no name:")
+
+
+def test_a_broken_plugin_is_listed_as_broken_beside_the_others(tmp_path):
+    """An installed entry point naming a missing module, or a config dir's YAML that does not
+    parse, made `posbench encodings` one error and no listing, without naming the package."""
+    configs, env = plugin_dirs(tmp_path)
+    (configs / "encoding" / "bad.yaml").write_text("_target_: [unclosed\n")
+    site = tmp_path / "site"
+    dist = site / "brokenpkg-0.3.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenpkg\nVersion: 0.3\n")
+    (dist / "entry_points.txt").write_text("[posbench.encodings]\ngone = gone_module.enc:Gone\n")
+    env = {"PYTHONPATH": f"{site}:{env['PYTHONPATH']}"}
+    proc = posbench("encodings", "--config-dir", configs, env=env)
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:31]][:3] == ["alibi", "complex", "conv"]
+    assert any(line.startswith("shift ") and "(plugin: _target_ shift_plugin.Shift)" in line for line in lines)
+    gone = next(line for line in lines if line.startswith("gone "))
+    assert gone.split()[1] == "broken" and gone.endswith(
+        "encoding plugin 'gone' (entry point gone_module.enc:Gone of brokenpkg==0.3) cannot be imported "
+        "(ModuleNotFoundError: No module named 'gone_module'); valid: pip install --force-reinstall brokenpkg, "
+        "or pip uninstall brokenpkg")
+    bad = next(line for line in lines if line.startswith("bad "))
+    assert bad.split()[1] == "broken" and f"{configs / 'encoding' / 'bad.yaml'} is not a valid YAML mapping" in bad
+    # the hook column lines up, normalize (the longest hook) included
+    hooks = {line.split()[0]: line.index(line.split()[1]) for line in lines[1:] if line.strip() and "  " in line}
+    assert hooks["stickbreaking"] == hooks["alibi"] == hooks["gone"] == lines[0].index("hook")
+    # asked for by name, it is the one-line error it was
+    line = last_line(posbench("train", "encoding=gone", *SMOKE, cwd=tmp_path, env=env, check=False))
+    assert "brokenpkg==0.3" in line and "pip uninstall brokenpkg" in line
+

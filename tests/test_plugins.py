@@ -4,6 +4,7 @@ process and report, under every launcher, and a missing or clashing plugin is on
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -104,12 +105,14 @@ def test_a_plugin_with_a_builtin_name_is_one_line(tmp_path, installed):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[posbench.encodings]\nalibi = posbench_example.encodings:LogDistanceBias\n")
     env = {"PYTHONPATH": f"{site}:{installed['PYTHONPATH']}"}
-    for args in (["train", *QUICK, "encoding=alibi", f"hydra.run.dir={tmp_path / 'run'}"], ["encodings"]):
-        proc = posbench(*args, check=False, env=env)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "encoding plugin 'alibi' (posbench_example.encodings.LogDistanceBias, entry point of clash==0.1) " \
-               "has the name of the built-in encoding 'alibi'" in proc.stderr
+    clash = ("encoding plugin 'alibi' (posbench_example.encodings.LogDistanceBias, entry point of clash==0.1) "
+             "has the name of the built-in encoding 'alibi'")
+    proc = posbench("train", *QUICK, "encoding=alibi", f"hydra.run.dir={tmp_path / 'run'}", check=False, env=env)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert clash in proc.stderr
     assert not (tmp_path / "run").exists()
+    listing = posbench("encodings", env=env).stdout  # the listing names it as broken and lists the rest
+    assert re.search(r"^alibi +broken +" + re.escape(clash), listing, re.M) and re.search(r"^rope +rotate ", listing, re.M)
     configs = tmp_path / "configs" / "encoding"
     configs.mkdir(parents=True)
     (configs / "rope.yaml").write_text("name: rope\n_target_: posbench_example.encodings.LogDistanceBias\n")
