@@ -3,6 +3,7 @@ one line it prints, its exit status and what it leaves on disk."""
 
 import re
 
+import pytest
 from conftest import SMOKE, posbench
 
 PLUGIN = '''
@@ -117,3 +118,23 @@ def test_a_broken_plugin_is_listed_as_broken_beside_the_others(tmp_path):
     line = last_line(posbench("train", "encoding=gone", *SMOKE, cwd=tmp_path, env=env, check=False))
     assert "brokenpkg==0.3" in line and "pip uninstall brokenpkg" in line
 
+
+@pytest.mark.slow
+def test_a_finished_run_re_run_evaluates_only_the_lengths_its_results_lack(tmp_path):
+    """Re-running a finished `posbench train` resumed at its last step and evaluated all five
+    lengths again; `posbench eval` already kept the rows it had."""
+    run = tmp_path / "run"
+    first = posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
+    assert first.stderr.count("posbench: eval L=") == 5
+    results = (run / "results.csv").read_bytes()
+    again = posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
+    assert "posbench: eval L=" not in again.stderr
+    assert f"posbench: all lengths already in {run / 'results.csv'}" in again.stderr
+    assert (run / "results.csv").read_bytes() == results
+    assert "| alibi | 32 | 512 |" in again.stdout  # the table is printed as before
+    # a row that is gone is computed again, and only that one
+    lines = results.decode().splitlines(keepends=True)
+    (run / "results.csv").write_text("".join(line for line in lines if ",512," not in line))
+    third = posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
+    assert re.findall(r"^posbench: eval L=(\d+):", third.stderr, re.M) == ["512"]
+    assert (run / "results.csv").read_bytes() == results

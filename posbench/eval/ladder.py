@@ -321,6 +321,24 @@ def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths:
     return df[same.fillna(False).astype(bool) & np.array(kept, dtype=bool)].reset_index(drop=True)
 
 
+def rows_to_compute(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths: list[int], n: int,
+                    ext: Extension, step: int | None = None) -> tuple[pd.DataFrame, list[int]]:
+    """-> (the rows results.csv already holds for this evaluation, :func:`existing_rows`; the
+    lengths still to compute), saying on stderr which lengths are kept. ``eval.recompute=true``
+    keeps none; ``step``: keep only rows of a model at that step (a training run's own ladder)."""
+    if ecfg.recompute:
+        return pd.DataFrame(columns=COLUMNS), list(lengths)
+    done = existing_rows(run, train_cfg, ecfg, lengths, n, ext)
+    if step is not None:
+        done = done[done.steps == step].reset_index(drop=True)
+    todo = [length for length in lengths if length not in set(done.eval_len)]
+    if len(done):
+        which = "all lengths" if not todo else "eval_len " + ", ".join(map(str, done.eval_len))
+        print(f"posbench: {which} already in {run.results} (status ok, config hash {done.config_hash.iloc[0]}, "
+              f"{n} tokens): not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
+    return done, todo
+
+
 def evaluate(cfg: DictConfig) -> pd.DataFrame:
     """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
     whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
@@ -330,12 +348,7 @@ def evaluate(cfg: DictConfig) -> pd.DataFrame:
     tokens = corpus.splits[ecfg.split]
     lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
-    done = pd.DataFrame(columns=COLUMNS) if ecfg.recompute else existing_rows(run, train_cfg, ecfg, lengths, n, ext)
-    todo = [length for length in lengths if length not in set(done.eval_len)]
-    if len(done):
-        which = "all lengths" if not todo else "eval_len " + ", ".join(map(str, done.eval_len))
-        print(f"posbench: {which} already in {run.results} (status ok, config hash {done.config_hash.iloc[0]}, "
-              f"{n} tokens): not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
+    done, todo = rows_to_compute(run, train_cfg, ecfg, lengths, n, ext)
     if not todo:
         return done
     random_positions = train_cfg.train.get("random_positions")

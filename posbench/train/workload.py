@@ -28,8 +28,8 @@ from ..config import RunConfig, task_config
 from ..data.corpus import Corpus, load_corpus
 from ..data.windows import WindowSampler
 from ..errors import PosbenchError
-from ..eval.ladder import perplexity_ladder, result_rows, scored_tokens
-from ..eval.results import markdown_results, write_results
+from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute, scored_tokens
+from ..eval.results import backfill, markdown_results, read_results, write_results
 from ..model.preflight import check_evaluation
 from ..runs.rundir import RunDir, atomic_write_text
 
@@ -70,11 +70,20 @@ class LanguageModelling:
         check_evaluation(model, ecfg, self.lengths, device, dtype)
 
     def evaluate(self, model, run: RunDir, cfg, step: int, device, dtype, logger) -> pd.DataFrame:
-        """Perplexity at every length -> results.csv (and positions.csv, token_nll.npz), logged."""
+        """Perplexity at every length results.csv lacks for this model (a finished run re-run
+        computes none, and leaves results.csv as it was) -> results.csv (and positions.csv,
+        token_nll.npz), logged. -> every row of results.csv."""
         ecfg = self.rc.eval
-        ladder = perplexity_ladder(model, self.corpus.splits[ecfg.split], self.lengths, ecfg, device, dtype,
-                                   tokenizer=self.corpus.tokenizer, random_positions=self.rc.train.random_positions)
-        rows = write_results(run, result_rows(cfg, ladder, step))
+        tokens = self.corpus.splits[ecfg.split]
+        n = scored_tokens(tokens, self.lengths, ecfg.max_tokens, ecfg.split, ecfg)  # the whole ladder's count
+        ext = extension_of(ecfg, self.rc.train.train_len)
+        _, todo = rows_to_compute(run, cfg, ecfg, self.lengths, n, ext, step=step)
+        if todo:
+            ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=self.corpus.tokenizer,
+                                       n_tokens=n, random_positions=self.rc.train.random_positions, ext=ext)
+            rows = write_results(run, result_rows(cfg, ladder, step))
+        else:
+            rows = backfill(read_results(run.results))
         logger.finish(rows)
         return rows
 
