@@ -540,10 +540,17 @@ OTHER_APP_GROUPS = {"train": ("probe",), "eval": ("encoding", "model", "data", "
 
 def check_app_groups(command: str, args: list[str]) -> None:
     """``posbench train probe=passkey`` (or ``posbench eval encoding=rope``) -> one line naming
-    the command the group belongs to."""
+    the command the group belongs to. ``posbench eval ... hydra.run.dir=D`` -> one line saying
+    where its results go (the run dir it evaluates, or ``out=``): Hydra would make D and leave it
+    empty."""
     pretrained = command == "eval" and any(a.lstrip("+").startswith("pretrained=") for a in args)
     for arg in args:
         key, eq, value = arg.lstrip("+").partition("=")
+        if command == "eval" and eq and key == "hydra.run.dir":
+            where = ("out= (default outputs/pretrained/<model name>)" if pretrained
+                     else "the run dir it evaluates (checkpoint=)")
+            fail(f"hydra.run.dir={value} is not used by posbench eval: its results go to {where}; valid: "
+                 + ("out=<dir> instead" if pretrained else "leave hydra.run.dir out"))
         if not eq or key not in OTHER_APP_GROUPS[command] or (pretrained and key == "data"):
             continue
         if command == "train":

@@ -138,3 +138,15 @@ def test_a_finished_run_re_run_evaluates_only_the_lengths_its_results_lack(tmp_p
     third = posbench("train", *SMOKE, "encoding=alibi", f"hydra.run.dir={run}")
     assert re.findall(r"^posbench: eval L=(\d+):", third.stderr, re.M) == ["512"]
     assert (run / "results.csv").read_bytes() == results
+
+
+def test_eval_refuses_hydra_run_dir_saying_where_its_results_go(tmp_path):
+    """`posbench eval ... hydra.run.dir=D` wrote to the run dir (or out=) while Hydra made D and left it empty."""
+    line = last_line(posbench("eval", "checkpoint=outputs/train/alibi/default", "hydra.run.dir=D", cwd=tmp_path,
+                              check=False))
+    assert line == ("posbench: error: hydra.run.dir=D is not used by posbench eval: its results go to the run dir "
+                    "it evaluates (checkpoint=); valid: leave hydra.run.dir out")
+    line = last_line(posbench("eval", "pretrained=model.gguf", "hydra.run.dir=D", cwd=tmp_path, check=False))
+    assert line == ("posbench: error: hydra.run.dir=D is not used by posbench eval: its results go to out= (default "
+                    "outputs/pretrained/<model name>); valid: out=<dir> instead")
+    assert list(tmp_path.iterdir()) == []
