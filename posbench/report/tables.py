@@ -17,6 +17,13 @@ ablation, a budget study) are told apart with ``--by KEY``: each run's value of 
 key joins its label, ``t5 [bias_scale=none]`` for ``--by encoding.bias_scale``, so each value is
 a line of its own.
 
+One report, one text: runs scored on different text (another corpus, split, vocabulary or
+tokenizer, or another count of scored tokens) get other perplexities for that reason alone, so
+the report stops and names the field that differs (:func:`check_one_text`), unless asked to mix
+them (``mix``, ``--mix``: each text's lines are then kept and compared apart). Runs that differ in
+model size, train_len or budget on the same text stay together (a size axis, an extension
+study), and report.md's header says how they differ (:func:`setup_header`).
+
 results.csv files written before a column existed read with its neutral value
 (:func:`posbench.eval.results.backfill`). The figures are drawn by :mod:`posbench.report.figures`.
 
@@ -66,6 +73,7 @@ from .figures import (
     MIN_BIN_WINDOWS,
     REFERENCE_MIN_TRAIN_LEN,
     Palette,
+    amount,
     positions_figure,
     ppl_figure,
     probe_figure,
@@ -82,6 +90,7 @@ from .tasks import TaskReport, read_tasks, write_task_report
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
+COMPARED = ["train_len", "eval_len", "data", "split"]  # the lines one bold / vs_best comparison ranks
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 TABLE_NOTE = ("geometric mean ± std over seeds [95% interval covering the seeds' spread and the text's (a "
               "block bootstrap over the scored tokens), centred on the geometric mean; a line of one seed: the "
@@ -188,6 +197,117 @@ def check_one_config(df: pd.DataFrame) -> None:
                                 f"{diff.split(' ', 1)[0]} to draw each value as a line of its own")
 
 
+# ---------------------------------------------------------------- one text per report
+SCORED_TOKENS = "scored tokens"  # the rows' token count (eval.max_tokens caps it), named so in messages
+SIZE_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.d_ff")  # a model's size, besides its name
+
+
+def _text_config(run: str) -> dict | None:
+    """What chose the tokens a run scored, from its config.yaml: the ``data.*`` keys (corpus, files,
+    split fractions, document separator, the vocabulary and its tokenizer's settings; not
+    data.cache_dir) and, for a pretrained model, its own tokenizer (``pretrained.name``). None
+    without config.yaml."""
+    from omegaconf import OmegaConf
+
+    from ..config import flat_items
+
+    path = Path(run) / "config.yaml"
+    if not path.is_file():
+        return None
+    flat = dict(flat_items(OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
+    return {k: v for k, v in flat.items() if (k.startswith("data.") and k != "data.cache_dir") or k == "pretrained.name"}
+
+
+def _texts(df: pd.DataFrame) -> tuple[dict[str, dict], list[str], list[str]]:
+    """-> (each run's text: field -> value, the fields in which the runs differ, one run per
+    distinct text). A run's text: the config keys of :func:`_text_config` that every run's
+    config.yaml has (the rows' ``data`` name for a run without one), the rows' ``split``
+    (``eval.split``) and their scored-token count. Not compared: ``mode`` and ``stride``, which
+    score the same tokens with other context and are part of every line's label
+    (``alibi sliding/64``)."""
+    if df.empty or "run" not in df:
+        return {}, [], []
+    texts = {}
+    for run, g in df.groupby("run", sort=False):
+        joined = lambda col: "/".join(sorted({str(int(v)) if col == "tokens" else str(v) for v in g[col].dropna()}))
+        texts[run] = {**(_text_config(run) or {"data.name": joined("data")}), "eval.split": joined("split"),
+                      SCORED_TOKENS: joined("tokens")}
+    shared = set.intersection(*(set(t) for t in texts.values()))
+    kinds: dict[str, str] = {}
+    for run, text in texts.items():
+        kinds.setdefault(repr(sorted((k, repr(v)) for k, v in text.items() if k in shared)), run)
+    runs = list(kinds.values())
+    order = [k for k in texts[runs[0]] if k in shared]  # data.* in config order, then split and tokens
+    return texts, [k for k in order if len({repr(texts[r][k]) for r in runs}) > 1], runs
+
+
+def text_diff(df: pd.DataFrame) -> str:
+    """'' where every run of the results rows ``df`` scored the same text (:func:`_texts`), else what
+    differs, as :func:`config_diff` words it, one run named per distinct text: 'data.vocab_size
+    (1024 in runs/a, 8192 in runs/b), scored tokens (2048 in runs/a, 16384 in runs/b)'."""
+    texts, differ, runs = _texts(df)
+    shown = [f"{k} (" + ", ".join(f"{texts[r][k]} in {r}" for r in runs) + ")" for k in differ[:3]]
+    return ", ".join(shown) + (f" and {len(differ) - 3} more field(s)" if len(differ) > 3 else "")
+
+
+def mixed_data(df: pd.DataFrame) -> pd.Series:
+    """Each row's ``data`` with the fields in which the runs' texts differ (:func:`_texts`):
+    'sotu [vocab_size=1024, tokens=2048]', so that a report asked to mix texts (``--mix``) keeps
+    each text's lines apart (a ``data`` column, a ``(data=...)`` suffix) and compares, bolds and
+    pairs only lines of one text. The rows' ``data`` as they are where the texts agree."""
+    texts, differ, _ = _texts(df)
+    if not differ:
+        return df.data
+    short = {k: "tokens" if k == SCORED_TOKENS else k.rsplit(".", 1)[-1] for k in differ}
+    named = {run: ", ".join(f"{short[k]}={text[k]}" for k in differ) for run, text in texts.items()}
+    return df.data.astype(str) + " [" + df.run.map(named) + "]"
+
+
+def check_one_text(df: pd.DataFrame, mix: bool = False) -> str:
+    """Refuse to put runs scored on different text (:func:`text_diff`) in one report: other tokens,
+    or another vocabulary, give other perplexities, and one table would rank them side by side.
+    With ``mix``: what differs ('' where nothing does), for the report's header."""
+    diff = text_diff(df)
+    if diff and not mix:
+        raise PosbenchError(f"report: these runs were scored on different text, so their perplexities do not compare: "
+                            f"{diff}; report them apart, or pass --mix to put them in one report anyway "
+                            "(its header then says what differs)")
+    return diff
+
+
+def _values(found) -> str:
+    """'32/64', '30/250/1,000', '0.13M..5.25M': the distinct values of a setup column, more than three as min..max."""
+    found = [v for v in found if not pd.isna(v)]
+    shown = list(dict.fromkeys(map(str, found)))
+    return f"{min(found)}..{max(found)}" if len(shown) > 3 and all(isinstance(v, (int, float)) for v in found) \
+        else "/".join(shown)
+
+
+def setup_header(df: pd.DataFrame, setup: pd.DataFrame, mixed: str = "") -> str:
+    """report.md's header: how the runs' setups differ where a report keeps them together on
+    purpose (a size axis, an extension or budget study): the model (its name and size keys),
+    train_len, steps, batch size and training tokens; and ``mixed``, the :func:`text_diff` of a
+    report asked to mix texts (``--mix``). '' where the runs share all of these."""
+    runs = setup.set_index("run") if "run" in setup else setup
+    sizes = {run: _hashed_config(run) or {} for run in runs.index} if "run" in setup else {}
+    columns = [("model", runs.get("model", pd.Series(dtype=object)).tolist()),
+               *((key, [sizes[run].get(key) for run in runs.index]) for key in SIZE_KEYS if sizes),
+               ("train_len", runs.get("train_len", pd.Series(dtype=object)).tolist()),
+               ("train.steps", runs.get("steps", pd.Series(dtype=object)).tolist()),
+               ("train.batch_size", runs.get("batch_size", pd.Series(dtype=object)).tolist()),
+               ("training tokens", [amount(v) for v in runs.get("train_tokens", pd.Series(dtype=float))])]
+    differ = [f"{name} ({_values(v if name != 'train.batch_size' else [int(x) for x in v if not pd.isna(x)])})"
+              for name, v in columns if len({str(x) for x in v if not pd.isna(x)} - {"?"}) > 1]
+    parts = []
+    if differ:
+        parts.append(f"The runs differ in {', '.join(differ)}: each line keeps its own setup (the table's columns "
+                     "and the figures' line names say which), so compare a line's ratio with the lines of its setup.")
+    if mixed:
+        parts.append(f"**Scored on different text** (--mix): {mixed}. Perplexities compare only between lines "
+                     "scored on the same text; across that difference the table's bold and intervals pair nothing.")
+    return "\n\n".join(parts)
+
+
 # ---------------------------------------------------------------- summary
 def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFrame:
     """Geometric mean (``ppl_mean``: exp of the mean log ppl, the centre of its interval), std, min,
@@ -274,7 +394,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
             ratio["ratio_std"][row] = float(per_seed.std(ddof=1)) if per_seed.size > 1 else math.nan
             ratio["ratio_ci_low"][row], ratio["ratio_ci_high"][row] = math.exp(d.low), math.exp(d.high)
             ratio["ratio_method"][row] = d.method
-    for _, g in out.groupby(["train_len", "eval_len"]):
+    for _, g in out.groupby(COMPARED, dropna=False):  # lines of one text and train_len (mixed_data)
         means = g.cell.map(lambda c: c.mean).dropna()
         if means.empty:
             continue
@@ -310,7 +430,7 @@ def _bold(summary: pd.DataFrame) -> pd.Series:
         return pd.Series(False, index=summary.index)
     tied = summary.tied_best.astype("boolean")
     known = tied.notna() | summary.ppl_mean.isna()
-    decided = known.groupby([summary.train_len, summary.eval_len]).transform("all")
+    decided = known.groupby([summary[c] for c in COMPARED if c in summary], dropna=False).transform("all")
     return (tied.fillna(False) & decided).astype(bool)
 
 
@@ -411,7 +531,10 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
     as "not distinguishable"."""
     summary = with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
-    for tlen, g in summary.groupby("train_len"):
+    texts = [c for c in ("data", "split") if c in summary and summary[c].nunique() > 1]  # --mix: one text at a time
+    for keys, g in summary.groupby(["train_len", *texts], sort=True):
+        tlen = keys[0]
+        where = "".join(f", {c}={v}" for c, v in zip(texts, keys[1:]))
         at_train = g[g.eval_len == tlen].dropna(subset=["ppl_mean"])
         if len(at_train) > 1:
             lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
@@ -419,7 +542,7 @@ def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
             worst = at_train.loc[at_train.vs_best.idxmax()] if at_train.vs_best.notna().any() else None
             ci = "" if worst is None or math.isnan(worst.vs_best_ci_low) else \
                 f", 95% interval {100 * (worst.vs_best_ci_low - 1):.1f} .. {100 * (worst.vs_best_ci_high - 1):.1f}%"
-            lines.append(f"train_len={tlen}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
+            lines.append(f"train_len={tlen}{where}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
                          f"across {len(at_train)} {what} (spread {100 * (hi / lo - 1):.1f}%{ci})")
             apart = at_train[at_train.tied_best.astype("boolean").eq(False).fillna(False).astype(bool)]
             if len(apart):
@@ -594,6 +717,7 @@ class Report(NamedTuple):
     text: list[str]  # the extrapolation summary lines
     files: list[Path]  # everything written
     tasks: TaskReport | None = None  # the algorithmic tasks' report, where the paths hold tasks.csv
+    header: str = ""  # how the runs' setups differ (setup_header), above the table in report.md
 
 
 def plot_ppl_vs_length(df: pd.DataFrame, path: Path, title: str | None = None) -> None:
@@ -629,7 +753,7 @@ def draw_run(run_dir: str | Path) -> None:
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
-           threshold: float = THRESHOLD) -> Report:
+           threshold: float = THRESHOLD, mix: bool = False) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -640,7 +764,9 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     positions.csv / a probe's rows (passkey.csv, ...). All figures share one colour per line.
     ``by``: config keys whose values tell lines apart (see the module docstring); ``baselines``:
     shipped runs' folders (:mod:`posbench.report.baselines`) reported beside ``paths``;
-    ``threshold``: the score a probe's effective length keeps (:mod:`posbench.report.probes`).
+    ``threshold``: the score a probe's effective length keeps (:mod:`posbench.report.probes`);
+    ``mix``: report runs scored on different text together (:func:`check_one_text` refuses them
+    otherwise), each text's lines apart.
     Where runs have tasks.csv, also the task report (:func:`posbench.report.tasks.write_task_report`:
     tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
@@ -650,7 +776,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -683,7 +809,8 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
 
 
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
-               failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD) -> Report:
+               failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
+               mix: bool = False) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths, by=by)
@@ -692,6 +819,9 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
             raise
         raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
                             + "; ".join(f"{run}: {error}" for run, error in failed)) from e
+    mixed = check_one_text(df, mix)
+    if mixed:  # each text's lines apart: a data column, compared and paired within their text only
+        df = df.assign(data=mixed_data(df))
     check_one_config(df)
     positions, probes = _extra_tables(paths, df)
     ref = None
@@ -702,6 +832,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     text = extrapolation_summary(summary)
     table = markdown_table(summary)
     palette, setup = Palette(summary), run_setup(df)  # one colour per line in every figure
+    header = setup_header(df, setup, mixed)
     figures = {"report": ppl_figure(summary, ref, log_y=log_y, palette=palette, setup=setup)}
     if not positions.empty:
         figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup)
@@ -724,7 +855,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         figures["context"] = context_figure(gain, palette, setup)
     shown = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{FIGURE_TEXT[name]}\n" if name in FIGURE_TEXT else "")
                     for name in figures)
-    atomic_write_text(files[1], f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
+    atomic_write_text(files[1], (f"{header}\n\n" if header else "") + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
                       + probe_text + context_markdown(gain)
@@ -738,4 +869,4 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         files += save(fig, out / f"{name}.png", also_svg=True)
     # learned_bias.png/.svg, runs with a learned bias
     files += write_report_figure(sorted(set(df.run)), out, caption=setup_caption(setup))
-    return Report(summary, table + failures_markdown(failed), text + probe_lines, files)
+    return Report(summary, table + failures_markdown(failed), text + probe_lines, files, header=header)
