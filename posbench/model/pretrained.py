@@ -23,6 +23,7 @@ them one line says what to install.
 from __future__ import annotations
 
 import copy
+import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,7 +264,7 @@ def load_pretrained(path: str, device: torch.device, dtype: str = "auto"):
         model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, local_files_only=True,
                                                                   **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
-    except (OSError, ValueError, KeyError, ImportError) as e:
+    except (OSError, ValueError, KeyError, ImportError, struct.error) as e:  # struct.error: a truncated .gguf
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PosbenchError(f"pretrained={path}: transformers cannot load it ({type(e).__name__}: {first})") from e
     backend, eos = _fast_tokenizer(tokenizer)
