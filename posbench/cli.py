@@ -580,13 +580,39 @@ def check_app_groups(command: str, args: list[str]) -> None:
              "from the run's config.yaml); valid: checkpoint=<run dir>, eval.*, probe=passkey, device=")
 
 
+def model_shape(name: str, path: Path | None) -> tuple[str, int, str]:
+    """What ``model=NAME`` means, from its YAML -> (name, non-embedding parameters, ``4 layers x
+    d_model 256, 3.1M non-embedding parameters``): those of the blocks' attention and MLP
+    matrices, 4 d^2 + 2 d d_ff a layer; the embedding, which the vocabulary sizes, comes on top."""
+    from omegaconf import OmegaConf
+
+    try:
+        m = OmegaConf.load(path)
+        d, layers, ff = int(m.d_model), int(m.n_layers), int(m.d_ff)
+    except Exception:  # a config dir's file that says less: its name alone
+        return name, 0, ""
+    params = layers * (4 * d * d + 2 * d * ff)
+    size = f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params / 1e3:.0f}k"
+    return name, params, f"{layers:>2} layers x d_model {d:<4}  {size:>6} non-embedding parameters"
+
+
 def choices_text(args: list[str]):
     """The ``choices`` resolver of the help templates (``conf/app_*.yaml``): a group's choices,
     counting user config dirs and installed encodings, wrapped under the template's 16-column labels."""
     import textwrap
 
     def choices(group: str) -> str:
-        names = ", ".join(sorted(group_choices(group, user_config_dirs(args))))
+        found = group_choices(group, user_config_dirs(args))
+        if group == "model":  # one a line, smallest first, with its shape
+            from omegaconf import OmegaConf
+
+            defaults = OmegaConf.to_container(OmegaConf.load(conf_dir() / "app_train.yaml").defaults)
+            default = next((d["model"] for d in defaults if isinstance(d, dict) and "model" in d), None)
+            shapes = sorted((model_shape(name, path) for name, path in found.items()), key=lambda s: (s[1], s[0]))
+            width = max(len(name) for name, _, _ in shapes)
+            return f"\n{' ' * 16}".join(f"{name:<{width}}  {text}{' (the default)' if name == default else ''}".rstrip()
+                                         for name, _, text in shapes)
+        names = ", ".join(sorted(found))
         return textwrap.fill(names, width=100, initial_indent=" " * 16, subsequent_indent=" " * 16).lstrip()
 
     return choices

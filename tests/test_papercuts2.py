@@ -194,3 +194,17 @@ def test_a_known_pretrained_name_finds_the_gguf_in_its_package_without_importing
     line = last_line(posbench("eval", "pretrained=smollm3", cwd=work, check=False))
     assert line.endswith("a .gguf file, or an installed model: smollm2-135m, gemma3-270m (nothing is downloaded)")
     assert list(work.iterdir()) == []
+
+
+def test_help_says_what_each_model_is_and_a_file_is_not_called_a_directory(tmp_path):
+    """`posbench train --help` listed model=small, base, ... by name only (their sizes were in
+    conf/model); `pretrained=<a file that is not .gguf>` said the file "holds no config.json"."""
+    text = posbench("train", "--help").stdout
+    assert re.search(r"^  model: +task +2 layers x d_model 64 +98k non-embedding parameters$", text, re.M), text
+    assert re.search(r"^ +tiny +4 layers x d_model 256 +3\.1M non-embedding parameters \(the default\)$", text, re.M)
+    assert re.search(r"^ +base +12 layers x d_model 768 +84\.9M non-embedding parameters$", text, re.M)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    line = last_line(posbench("eval", f"pretrained={weights}", cwd=tmp_path, check=False))
+    assert line == (f"posbench: error: pretrained={weights} is a file but not a .gguf file; valid: a .gguf file, or a "
+                    "directory written by save_pretrained (config.json, weights, tokenizer.json)")

@@ -178,7 +178,8 @@ def test_a_learned_table_is_na_past_it_and_alibi_runs_past_any_length(models, tm
 def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
     out = tmp_path / "out"
     cases = [([f"pretrained={tmp_path / 'nothing'}"], "does not exist; valid: a local model directory"),
-             ([f"pretrained={tmp_path}"], "holds no config.json"),
+             ([f"pretrained={tmp_path}"], "is a directory without config.json"),
+             ([f"pretrained={models / 'llama' / 'config.json'}"], "is a file but not a .gguf file"),
              ([f"pretrained={models / 'gpt2'}", "eval.rope_scaling=yarn"], "needs a model trained with a rotary"),
              ([f"pretrained={models / 'llama'}", "probe=passkey", "probe.lengths=[16]"], "too short for the passkey"),
              ([f"pretrained={models / 'llama'}", f"checkpoint={tmp_path}"], "both name a model")]

@@ -255,9 +255,12 @@ def load_pretrained(path: str, device: torch.device, dtype: str = "auto"):
         raise PosbenchError(f"pretrained={path} does not exist; valid: a local model directory (config.json, "
                             "weights, tokenizer.json) or a .gguf file (nothing is downloaded)")
     where, kwargs = (str(source.parent), {"gguf_file": source.name}) if gguf else (str(source), {})
+    if not gguf and not source.is_dir():
+        raise PosbenchError(f"pretrained={path} is a file but not a .gguf file; valid: a .gguf file, or a "
+                            "directory written by save_pretrained (config.json, weights, tokenizer.json)")
     if not gguf and not (source / "config.json").is_file():
-        raise PosbenchError(f"pretrained={path} holds no config.json; valid: a directory written by "
-                            "save_pretrained, or a .gguf file")
+        raise PosbenchError(f"pretrained={path} is a directory without config.json; valid: a directory written "
+                            "by save_pretrained, or a .gguf file")
     torch_dtype = {"auto": torch.float32 if device.type == "cpu" else "auto", "fp32": torch.float32,
                    "bf16": torch.bfloat16}[dtype]
     try:
