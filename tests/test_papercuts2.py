@@ -208,3 +208,23 @@ def test_help_says_what_each_model_is_and_a_file_is_not_called_a_directory(tmp_p
     line = last_line(posbench("eval", f"pretrained={weights}", cwd=tmp_path, check=False))
     assert line == (f"posbench: error: pretrained={weights} is a file but not a .gguf file; valid: a .gguf file, or a "
                     "directory written by save_pretrained (config.json, weights, tokenizer.json)")
+
+
+def test_the_presets_table_gives_each_presets_own_token_count():
+    """docs/cli.md gave presets' times from one machine ("about 5 minutes per encoding" took 15m49s
+    on another); it gives their training tokens, which these configs fix, and the one measured time
+    names its machine and its script."""
+    from conftest import ROOT, compose
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \|.*\| ([\d.,]+[MB]?) tokens\b.*\|$", text, re.M))
+    assert set(rows) >= {"smoke", "cpu_quick", "reference", "cpu_full", "zoo_quick", "zoo", "alibi_paper"}
+    scale = {"": 1, "M": 1e6, "B": 1e9}
+    for name, written in rows.items():
+        cfg = compose(f"experiment={name}").train
+        tokens = cfg.steps * cfg.batch_size * cfg.train_len
+        number, unit = re.fullmatch(r"([\d.,]+)([MB]?)", written).groups()
+        digits = len(number.replace(",", "").partition(".")[2])
+        assert round(tokens / scale[unit], digits) == float(number.replace(",", "")), (name, written, tokens)
+    assert "minutes per" not in text.split("### Presets")[1].split("\n\n")[1]  # no time in the table
+    assert "287 s on a 2-core AMD EPYC" in text and "scripts/default_job_speed.py" in text
