@@ -34,6 +34,7 @@ COMMANDS = {
     "check": "run the conformance checks on an encoding (a name or pkg.module:Class), as the zoo's tests do",
     "convert": "rewrite a rotary run for the other RoPE pairing (half <-> interleaved); same perplexities",
     "bench": "training and evaluation speed and memory of every encoding, beside x-transformers",
+    "study": "train the runs a study (conf/study/<name>.yaml) lacks, side by side, then report them",
 }
 
 
@@ -179,6 +180,56 @@ def store_plugin_configs(asked: dict[str, dict[str, Path | None]]) -> None:
             ConfigStore.instance().store(group=group, name=name, node=members.plugin_config(name))
 
 
+def fill_choice_names(config, groups=("encoding", "task", "probe")) -> None:
+    """A config dir's ``encoding/NAME.yaml`` (or ``task/``, ``probe/``) that leaves ``name:`` out
+    is named NAME, its file name, as Hydra chose it (``hydra.runtime.choices``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, open_dict
+
+    if not HydraConfig.initialized():
+        return
+    choices = HydraConfig.get().runtime.choices
+    for group in groups:
+        node = config.get(group)
+        if isinstance(node, DictConfig) and node.get("name") is None and choices.get(group):
+            with open_dict(node):
+                node.name = str(choices[group])
+
+
+def check_encoding_options(config) -> None:
+    """A PosbenchError for the first option of ``config.encoding`` that its class (built-in or
+    plugin) does not take or that has another type than it declares."""
+    from omegaconf import OmegaConf
+
+    from .encodings import encoding_class
+    from .plugins import check_options
+
+    options = OmegaConf.to_container(config.encoding, resolve=True)
+    check_options(encoding_class(options), options, "encoding", str(options.get("name")))
+
+
+def encoding_options_callback():
+    """The Hydra callback of ``conf/app_train.yaml`` that names a config dir's nameless encoding
+    after its file and checks the encoding's options (names and types) before Hydra makes the run
+    dir, so ``encoding.base=abc`` is one line and leaves no folder. (Built here, not at import:
+    the other commands need no Hydra.)"""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.experimental.callback import Callback
+
+    class EncodingOptions(Callback):
+        def on_run_start(self, config, **kwargs) -> None:
+            HydraConfig.instance().set_config(config)  # what run_job does first: resolves ${hydra:...}
+            fill_choice_names(config)  # the task gets this config object
+            try:
+                check_encoding_options(config)
+            except PosbenchError as e:  # Hydra turns a callback's exception into a warning and goes on
+                fail(str(e))
+            except Exception:  # anything else (an interpolation that does not resolve): the run reports it
+                return
+
+    return EncodingOptions()
+
+
 def _rank() -> int:
     """This process's rank under torchrun / Slurm tasks (0 when alone)."""
     from .runs.distributed import world
@@ -308,7 +359,6 @@ def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .report.tables import draw_run
-    from .runs.callbacks import check_encoding_options, fill_choice_names
     from .runs.lock import hold
     from .runs.output import tee_to
     from .train.loop import train
@@ -346,8 +396,6 @@ def _eval_task(cfg) -> None:
     from .report.tables import draw_run
     from .runs.rundir import RunDir
     from .train.workload import check_later_evaluation
-
-    from .runs.callbacks import fill_choice_names
 
     _use_threads()
     fill_choice_names(cfg, ("probe",))
@@ -872,6 +920,12 @@ def cmd_convert(args: list[str]) -> None:
     print(f"wrote {out} (encoding.pairing={ns.pairing}); evaluate it with: posbench eval checkpoint={out}")
 
 
+def cmd_study(args: list[str]) -> None:
+    from .study import main as study_main
+
+    study_main(args)
+
+
 def cmd_bench(args: list[str]) -> None:
     from .bench import main as bench_main
 
@@ -919,7 +973,7 @@ def dispatch(argv: list[str]) -> None:
             fail(f"-m/--multirun applies to train and eval, not {command}")
         else:
             {"report": cmd_report, "encodings": cmd_encodings, "check": cmd_check, "convert": cmd_convert,
-             "bench": cmd_bench}[command](after)
+             "bench": cmd_bench, "study": cmd_study}[command](after)
     except PosbenchError as e:
         fail(str(e))
 

@@ -11,7 +11,8 @@ from posbench.model.build import build_model
 from posbench.config import DataConfig, EvalConfig, TrainConfig, conf_dir, config_hash, model_config, typed
 from posbench.errors import PosbenchError
 
-GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "probe")  # probe: eval only, tests/test_probe.py
+GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in ("probe", "study"))
+# probe: eval only (tests/test_probe.py); study: files `posbench study` reads, not a Hydra group (tests/test_study.py)
 
 
 @pytest.mark.parametrize("group, option", [(g, p.stem) for g in GROUPS

@@ -106,7 +106,7 @@ STAGES = {
     "train": ("posbench.train",),
     "report": ("posbench.report",),
     # the commands, and posbench.testing: the documented import of the conformance checks
-    "app": ("posbench.cli", "posbench.bench", "posbench.convert", "posbench.testing"),
+    "app": ("posbench.cli", "posbench.bench", "posbench.convert", "posbench.study", "posbench.testing"),
 }
 
 
@@ -131,7 +131,7 @@ def test_stage_of_names_a_stray_module():
 def test_top_level_modules_are_entry_points_or_the_base():
     """Every other module sits in a stage folder (the model stage's too: posbench/model/)."""
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert top == {"errors", "config", "intervals", "plugins", "cli", "bench", "convert", "testing"}
+    assert top == {"errors", "config", "intervals", "plugins", "cli", "bench", "convert", "study", "testing"}
 
 
 def test_every_module_has_a_stage():

@@ -1,0 +1,321 @@
+"""``posbench study NAME``: a study is data, a YAML file; this module trains what it lacks and reports.
+
+A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir DIR``) says::
+
+    description: one line
+    out: outputs/study/scale          # where its runs train (run dirs)
+    runs: results/scale/runs          # where finished runs are exported (per-block NLL sums, a
+                                      # few KiB each: what the report needs, small enough to commit)
+    results: results/scale            # where the report goes
+    common: [experiment=scale]        # overrides every run shares
+    stages:                           # in order; ``--only`` picks some
+      - name: small
+        grid: {model: [small], encoding: [rope, alibi], seed: [0, 1, 2]}
+        overrides: [train.compile=false]   # this stage's own (optional)
+    report:
+      by: [model.name]                # posbench report --by
+      dirs: [results/baselines/headline]   # reported beside the study's runs (optional)
+      args: [--log-y]                 # any other posbench report flags
+
+A run is keyed by its config hash and seed, not by its path: ``posbench study`` composes each
+run's config as ``posbench train`` would, and trains only the runs whose (hash, seed) neither an
+exported run under ``runs`` nor a finished run dir under ``out`` holds. Re-running resumes: an
+unfinished run trains on in the same run dir (``posbench train`` resumes from its checkpoint).
+
+The runs of one grid point that differ only in seed go to Hydra's ``local_parallel`` launcher as
+one sweep (``posbench -m train ... seed=0,1,2``); several such sweeps run side by side until
+``--jobs`` runs are going. Each sweep's finished runs are exported as soon as it ends, so a study
+cut off (a time limit, a lost machine) keeps every run that finished. Then ``posbench report``
+draws the exported runs.
+
+The hash of a run that starts from another (``train.init_from``) covers its parent's hash, which
+exists only once the parent has trained: such runs are keyed by their run dir alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from .config import conf_dir, config_hash
+from .errors import PosbenchError
+
+STUDY_KEYS = ("description", "out", "runs", "results", "common", "stages", "report")
+STAGE_KEYS = ("name", "grid", "overrides")
+REPORT_KEYS = ("by", "dirs", "args")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The runs of one grid point of one stage: the same overrides, one seed each."""
+
+    stage: str
+    overrides: tuple[str, ...]  # the grid point's own, then the stage's
+    seeds: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return ",".join(o for o in self.overrides if "=" in o).replace("/", "_") or "default"
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    out: Path
+    runs: Path
+    results: Path
+    common: list[str]
+    stages: list[dict]
+    report: dict = field(default_factory=dict)
+    config_dirs: list[Path] = field(default_factory=list)  # --config-dir: passed to every run
+
+
+def study_files(config_dirs: list[Path]) -> dict[str, Path]:
+    """Study name -> file, the user's config dirs first (a user's study of a built-in's name wins)."""
+    found: dict[str, Path] = {}
+    for base in [*config_dirs, conf_dir()]:
+        for path in sorted((Path(base) / "study").glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def _unknown(where: str, data: dict, valid: tuple[str, ...]) -> None:
+    bad = [k for k in data if k not in valid]
+    if bad:
+        raise PosbenchError(f"study: {where} has an unknown key {bad[0]!r}; valid keys: {', '.join(valid)}")
+
+
+def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
+    files = study_files(list(config_dirs))
+    if name not in files:
+        raise PosbenchError(f"study {name!r} is not known; valid choices: {', '.join(sorted(files)) or 'none'} "
+                            "(conf/study/*.yaml, or --config-dir DIR with DIR/study/<name>.yaml)")
+    data = yaml.safe_load(files[name].read_text()) or {}
+    _unknown(str(files[name]), data, STUDY_KEYS)
+    for key in ("out", "runs", "results", "stages"):
+        if not data.get(key):
+            raise PosbenchError(f"study: {files[name]} lacks {key!r}; a study says out, runs, results and stages")
+    for i, stage in enumerate(data["stages"]):
+        _unknown(f"{files[name]} stage {i}", stage, STAGE_KEYS)
+        if not stage.get("name") or not isinstance(stage.get("grid"), dict):
+            raise PosbenchError(f"study: {files[name]} stage {i} needs a name and a grid (key: [values])")
+    _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
+    return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
+                 list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}))
+
+
+def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
+    """Every grid point of the chosen stages (all by default), in the file's order."""
+    names = [s["name"] for s in study.stages]
+    for n in only or []:
+        if n not in names:
+            raise PosbenchError(f"study {study.name}: --only {n!r} is not one of its stages; valid choices: "
+                                f"{', '.join(names)}")
+    out = []
+    for stage in study.stages:
+        if only and stage["name"] not in only:
+            continue
+        grid = {k: (v if isinstance(v, list) else [v]) for k, v in stage["grid"].items()}
+        seeds = tuple(int(s) for s in grid.pop("seed", [0]))
+        keys = list(grid)
+        for values in itertools.product(*(grid[k] for k in keys)):
+            point = tuple(f"{k}={_value(v)}" for k, v in zip(keys, values))
+            out.append(Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds))
+    return out
+
+
+def _value(v) -> str:
+    if isinstance(v, list):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return "null" if v is None else str(v)
+
+
+def run_key(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> tuple[str, int] | None:
+    """(config hash, seed) of one run, composed as ``posbench train`` composes it; None when the
+    hash depends on a run not yet trained (``train.init_from``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [*study.common, *sweep.overrides, *extra, f"seed={seed}"]
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    if any(o.split("=", 1)[0].lstrip("+") == "train.init_from" for o in overrides):
+        return None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose("app_train", overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return config_hash(cfg), seed
+
+
+def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
+    """(config hash, seed) of every run under ``root`` with a results.csv (and, for run dirs, its
+    figure, which ``posbench train`` draws last)."""
+    keys = set()
+    if not root.is_dir():
+        return keys
+    for results in root.rglob("results.csv"):
+        if finished_only and not (results.parent / "ppl_vs_length.png").is_file():
+            continue
+        try:
+            rows = pd.read_csv(results, usecols=["config_hash", "seed"])
+        except (ValueError, pd.errors.EmptyDataError):
+            continue
+        keys |= {(str(h), int(s)) for h, s in zip(rows.config_hash, rows.seed)}
+    return keys
+
+
+def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], int]:
+    """The sweeps still to train (each with only its missing seeds), and how many runs are done."""
+    done = _finished_keys(study.runs, False) | _finished_keys(study.out, True)
+    todo, have = [], 0
+    for sweep in sweeps(study, only):
+        missing = []
+        for seed in sweep.seeds:
+            key = run_key(study, sweep, seed, extra)
+            if key is not None and key in done:
+                have += 1
+            else:
+                missing.append(seed)
+        if missing:
+            todo.append(Sweep(sweep.stage, sweep.overrides, tuple(missing)))
+    return todo, have
+
+
+def _posbench() -> list[str]:
+    return [sys.executable, "-m", "posbench.cli"]
+
+
+def train_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    sweep_dir = study.out / sweep.stage / sweep.name
+    dirs = [f"--config-dir={d}" for d in study.config_dirs]
+    return [*_posbench(), "-m", "train", *dirs, *study.common, *sweep.overrides, *extra,
+            "seed=" + ",".join(map(str, sweep.seeds)),
+            "hydra/launcher=local_parallel", f"hydra.launcher.n_jobs={max(1, min(jobs, len(sweep.seeds)))}",
+            f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir='seed=${seed}'"]
+
+
+def export(study: Study, sweep: Sweep) -> list[Path]:
+    """Export the finished runs of one sweep to ``runs/<stage>/<sweep>/seed=N``; -> those written."""
+    from .report.baselines import export_baseline
+
+    written = []
+    sweep_dir = study.out / sweep.stage / sweep.name
+    for seed in sweep.seeds:
+        run = sweep_dir / f"seed={seed}"
+        dest = study.runs / sweep.stage / sweep.name / run.name
+        if not (run / "ppl_vs_length.png").is_file() or (dest / "blocks.npz").is_file():
+            continue
+        tmp = study.runs / ".export"
+        for path in export_baseline([run], tmp):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _remove_tree(dest)  # an export without its blocks (cut off): written anew
+            path.rename(dest)
+            written.append(dest)
+        _remove_tree(tmp)
+    return written
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> list[str]:
+    """Run the sweeps side by side, at most ``jobs`` runs at once; export each as it ends.
+    -> the sweeps that failed (their logs' paths)."""
+    waiting, running, failed = list(todo), [], []
+    while waiting or running:
+        busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
+        while waiting and (not running or busy + min(jobs, len(waiting[0].seeds)) <= jobs):
+            sweep = waiting.pop(0)
+            log = study.out / sweep.stage / f"{sweep.name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            cmd = train_command(study, sweep, jobs, extra)
+            print(f"study {study.name}: training {sweep.stage} {sweep.name} seed={','.join(map(str, sweep.seeds))} "
+                  f"(log: {log})", flush=True)
+            with open(log, "a") as f:
+                f.write("$ " + shlex.join(cmd) + "\n")
+                f.flush()
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            running.append((sweep, proc, log))
+            busy += min(jobs, len(sweep.seeds))
+        time.sleep(1.0)
+        for item in [r for r in running if r[1].poll() is not None]:
+            running.remove(item)
+            sweep, proc, log = item
+            written = export(study, sweep)
+            state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
+            if proc.returncode != 0:
+                failed.append(str(log))
+    return failed
+
+
+def report_command(study: Study) -> list[str]:
+    rep = study.report
+    by = [f"--by={k}" for k in rep.get("by") or []]
+    return [*_posbench(), "report", str(study.runs), *map(str, rep.get("dirs") or []), "--out", str(study.results),
+            *by, *map(str, rep.get("args") or [])]
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="posbench study", description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", help="the study (conf/study/<name>.yaml); none: list the studies")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="a dir with study/<name>.yaml files (and the configs its runs use); repeatable")
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2: two CPU cores)")
+    parser.add_argument("--only", default=None, metavar="STAGES", help="comma-separated stages to train (default: all)")
+    parser.add_argument("--step", default="all", choices=["all", "plan", "train", "export", "report"],
+                        help="plan: list what would train; train: train (and export) without the report; "
+                             "export: export finished runs; report: draw the exported runs")
+    parser.add_argument("--extra", action="append", default=[], metavar="OVERRIDE",
+                        help="an override added to every run that keeps its hash (train.compile=false, device=cuda)")
+    ns = parser.parse_args(args)
+    dirs = [Path(d) for d in ns.config_dir]
+    if ns.name is None:
+        for name, path in study_files(dirs).items():
+            desc = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+            print(f"{name:<16} {desc}")
+        return
+    if ns.jobs < 1:
+        raise PosbenchError(f"study: --jobs {ns.jobs} is not valid; valid: a count of runs >= 1")
+    study = load_study(ns.name, dirs)
+    only = [s for s in ns.only.split(",") if s] if ns.only else None
+    study.config_dirs = [d.resolve() for d in dirs]
+    if ns.step in ("all", "plan", "train"):
+        todo, have = plan(study, only, ns.extra)
+        total = have + sum(len(s.seeds) for s in todo)
+        print(f"study {study.name}: {have} of {total} runs done; {total - have} to train")
+        if ns.step == "plan":
+            for s in todo:
+                print("  " + shlex.join(train_command(study, s, ns.jobs, ns.extra)))
+            return
+        failed = train(study, todo, ns.jobs, ns.extra)
+        if failed:
+            raise PosbenchError(f"study {study.name}: {len(failed)} sweep(s) failed; their logs: {', '.join(failed)}")
+    if ns.step == "export":
+        n = sum(len(export(study, s)) for s in sweeps(study, only))
+        print(f"study {study.name}: exported {n} run(s) to {study.runs}")
+    if ns.step in ("all", "report"):
+        if not _finished_keys(study.runs, False):
+            raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet")
+        subprocess.run(report_command(study), check=True)

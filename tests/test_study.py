@@ -1,0 +1,106 @@
+"""`posbench study NAME`: a study file's runs keyed by (config hash, seed), trained only when no
+export or finished run holds them, exported, reported; one-line errors for a bad study."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posbench.errors import PosbenchError
+from posbench.study import load_study, plan, study_files, sweeps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def posbench(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "posbench.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def write_study(tmp_path: Path, body: str, name: str = "mini") -> Path:
+    (tmp_path / "study").mkdir(exist_ok=True)
+    (tmp_path / "study" / f"{name}.yaml").write_text(body)
+    return tmp_path
+
+
+MINI = """description: one smoke run
+out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+common: [experiment=smoke, train.steps=4, "eval.multiples=[1,2]"]
+stages:
+  - name: a
+    grid: {{encoding: [alibi], seed: [0]}}
+"""
+
+
+def test_the_shipped_studies_load_and_expand():
+    files = study_files([])
+    assert "scale" in files
+    for name in files:
+        study = load_study(name)
+        assert sweeps(study), name
+
+
+def test_a_grid_expands_per_stage_with_its_seeds(tmp_path):
+    write_study(tmp_path, """out: o
+runs: r
+results: s
+stages:
+  - name: x
+    grid: {model: [tiny, small], encoding: [rope, alibi], seed: [0, 1, 2]}
+    overrides: [train.compile=false]
+  - name: y
+    grid: {encoding: nope}
+""")
+    got = sweeps(load_study("mini", [tmp_path]))
+    assert [(s.stage, s.overrides, s.seeds) for s in got][:2] == [
+        ("x", ("model=tiny", "encoding=rope", "train.compile=false"), (0, 1, 2)),
+        ("x", ("model=tiny", "encoding=alibi", "train.compile=false"), (0, 1, 2))]
+    assert len(got) == 5 and got[-1].overrides == ("encoding=nope",) and got[-1].seeds == (0,)
+    assert [s.stage for s in sweeps(load_study("mini", [tmp_path]), only=["y"])] == ["y"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("out: o\nruns: r\nresults: s\nstages: [{name: a, grid: {encoding: [rope]}}]\nlaunch: 3\n", "unknown key 'launch'"),
+    ("out: o\nruns: r\nstages: [{name: a, grid: {encoding: [rope]}}]\n", "lacks 'results'"),
+    ("out: o\nruns: r\nresults: s\nstages: [{name: a}]\n", "needs a name and a grid"),
+])
+def test_a_bad_study_file_is_one_line(tmp_path, body, message):
+    write_study(tmp_path, body)
+    with pytest.raises(PosbenchError, match=message):
+        load_study("mini", [tmp_path])
+
+
+def test_unknown_study_and_stage_are_one_line_errors(tmp_path):
+    r = posbench("study", "nosuch")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "'nosuch' is not known; valid choices:" in r.stderr
+    assert "scale" in r.stderr
+    r = posbench("study", "scale", "--only", "huge", "--step", "plan")
+    assert r.returncode != 0 and "--only 'huge' is not one of its stages; valid choices: tiny, small, base" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_study_trains_exports_reports_and_resumes_by_hash(tmp_path):
+    """The run trains once; then neither deleting its run dir nor moving its export makes the
+    study train it again: the (config hash, seed) of the export says it is done."""
+    cfg = write_study(tmp_path, MINI.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--jobs", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 of 1 runs done; 1 to train" in r.stdout and "exported 1 run(s)" in r.stdout
+    export = tmp_path / "runs" / "a" / "encoding=alibi" / "seed=0"
+    assert {"config.yaml", "results.csv", "blocks.npz"} <= {p.name for p in export.iterdir()}
+    assert (tmp_path / "results" / "report.md").is_file()
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    (tmp_path / "runs" / "a" / "encoding=alibi").rename(tmp_path / "runs" / "a" / "renamed")
+    study = load_study("mini", [cfg])
+    todo, have = plan(study)
+    assert (todo, have) == ([], 1)
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--step", "plan")
+    assert r.returncode == 0 and "1 of 1 runs done; 0 to train" in r.stdout
+    # another seed is another run
+    (cfg / "study" / "mini.yaml").write_text(MINI.format(tmp=tmp_path).replace("seed: [0]", "seed: [0, 1]"))
+    todo, have = plan(load_study("mini", [cfg]))
+    assert have == 1 and [s.seeds for s in todo] == [(1,)]
