@@ -202,7 +202,7 @@ def check_encoding_options(config) -> None:
     from omegaconf import OmegaConf
 
     from .encodings import encoding_class
-    from .plugins import check_options
+    from .config import check_options
 
     options = OmegaConf.to_container(config.encoding, resolve=True)
     check_options(encoding_class(options), options, "encoding", str(options.get("name")))
@@ -890,7 +890,7 @@ def cmd_check(args: list[str]) -> None:
         from .config import model_config
 
         model_config(model)  # an unknown or bad model option is one line
-    from .plugins import check_options
+    from .config import check_options
 
     cls = cls or resolve(ns.encoding)
     check_options(cls, options, "encoding", cls.name or cls.__name__)  # names and types, as posbench train does

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -24,7 +26,7 @@ from typing import Any, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import PosbenchError
-from .plugins import META_KEYS, PACKAGE, TARGET
+from .plugins import META_KEYS, MISSING, PACKAGE, TARGET, option_types
 
 SCHEDULES = ("cosine", "wsd", "constant")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -312,7 +314,7 @@ def choice(key: str, value, choices) -> None:
 
 def check_type(key: str, value, hint) -> Any:
     """``value`` as type ``hint`` (int read as float, lists item by item), or a PosbenchError naming
-    ``key``, the value and the type (:func:`typed`, and plugin options: posbench.plugins.check_options)."""
+    ``key``, the value and the type (:func:`typed`, and an encoding's options: :func:`check_options`)."""
     origin = getattr(hint, "__args__", None)
     if value is None:
         if origin and type(None) in origin:
@@ -336,6 +338,32 @@ def check_type(key: str, value, hint) -> Any:
     if not isinstance(value, container) or (container is int and isinstance(value, bool)):
         raise PosbenchError(f"{key} must be {getattr(container, '__name__', str(container))}, got {value!r}")
     return value
+
+
+def check_options(cls: type, options: Mapping[str, Any], section: str, what: str) -> None:
+    """One PosbenchError for the first option of ``options`` (a config section, ``name`` and the
+    import keys aside) that ``cls``'s constructor does not take or whose value has another type
+    than it declares (:func:`posbench.plugins.option_types`): ``encoding.base must be float, got
+    'abc'; rope's base defaults to 10000.0``. Values are read as a config file holds them (an int
+    stands for a float); the class is built elsewhere (torch), this module only reads it."""
+    known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "dims")]
+    types = option_types(cls)
+    for key, value in options.items():
+        if key == "name" or key in META_KEYS:
+            continue
+        if key not in known:
+            raise PosbenchError(f"{section} {what!r} has no option {key!r}; its options: {', '.join(known) or '(none)'}")
+        if key not in types:
+            continue
+        hint, default = types[key]
+        shown = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+        if value == MISSING:
+            raise PosbenchError(f"{section}.{key} has no default in {what}; valid: {section}.{key}=<{shown}>")
+        try:
+            check_type(f"{section}.{key}", value, hint)
+        except PosbenchError as e:
+            said = "" if default is inspect.Parameter.empty else f"; {what}'s {key} defaults to {default!r}"
+            raise PosbenchError(f"{e}{said}") from None
 
 
 def typed(schema, node, section: str):
@@ -477,7 +505,7 @@ def hashed_part(data: dict) -> dict:
     config diff reads it too)."""
     kept = {k: v for k, v in data.items() if k not in NOT_HASHED}
     if "data" in kept:
-        kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir"}
+        kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir" and not _implied(f"data.{k}", v)}
     if isinstance(kept.get("encoding"), dict):
         kept["encoding"] = {k: v for k, v in kept["encoding"].items() if k not in META_KEYS
                             and not _implied(f"encoding.{k}", v)}
@@ -486,7 +514,7 @@ def hashed_part(data: dict) -> dict:
         schedule = train.get("schedule", "cosine")
         cosine = schedule == "cosine"  # runs before train.schedule keep their hash
         kept["train"] = {k: v for k, v in train.items() if k not in NOT_HASHED_TRAIN
-                         and not (k in HASHED_UNLESS_NULL_TRAIN and v is None)
+                         and not (k in HASHED_UNLESS_NULL_TRAIN and v is None) and not _implied(f"train.{k}", v)
                          and not (cosine and k == "schedule")
                          and not (schedule != "wsd" and k == "decay_frac")}  # read by wsd alone
     if isinstance(kept.get("model"), dict):  # runs from before the model options keep their hash

@@ -15,14 +15,13 @@ posbench's registries (encodings, tasks, probes) take members from three places,
 A run records ``_target_`` (and ``_package_``, the distribution and version that provided it)
 beside the options in its config.yaml, so a new process (``posbench eval``, resume, report)
 imports the same class; both keys start with ``_``, are never constructor options, and stay
-out of the config hash. :func:`check_options` holds a config's options to the class's
-constructor (names and types) before a run dir exists.
+out of the config hash. :func:`option_types` gives the types a class's options take
+(:func:`posbench.config.check_options` holds a config to them).
 
 Pretrained models shipped on PyPI as packages holding a GGUF file are found the same way,
 without importing them: ``pretrained=smollm2-135m`` (:data:`KNOWN_MODELS`).
 
-This module imports no torch and nothing of posbench but its errors (and, when checking
-options, the config module's type check).
+This module imports no torch and nothing of posbench but its errors.
 """
 
 from __future__ import annotations
@@ -127,33 +126,6 @@ def option_types(cls: type) -> dict[str, tuple[Any, Any]]:
         if all(typing.get_origin(a) in PLAIN_TYPES or a in PLAIN_TYPES for a in args):
             types[name] = (hint, p.default)
     return types
-
-
-def check_options(cls: type, options: Mapping[str, Any], section: str, what: str) -> None:
-    """One PosbenchError for the first option of ``options`` (a config section, ``name`` and the
-    import keys aside) that ``cls``'s constructor does not take or whose value has another type
-    than it declares (:func:`option_types`): ``encoding.base must be float, got 'abc' (rope's
-    base defaults to 10000.0)``. Values are read as a config file holds them; an int stands for a float."""
-    from .config import check_type
-
-    known = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "dims")]
-    types = option_types(cls)
-    for key, value in options.items():
-        if key == "name" or key in META_KEYS:
-            continue
-        if key not in known:
-            raise PosbenchError(f"{section} {what!r} has no option {key!r}; its options: {', '.join(known) or '(none)'}")
-        if key not in types:
-            continue
-        hint, default = types[key]
-        shown = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-        if value == MISSING:
-            raise PosbenchError(f"{section}.{key} has no default in {what}; valid: {section}.{key}=<{shown}>")
-        try:
-            check_type(f"{section}.{key}", value, hint)
-        except PosbenchError as e:
-            said = "" if default is inspect.Parameter.empty else f"; {what}'s {key} defaults to {default!r}"
-            raise PosbenchError(f"{e}{said}") from None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,6 @@ the sweep exits 1 naming them, whatever the launcher.
 so that a run that fails before writing anything removes all of them, not only its own dir
 (``posbench.cli._remove_fresh_run_dir``).
 
-:class:`EncodingOptions`: the encoding's options are checked against its class's constructor
-(names and types, :func:`posbench.plugins.check_options`) before Hydra makes the run dir, so
-``encoding.base=abc`` is one line and leaves no folder.
-
 :class:`SweepSummary`: a sweep ends with where its results are and the command that reads them
 (``sweep dir: ...``, ``next: posbench report ...``); Hydra itself only says how many jobs it launched.
 """
@@ -31,7 +27,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ..errors import SWEEP_FAILURES, PosbenchError, fail
+from ..errors import SWEEP_FAILURES, fail
 
 # The folders that did not exist when this single run started, deepest first (the run dir, then
 # those of its parents that Hydra creates with it): only these may be removed when it fails.
@@ -71,48 +67,6 @@ class NewRunDir(Callback):
         HydraConfig.instance().set_config(config)  # what run_job does first: resolves ${hydra:...}
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         NEW_DIRS[:] = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
-
-
-def fill_choice_names(config: DictConfig, groups=("encoding", "task", "probe")) -> None:
-    """A config dir's ``encoding/NAME.yaml`` (or ``task/``, ``probe/``) that leaves ``name:`` out
-    is named NAME, its file name, as Hydra chose it (``hydra.runtime.choices``)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    if not HydraConfig.initialized():
-        return
-    choices = HydraConfig.get().runtime.choices
-    for group in groups:
-        node = config.get(group)
-        if isinstance(node, DictConfig) and node.get("name") is None and choices.get(group):
-            with open_dict(node):
-                node.name = str(choices[group])
-
-
-def check_encoding_options(config: DictConfig) -> None:
-    """A PosbenchError for the first option of ``config.encoding`` that its class (built-in or
-    plugin) does not take or that has another type than it declares."""
-    from omegaconf import OmegaConf
-
-    from ..encodings import encoding_class
-    from ..plugins import check_options
-
-    options = OmegaConf.to_container(config.encoding, resolve=True)
-    check_options(encoding_class(options), options, "encoding", str(options.get("name")))
-
-
-class EncodingOptions(Callback):
-    def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
-        HydraConfig.instance().set_config(config)
-        fill_choice_names(config)  # the task gets this config object
-        try:
-            check_encoding_options(config)
-        except PosbenchError as e:  # Hydra turns a callback's exception into a warning and goes on
-            fail(str(e))
-        except Exception:  # anything else (an interpolation that does not resolve): the run reports it
-            return
 
 
 def _checkpoints(config: DictConfig) -> list[str]:
