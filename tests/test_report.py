@@ -302,10 +302,10 @@ def positions_rows(encoding, seed, eval_len, nll, tokens=100, train_len=32):
 
 
 def test_positions_figure_weights_seeds_by_tokens_at_the_longest_window():
-    df = pd.concat([positions_rows("alibi", 0, 64, [6.0, 5.0, 4.0, 4.0], tokens=100),
-                    positions_rows("alibi", 1, 64, [7.0, 6.0, 5.0, 3.0], tokens=300),
-                    positions_rows("alibi", 0, 32, [9.0, 9.0, 9.0]),  # a shorter window: not drawn
-                    positions_rows("nope", 0, 32, [6.0, 5.0, 5.5])], ignore_index=True)
+    df = pd.concat([positions_rows("alibi", 0, 64, [6.0, 5.0, 4.0, 4.0], tokens=1000),
+                    positions_rows("alibi", 1, 64, [7.0, 6.0, 5.0, 3.0], tokens=3000),
+                    positions_rows("alibi", 0, 32, [9.0, 9.0, 9.0], tokens=1000),  # a shorter window: not drawn
+                    positions_rows("nope", 0, 32, [6.0, 5.0, 5.5], tokens=1000)], ignore_index=True)
     from posbench.eval.results import with_labels
 
     fig = positions_figure(with_labels(df))
@@ -349,12 +349,12 @@ def test_passkey_figure_one_heat_map_per_line():
 
 
 def test_a_line_whose_longest_window_feeds_no_bin_is_drawn_at_the_longest_that_does():
-    """One window of 64 tokens feeds every bin once (< 4 windows): the line falls back to 32, and
+    """One window of 64 tokens feeds every bin once (< 50 windows): the line falls back to 32, and
     a log y axis still has values to scale."""
     from posbench.eval.results import with_labels
 
     one = positions_rows("rope", 0, 64, [6.0, 5.0, 4.0, 4.0], tokens=2)  # 2 tokens a bin: a single window
-    df = pd.concat([one, positions_rows("rope", 0, 32, [7.0, 6.0, 5.0], tokens=400)], ignore_index=True)
+    df = pd.concat([one, positions_rows("rope", 0, 32, [7.0, 6.0, 5.0], tokens=1600)], ignore_index=True)
     fig = positions_figure(with_labels(df), log_y=True)
     (line,) = [x for x in fig.axes[0].lines if x.get_gid() == "positions:rope"]
     assert line.get_label() == "rope (L=32)" and line.get_ydata().tolist() == [7.0, 6.0, 5.0]
@@ -367,8 +367,8 @@ def svg_ids(path: Path) -> list[str]:
 
 def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_path):
     for seed in (0, 1):
-        positions_rows("alibi", seed, 64, [6.0, 5.0, 4.0, 4.0]).to_csv(sweep / f"alibi/seed={seed}/positions.csv",
-                                                                         index=False)
+        positions_rows("alibi", seed, 64, [6.0, 5.0, 4.0, 4.0], tokens=3200).to_csv(
+            sweep / f"alibi/seed={seed}/positions.csv", index=False)
     passkey_rows("nope", 0, [4, 2, 0, 4, 3, 1]).to_csv(sweep / "nope/seed=0/passkey.csv", index=False)
     out = tmp_path / "out"
     done = report([sweep], out, fmt="latex", reference=reference_csv(tmp_path))

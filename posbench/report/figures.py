@@ -6,12 +6,16 @@
   the published numbers.
 - :func:`run_figure`: one run's (or any summary's) perplexity and ratio vs length in tokens
   (``ppl_vs_length.png`` in a run dir).
-- :func:`positions_figure`: mean NLL vs position in the window (positions.csv).
+- :func:`positions_figure`: mean NLL vs position in the window (positions.csv), from bins fed by
+  enough windows (:data:`MIN_BIN_WINDOWS`).
 - :func:`training_figure`: training loss vs training tokens (each run's metrics.jsonl).
 - :func:`probe_figure`: a probe's score by length (x depth for passkey), one heat map per label
   (``<probe>.csv``, e.g. passkey.csv).
 - :func:`tasks_figure`: algorithmic tasks' exact match and token accuracy vs eval size / train size,
   one panel per task and score.
+
+A report of more than eight lines also draws one point per line (ranked.png, tradeoff.png:
+:mod:`posbench.report.ranked`) and the figures above for some lines only.
 
 A line keeps one colour in every panel and figure of a report: a :class:`Palette` built from the
 report's summary hands out colours by line name, and the published panel borrows the colour of
@@ -42,16 +46,25 @@ from ..runs.rundir import atomic_write
 
 DPI = 120
 # positions.png draws a bin only where, per seed, at least MIN_BIN_WINDOWS windows and
-# MIN_BIN_TOKENS tokens feed it (per seed, because every seed scores the same text). One token's
-# NLL has a standard deviation of about 3 nats on the packaged corpus (token_nll.npz of a trained
-# run), so a bin's mean over n tokens is uncertain by about 3 / sqrt(n) nats: 0.3 at 100 tokens,
-# 2-3 nats for the first bins of a window (1, 1, 2, 4, ... tokens per window). And a bin fed by
-# one window is one stretch of text, not an average over the text: sliding windows score only
+# MIN_BIN_TOKENS tokens feed it (per seed, because every seed scores the same text), each line at
+# its longest window that feeds one; with none, no figure (report.md says why). How many windows:
+# causal attention gives a token at position p < L of a window of L' > L tokens the same context
+# as in a window of L, so the bin's mean at L' is its mean over a subset of L's windows, and the
+# two differ by the text alone. Over the zoo's and the new schemes' runs (results/baselines/zoo,
+# results/new_schemes/runs: 2,000+ such pairs of bins) one window's mean over a bin varies by
+# about 0.35 nats for bins of 16 to 512 positions (0.27-0.41 by width: where a window falls in
+# the text matters more than how many of its tokens the bin holds) and by about 2 nats for bins
+# of 1 to 4 positions. A bin fed by W windows is then uncertain by 0.35 / sqrt(W) nats: 0.09 at
+# 16 windows (zoo_quick's L=1024), as large as what the figure is read for (a rise of 0.05-0.1
+# nats past train_len is a ratio of 1.05-1.1), and 0.049 = ln 1.05 at 50, the bound of
+# encoding_table.py's "yes". The first bins (1-4 positions) stay noisier (2 / sqrt(W): 0.3 nats
+# at 50 windows); MIN_BIN_TOKENS keeps a bin of one position out below 100 windows. And a bin fed
+# by one window is one stretch of text, not an average over the text: sliding windows score only
 # their last stride tokens, so every bin before L - stride comes from the first window alone,
 # which is why those swung between 0.45 and 5.7 nats. Merging such bins would average one
 # window's text over positions, a number that belongs to no position; they are left out.
 MIN_BIN_TOKENS = 100
-MIN_BIN_WINDOWS = 4
+MIN_BIN_WINDOWS = 50
 # The published panel is drawn only beside lines trained on at least this many tokens: a 32-token
 # smoke model has seen too little context for its length curve to say anything about the paper's
 # 512-token models (our quick presets train at 64 and 128).
@@ -97,11 +110,14 @@ class Palette:
     names other tables get through :meth:`names` (positions, training curves) carry the same
     suffixes (``(train_len=64)``) and so the same colours, whatever subset of lines they hold.
     Any other key (a published encoding we did not train) gets the next free colour; a zoo (more
-    than 10 lines) draws from tab20."""
+    than 10 lines) draws from tab20. ``only``: the names that get colours up front, where a report
+    of many lines draws only some of them per line (:mod:`posbench.report.ranked`)."""
 
-    def __init__(self, lines: pd.DataFrame | None = None, extra: list[str] = ()):
+    def __init__(self, lines: pd.DataFrame | None = None, extra: list[str] = (), only: list[str] | None = None):
         self._context = None if lines is None else lines[[c for c in LINE if c in lines]].drop_duplicates()
         known = list(dict.fromkeys([*([] if lines is None else self.names(lines)), *extra]))
+        if only is not None:  # the lines the per-line figures draw (a report of many): theirs the first colours
+            known = [name for name in known if name in set(only)]
         plt = _pyplot()
         self._cycle = plt.get_cmap("tab20").colors if len(known) > 10 else \
             plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -457,6 +473,35 @@ def run_figure(summary: pd.DataFrame, title: str | None = None, setup: pd.DataFr
 
 
 # ---------------------------------------------------------------- loss by position, training curves
+def _position_bins(g: pd.DataFrame) -> pd.DataFrame:
+    """One line's positions rows at one window -> per bin: the token-weighted NLL (``weighted`` /
+    ``weight``), ``windows`` per seed and ``fed`` (at least :data:`MIN_BIN_WINDOWS` windows and
+    :data:`MIN_BIN_TOKENS` tokens per seed)."""
+    weight = g.tokens if "tokens" in g else pd.Series(float(MIN_BIN_TOKENS), index=g.index)
+    g = g.assign(weighted=g.nll * weight, weight=weight)
+    bins = g.groupby(["bin_start", "bin_end"])[["weighted", "weight"]].sum().reset_index()
+    per_seed = bins.weight / (g.seed.nunique() if "seed" in g else 1)
+    windows = per_seed / (bins.bin_end - bins.bin_start + 1)
+    fed = (per_seed >= MIN_BIN_TOKENS) & (windows >= MIN_BIN_WINDOWS) if "tokens" in g else per_seed > 0
+    return bins.assign(windows=windows, fed=fed)
+
+
+def positions_windows(positions: pd.DataFrame) -> float:
+    """The most windows per seed that feed any bin of any line at any window with at least
+    :data:`MIN_BIN_TOKENS` tokens: below :data:`MIN_BIN_WINDOWS`, :func:`positions_figure` would
+    draw nothing, and the report draws no figure (and says why)."""
+    if positions.empty or "tokens" not in positions:
+        return math.inf if not positions.empty else 0.0
+    keys = [c for c in ("label", *LINE[1:], "eval_len") if c in positions]
+    best = 0.0
+    for _, g in positions.groupby(keys, dropna=False, sort=False):
+        bins = _position_bins(g)
+        per_seed = bins.weight / (g.seed.nunique() if "seed" in g else 1)
+        found = bins.windows[per_seed >= MIN_BIN_TOKENS]
+        best = max(best, float(found.max()) if len(found) else 0.0)
+    return best
+
+
 def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Palette | None = None,
                      setup: pd.DataFrame | None = None):
     """Mean NLL (over seeds, weighted by tokens) vs position in the window, one line per
@@ -464,8 +509,9 @@ def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Pale
     position of the predicted token (bin midpoints), log2 scale, so the first positions, where
     the loss falls fastest, get room; the dashed line marks the train length, past which the
     model never saw a position in training. Bins fed (per seed) by fewer than
-    :data:`MIN_BIN_WINDOWS` windows or :data:`MIN_BIN_TOKENS` tokens are left out: sliding windows
-    feed every bin before L - stride from their first window only (see the constants)."""
+    :data:`MIN_BIN_WINDOWS` windows or :data:`MIN_BIN_TOKENS` tokens are left out (see the
+    constants: fewer windows draw the text, not the positions); the report draws no figure where
+    no bin is fed (:func:`positions_windows`)."""
     plt = _pyplot()
     palette = palette or Palette(positions)
     positions = positions.assign(name=palette.names(positions))
@@ -478,16 +524,11 @@ def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Pale
     for name, line in positions.groupby("name", sort=False):
         for length in sorted(line.eval_len.unique(), reverse=True):  # the longest window with a fed bin
             g = line[line.eval_len == length]
-            weight = g.tokens if "tokens" in g else pd.Series(float(MIN_BIN_TOKENS), index=g.index)
-            g = g.assign(weighted=g.nll * weight, weight=weight)
-            bins = g.groupby(["bin_start", "bin_end"])[["weighted", "weight"]].sum().reset_index()
-            per_seed = bins.weight / (g.seed.nunique() if "seed" in g else 1)
-            windows = per_seed / (bins.bin_end - bins.bin_start + 1)
-            fed = (per_seed >= MIN_BIN_TOKENS) & (windows >= MIN_BIN_WINDOWS) if "tokens" in g else per_seed > 0
-            if fed.any():
+            bins = _position_bins(g)
+            if bins.fed.any():
                 break
-        left_out += int((~fed).sum())
-        bins = bins[fed]
+        left_out += int((~bins.fed).sum())
+        bins = bins[bins.fed]
         drawn += len(bins)
         ax.plot((bins.bin_start + bins.bin_end) / 2 + 1, bins.weighted / bins.weight, marker=".",
                 color=palette.colour(name), gid=f"positions:{name}", linestyle=_style(g.iloc[0])["linestyle"],

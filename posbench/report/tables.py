@@ -75,6 +75,7 @@ from .figures import (
     Palette,
     amount,
     positions_figure,
+    positions_windows,
     ppl_figure,
     probe_figure,
     reference_lines,
@@ -86,6 +87,7 @@ from .figures import (
 )
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
+from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
@@ -227,11 +229,11 @@ def _texts(df: pd.DataFrame) -> tuple[dict[str, dict], list[str], list[str]]:
     (``alibi sliding/64``)."""
     if df.empty or "run" not in df:
         return {}, [], []
-    texts = {}
-    for run, g in df.groupby("run", sort=False):
-        joined = lambda col: "/".join(sorted({str(int(v)) if col == "tokens" else str(v) for v in g[col].dropna()}))
-        texts[run] = {**(_text_config(run) or {"data.name": joined("data")}), "eval.split": joined("split"),
-                      SCORED_TOKENS: joined("tokens")}
+    def joined(g: pd.DataFrame, col: str) -> str:  # a run's values of a column: '2048', 'test/validation'
+        return "/".join(sorted({str(int(v)) if col == "tokens" else str(v) for v in g[col].dropna()}))
+
+    texts = {run: {**(_text_config(run) or {"data.name": joined(g, "data")}), "eval.split": joined(g, "split"),
+                   SCORED_TOKENS: joined(g, "tokens")} for run, g in df.groupby("run", sort=False)}
     shared = set.intersection(*(set(t) for t in texts.values()))
     kinds: dict[str, str] = {}
     for run, text in texts.items():
@@ -708,7 +710,21 @@ FIGURE_TEXT = {  # report.md's line under each figure
     "positions": f"Mean NLL by position in the window, each line at its longest window (L in the legend); bins fed by "
                  f"fewer than {MIN_BIN_WINDOWS} windows or {MIN_BIN_TOKENS} tokens per seed are left out.",
     "training": "Training loss vs training tokens, mean over seeds (band: min .. max).",
+    "ranked": "Every line's ppl(Mx) / ppl(1x) (Mx: the longest multiple of train_len every line was evaluated "
+              "at) and its ppl at 1x, each with its 95% interval, grouped by the hook its encoding uses and sorted "
+              "by ratio.",
+    "tradeoff": "Perplexity at 1x against ppl(Mx) / ppl(1x), one labelled point per line with both 95% intervals; "
+                "lower left is better on both. The right panel enlarges the lines whose ratio is at most "
+                f"{ZOOM_RATIO:g}, where there are several.",
 }
+
+
+def _positions_note(windows: float) -> str:
+    """Why report.md shows no positions.png: too few windows for its bins to mean anything."""
+    return (f"No loss-by-position figure (positions.png): a bin is drawn where at least {MIN_BIN_WINDOWS} windows "
+            f"(and {MIN_BIN_TOKENS} tokens) per seed feed it, and these runs' windows feed at most {windows:.0f} "
+            "(the scored tokens over the window length). With fewer, a bin's mean is the text of those few windows "
+            f"more than its position (docs/report.md); score more tokens (eval.max_tokens) to draw it.")
 
 
 class Report(NamedTuple):
@@ -753,7 +769,7 @@ def draw_run(run_dir: str | Path) -> None:
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
-           threshold: float = THRESHOLD, mix: bool = False) -> Report:
+           threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -766,7 +782,11 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     shipped runs' folders (:mod:`posbench.report.baselines`) reported beside ``paths``;
     ``threshold``: the score a probe's effective length keeps (:mod:`posbench.report.probes`);
     ``mix``: report runs scored on different text together (:func:`check_one_text` refuses them
-    otherwise), each text's lines apart.
+    otherwise), each text's lines apart; ``lines``: the line names (``--lines``, commas outside
+    brackets split them) that the per-line figures draw. A report of more than
+    :data:`~posbench.report.ranked.MANY_LINES` lines draws ranked.png and tradeoff.png
+    (:mod:`posbench.report.ranked`), one point per line, and the per-line figures for ``lines``
+    or the lines :func:`~posbench.report.ranked.pick_lines` picks.
     Where runs have tasks.csv, also the task report (:func:`posbench.report.tasks.write_task_report`:
     tasks_report.csv/.md, tasks.png/.svg); where they have only tasks.csv, only that."""
     if fmt not in ("md", "latex"):
@@ -776,7 +796,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -810,7 +830,7 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
 
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
                failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
-               mix: bool = False) -> Report:
+               mix: bool = False, lines: list[str] = ()) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths, by=by)
@@ -831,12 +851,18 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     summary = summarize(df)
     text = extrapolation_summary(summary)
     table = markdown_table(summary)
-    palette, setup = Palette(summary), run_setup(df)  # one colour per line in every figure
+    setup = run_setup(df)
     header = setup_header(df, setup, mixed)
-    figures = {"report": ppl_figure(summary, ref, log_y=log_y, palette=palette, setup=setup)}
-    if not positions.empty:
+    shown = choose_lines(summary, lines)  # past MANY_LINES: one point per line, per-line figures for some
+    palette, keep = shown.palette, shown.keep  # one colour per line in every figure
+    figures = shown.figures(setup)
+    drawn = keep(summary)
+    figures["report"] = ppl_figure(drawn, ref, log_y=log_y, palette=palette, setup=setup)
+    positions = keep(positions)
+    few_windows = not positions.empty and positions_windows(positions) < MIN_BIN_WINDOWS
+    if not positions.empty and not few_windows:
         figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup)
-    curves = training_curves(df, palette, setup)
+    curves = keep(training_curves(df, palette, setup), "name")
     if not curves.empty:
         figures["training"] = training_figure(curves, palette, setup[setup.run.isin(set(curves.run))])
     for name, (rows, cls) in probes.items():
@@ -852,15 +878,19 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if not gain.empty:
         files.append(out / "context.csv")
         atomic_write_text(files[-1], gain.to_csv(index=False))
-        figures["context"] = context_figure(gain, palette, setup)
-    shown = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{FIGURE_TEXT[name]}\n" if name in FIGURE_TEXT else "")
-                    for name in figures)
+        if not keep(gain, "line").empty:
+            figures["context"] = context_figure(keep(gain, "line"), palette, setup)
+    said = shown.texts(FIGURE_TEXT)
+    listed = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{said[name]}\n" if name in said else "")
+                     for name in figures)
+    notes = (_setup_line(setup), _reference_note(drawn, ref),
+             _positions_note(positions_windows(positions)) if few_windows else "")
     atomic_write_text(files[1], (f"{header}\n\n" if header else "") + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
                       + probe_text + context_markdown(gain)
-                      + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in (_setup_line(setup), _reference_note(summary, ref)) if t)
-                      + shown)
+                      + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in notes if t)
+                      + listed)
     if fmt == "latex":
         table = latex_table(summary)
         files.append(out / "report.tex")

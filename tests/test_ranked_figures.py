@@ -1,0 +1,151 @@
+"""Reports of many lines stay readable: past eight lines, one point per line (ranked.png: the ratio
+and the ppl at 1x with their intervals, grouped by family and sorted; tradeoff.png: one labelled
+point per line, no two labels overlapping), and the per-line figures for the lines named with
+--lines or picked by the report (best, worst, baselines); no loss-by-position figure from fewer
+windows than it needs, and report.md says why."""
+
+import math
+import re
+
+import pandas as pd
+import pytest
+from conftest import posbench
+from test_report import positions_rows, rows, svg_ids, write_run
+
+from posbench.errors import PosbenchError
+from posbench.report.figures import MIN_BIN_WINDOWS, Palette
+from posbench.report.ranked import (
+    family,
+    label_points,
+    line_points,
+    pick_lines,
+    ranked_figure,
+    split_names,
+    tradeoff_figure,
+)
+from posbench.report.tables import report
+
+LENGTHS = (32, 64, 128, 256, 512)  # 1x .. 16x
+# encoding -> (ppl at 1x, ratio at 16x); learned cannot run past its table
+ZOO = {"alibi": (10.0, 0.98), "kerple_log": (10.2, 0.99), "fire": (10.4, 1.15), "t5": (10.6, 1.0),
+       "rope": (9.9, 1.4), "xpos": (10.1, 1.06), "nope": (12.0, 1.07), "sinusoidal": (11.0, 2.9),
+       "cope": (10.5, 1.10), "complex": (13.0, 11.5), "learned": (12.5, math.nan)}
+
+
+def zoo(tmp_path, encodings=ZOO):
+    """One run per encoding, its ppl rising geometrically from 1x to its ratio at 16x."""
+    for i, (encoding, (ppl, ratio)) in enumerate(encodings.items()):
+        ppls = {n: ppl if n == 32 else ppl * ratio ** (math.log2(n / 32) / 4) for n in LENGTHS}
+        write_run(tmp_path / "runs" / encoding, rows(encoding, 0, ppls, chash=f"h{i}"))
+    return tmp_path / "runs"
+
+
+def test_family_is_the_encodings_hook_or_its_name_prefix():
+    assert [family(e) for e in ("alibi", "rope", "nope", "sinusoidal", "xl", "fox")] == \
+        ["bias", "rotate", "none", "embed", "score", "decay"]
+    assert family("my_plugin_bias") == "my"  # not registered: grouped by the prefix of its name
+
+
+def test_lines_split_at_commas_outside_brackets():
+    assert split_names(["alibi,rope [window=128]", "rope [qk_norm=True, window=0] , t5"]) == \
+        ["alibi", "rope [window=128]", "rope [qk_norm=True, window=0]", "t5"]
+
+
+def test_a_report_of_many_lines_ranks_every_line_and_draws_the_picked_ones(tmp_path):
+    out = tmp_path / "out"
+    done = report([zoo(tmp_path)], out, reference=None)
+    assert {"ranked.png", "ranked.svg", "tradeoff.png", "tradeoff.svg", "report.png"} <= {p.name for p in done.files}
+    summary = done.summary
+    at16 = summary[summary.eval_len == 512].set_index("label")
+
+    # ranked: every line, its ratio at 16x and its ppl at 1x, grouped by hook, sorted by ratio within
+    ids = svg_ids(out / "ranked.svg")
+    assert {f"ranked_ratio:{e}" for e in ZOO} <= set(ids) and {f"ranked_ppl:{e}" for e in ZOO} <= set(ids)
+    points = line_points(summary, Palette(summary).names(summary))
+    fig = ranked_figure(points)
+    left, right = fig.axes
+    dots = {line.get_gid(): line for line in left.lines if line.get_marker() == "o"}
+    assert dots["ranked_ratio:rope"].get_xdata()[0] == pytest.approx(at16.loc["rope", "ratio_mean"])
+    dots = {line.get_gid(): line for line in right.lines if line.get_marker() == "o"}
+    assert dots["ranked_ppl:nope"].get_xdata()[0] == pytest.approx(
+        summary.set_index(["label", "eval_len"]).loc[("nope", 32), "ppl_mean"])
+    labels = [t.get_text() for t in left.get_yticklabels()]
+    bias = labels[labels.index("additive bias (bias)") + 1:labels.index("additive bias (bias)") + 5]
+    assert bias == ["alibi", "kerple_log", "t5", "fire"]  # the bias family, by ratio
+    assert labels.index("rotary (rotate)") < labels.index("xpos") < labels.index("rope")
+    assert "learned" in labels and any("cannot run at 16x" in t.get_text() for t in left.texts)
+
+    # tradeoff: one labelled point per line that runs at 16x, no two labels overlapping
+    fig = tradeoff_figure(points)
+    texts = [t for ax in fig.axes for t in ax.texts if (t.get_gid() or "").startswith("tradeoff_label:")]
+    assert sorted(t.get_text() for t in texts) == sorted(e for e in ZOO if e != "learned")
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert "cannot run at 16x: learned" in fig._suptitle.get_text().replace("\n", " ")
+
+    # report.png: the picked lines only, each in a colour of its own; report.md says which and why
+    picked = pick_lines(points)
+    assert picked == {"alibi": "lowest ppl at 16x, lowest ratio at 16x", "complex": "highest ratio at 16x",
+                      "nope": "baseline", "rope": "baseline", "sinusoidal": "baseline", "t5": "baseline"}
+    drawn = {i.split(":", 1)[1] for i in svg_ids(out / "report.svg") if i.startswith("ours:")}
+    assert drawn == set(picked)
+    palette = Palette(summary, only=list(picked))
+    assert len({palette.colour(name) for name in picked}) == len(picked)
+    md = (out / "report.md").read_text()
+    assert "![ranked](ranked.png)" in md and "![tradeoff](tradeoff.png)" in md
+    assert ("report.png (and the per-line figures below it) draws 6 of the 11 lines, picked by the report: alibi "
+            "(lowest ppl at 16x, lowest ratio at 16x); complex (highest ratio at 16x); nope (baseline);") in md
+    # the table keeps every line
+    assert set(pd.read_csv(out / "report.csv").label) == set(ZOO)
+
+
+def test_lines_names_what_the_per_line_figures_draw_and_an_unknown_line_is_refused(tmp_path):
+    runs = zoo(tmp_path)
+    report([runs], tmp_path / "out", reference=None, lines=["fire,cope"])
+    drawn = {i.split(":", 1)[1] for i in svg_ids(tmp_path / "out/report.svg") if i.startswith("ours:")}
+    assert drawn == {"fire", "cope"}
+    assert "draws 2 of the 11 lines, named with --lines: cope, fire." in (tmp_path / "out/report.md").read_text()
+    few = zoo(tmp_path / "few", {e: ZOO[e] for e in ("alibi", "rope", "nope")})
+    done = report([few], tmp_path / "few_out", reference=None, lines=["rope"])  # a small report: no ranked figure
+    assert "ranked.png" not in {p.name for p in done.files}
+    assert {i for i in svg_ids(tmp_path / "few_out/report.svg") if i.startswith("ours:")} == {"ours:rope"}
+    with pytest.raises(PosbenchError, match=r"^report: --lines 'nosuch' is not a line of this report; valid: alibi, "):
+        report([runs], tmp_path / "bad", lines=["nosuch"])
+    proc = posbench("report", runs, "--out", tmp_path / "cli", "--lines", "alibi,nosuch", check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "cli").exists()
+    assert "--lines 'nosuch' is not a line of this report" in proc.stderr
+
+
+def test_no_positions_figure_from_fewer_windows_than_it_needs(tmp_path):
+    """16 windows a bin (zoo_quick at 16x): no figure, and report.md says why; 64: drawn."""
+    for windows, name in ((16, "thin"), (64, "enough")):
+        run = write_run(tmp_path / name / "alibi", rows("alibi", 0, {32: 10.0, 64: 10.2}))
+        bins = positions_rows("alibi", 0, 64, [6.0, 5.0, 4.0, 4.0])
+        bins["tokens"] = windows * (bins.bin_end - bins.bin_start + 1)  # every bin fed by `windows` windows
+        bins.to_csv(run / "positions.csv", index=False)
+        done = report([tmp_path / name], tmp_path / f"{name}_out", reference=None)
+        drawn = (tmp_path / f"{name}_out/positions.png").exists()
+        md = (tmp_path / f"{name}_out/report.md").read_text()
+        assert drawn == (windows >= MIN_BIN_WINDOWS) and drawn == ("![positions]" in md), name
+        said = re.search(r"No loss-by-position figure \(positions.png\): .*? feed at most (\d+) ", md)
+        assert (said is None) == drawn and (drawn or said[1] == "16")
+        assert done.summary.ppl_mean.notna().all()
+
+
+def test_labels_keep_apart_in_a_tight_cluster():
+    """Twenty points within 1% of each other: every label beside its point or led to it by a line,
+    none overlapping another."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = pd.DataFrame({"ppl": [90 + 0.1 * i for i in range(20)], "ratio": [0.98 + 0.0005 * (i % 7) for i in range(20)],
+                           "short": [f"line_{i}" for i in range(20)], "name": [f"line_{i}" for i in range(20)]})
+    fig, ax = plt.subplots(figsize=(7, 6))
+    ax.plot(points.ppl, points.ratio, "o")
+    label_points(ax, points)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == 20 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
