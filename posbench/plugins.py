@@ -160,7 +160,8 @@ def known_model_file(name: str, cache_dir: Path) -> Path | None:
     model = KNOWN_MODELS.get(name)
     if model is None:
         return None
-    missing = f"pretrained={name} needs the package {model.package!r}, which is not installed here; valid: {model.install}"
+    missing = (f"pretrained={name} needs the package {model.package!r}, which is not installed here; "
+               f"valid: {model.install}")
     try:
         spec = importlib.util.find_spec(model.package)
     except (ImportError, ValueError):
@@ -176,10 +177,12 @@ def known_model_file(name: str, cache_dir: Path) -> Path | None:
             first = (str(e).splitlines() or [""])[0]
             raise PosbenchError(f"pretrained={name}: {model.package}.assemble could not write its file "
                                 f"({type(e).__name__}: {first}); valid: {model.install}") from e
-    found = sorted(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
+    where = Path(spec.submodule_search_locations[0])
+    found = sorted(where.rglob("*.gguf"))
     if not found:
-        raise PosbenchError(f"pretrained={name}: the package {model.package!r} at {spec.submodule_search_locations[0]} "
-                            f"holds no .gguf file; valid: {model.install.replace('install', 'install --force-reinstall', 1)}")
+        again = model.install.replace("pip install", "pip install --force-reinstall")
+        raise PosbenchError(f"pretrained={name}: the package {model.package!r} at {where} holds no .gguf file; "
+                            f"valid: {again}")
     return found[0]
 
 
@@ -243,8 +246,9 @@ class Registry:
                 first = (str(e).splitlines() or [""])[0]
                 fix = (f"pip install --force-reinstall {dist.partition('==')[0]}, or pip uninstall "
                        f"{dist.partition('==')[0]}" if dist else "reinstall or fix the package that declares it")
-                self.errors[name] = (f"{self.kind} plugin {name!r} (entry point {ep.value} of {dist or 'an unknown package'}) "
-                                     f"cannot be imported ({type(e).__name__}: {first}); valid: {fix}")
+                self.errors[name] = (f"{self.kind} plugin {name!r} (entry point {ep.value} of "
+                                     f"{dist or 'an unknown package'}) cannot be imported ({type(e).__name__}: "
+                                     f"{first}); valid: {fix}")
                 continue
             try:
                 self.add(name, cls, f"entry point of {dist}" if dist else "entry point")

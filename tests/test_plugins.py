@@ -10,7 +10,7 @@ import sys
 
 import pandas as pd
 import pytest
-from conftest import ROOT, SMOKE, posbench
+from conftest import ROOT, SMOKE, fake_distribution, posbench
 from omegaconf import OmegaConf
 
 from posbench.config import config_hash
@@ -99,11 +99,8 @@ def test_listing_and_the_conformance_command(installed):
 
 def test_a_plugin_with_a_builtin_name_is_one_line(tmp_path, installed):
     """An entry point named like a built-in, and a config-dir file named like one, are refused."""
-    site = tmp_path / "site"
-    dist = site / "clash-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[posbench.encodings]\nalibi = posbench_example.encodings:LogDistanceBias\n")
+    site = fake_distribution(tmp_path / "site", "clash", "0.1",
+                             "[posbench.encodings]\nalibi = posbench_example.encodings:LogDistanceBias\n")
     env = {"PYTHONPATH": f"{site}:{installed['PYTHONPATH']}"}
     clash = ("encoding plugin 'alibi' (posbench_example.encodings.LogDistanceBias, entry point of clash==0.1) "
              "has the name of the built-in encoding 'alibi'")
