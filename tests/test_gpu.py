@@ -4,9 +4,10 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import SMOKE, posbench
+from conftest import SMOKE, compose, posbench
+from posbench.model import attention
 from posbench.model.attention import causal_attention, reference_attention
-from posbench.model.build import autocast_dtype, resolve_device
+from posbench.model.build import autocast_dtype, build_model, resolve_device
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
 
 pytestmark = [pytest.mark.gpu,
@@ -51,6 +52,76 @@ def test_training_free_extensions_on_gpu_match_the_cpu(method, fused):
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
 
 
+FLEX_CASES = [("t5", {}), ("kerple_log", {}), ("alibi", {}), ("t5", {"per_layer": True})]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name, params", FLEX_CASES, ids=["t5", "kerple_log", "alibi", "t5-per_layer"])
+def test_flex_on_gpu_matches_todays_path_forward_and_gradients(name, params, dtype, monkeypatch):
+    """Compiled flex attention (the CUDA default for relative biases) against the SDPA paths it
+    replaced (Toeplitz slices past one chunk, per-chunk biases per layer), at a length that is no
+    multiple of flex's 128-token blocks: outputs and the gradients of q, k, v and of the
+    encoding's parameters, which reach T5's and KERPLE's tables through flex's captured-tensor
+    gradients."""
+    calls, flex_causal = [], attention.flex_causal
+    monkeypatch.setattr(attention, "flex_causal", lambda *a, **k: calls.append(1) or flex_causal(*a, **k))
+    dims = ModelDims(d_model=64, n_heads=4, n_layers=2, train_len=64)
+    results = []
+    for flex in (None, False):  # None: the default, flex on CUDA
+        monkeypatch.setattr(attention, "FLEX", flex)
+        torch.manual_seed(0)
+        enc = build_encoding({"name": name, **params}, dims).cuda()
+        with torch.no_grad():
+            for p in enc.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        q, k, v = (torch.randn(2, 4, 300, 16, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        out = causal_attention(q, k, v, enc, torch.arange(300, device="cuda"), 1, chunk_size=128,
+                               cache={"contiguous": True})
+        (out.float() * torch.linspace(-1, 1, 16, device="cuda")).sum().backward()
+        grads = {"q": q.grad, "k": k.grad, "v": v.grad} | {n: p.grad for n, p in enc.named_parameters()
+                                                           if p.grad is not None}
+        results.append((out.float(), grads))
+    assert len(calls) == 1  # the first pass only
+    (out, grads), (ref, ref_grads) = results
+    assert grads.keys() == ref_grads.keys()
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        for key in grads:
+            torch.testing.assert_close(grads[key].float(), ref_grads[key].float(), rtol=1e-3, atol=1e-3,
+                                       msg=lambda m, key=key: f"{key}: {m}")
+    else:  # bf16 inputs; the SDPA path adds a bf16 bias, flex an fp32 one: compare by norms
+        assert (out - ref).norm() <= 0.02 * ref.norm()
+        for key in grads:
+            a, b = grads[key].float(), ref_grads[key].float()
+            assert (a - b).norm() <= 0.05 * b.norm(), key
+
+
+def test_a_compiled_model_trains_through_flex_on_gpu_as_eager_sdpa(monkeypatch):
+    """The whole model under torch.compile with flex attention inside (a T5 table per forward
+    pass, its gradient through the compiled flex backward) against eager SDPA: loss and every
+    gradient, under bf16 autocast."""
+    torch._dynamo.reset()
+    cfg = compose("encoding=t5", "device=cuda", "model.n_layers=2", "model.d_model=64", "model.n_heads=4",
+                  "model.d_ff=128")
+    x, y = torch.randint(0, 512, (2, 4, 256), device="cuda")
+    results = []
+    for flex in (None, False):
+        monkeypatch.setattr(attention, "FLEX", flex)
+        torch.manual_seed(0)
+        model = build_model(cfg, 512).cuda()
+        net = torch.compile(model) if flex is None else model
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = net(x, targets=y)
+        loss.backward()
+        results.append((loss.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}))
+    (loss, grads), (ref_loss, ref_grads) = results
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-2)
+    assert grads.keys() == ref_grads.keys() and "encoding.table.weight" in grads
+    for name in grads:
+        assert (grads[name] - ref_grads[name]).norm() <= 0.05 * ref_grads[name].norm() + 1e-6, name
+    torch._dynamo.reset()
+
+
 def test_bench_measures_on_the_gpu(tmp_path):
     out = tmp_path / "bench"
     posbench("bench", "--device", "cuda", "--encodings", "alibi", "rope", "--train-lens", "64", "--eval-lens", "1024",
@@ -59,3 +130,4 @@ def test_bench_measures_on_the_gpu(tmp_path):
     assert len(rows) == 4 and (rows.device == "cuda").all() and set(rows.malloc) == {"system"}
     assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 0).all() and rows.error.isna().all()
     assert "Machine: GPU " in (out / "bench.md").read_text()
+

@@ -5,6 +5,10 @@ encoding                 kernel
 =======================  ====================================================================
 no ``bias``/``score``    fused ``scaled_dot_product_attention`` (``is_causal``; flash on GPU);
                          while training at T <= ``EXPLICIT_MAX_LEN``: explicit matmul-softmax
+``bias``,                *flex attention* (:func:`flex_causal`): the bias of each distance
+``relative_bias``,       i - j, an (H, T) table, added inside the kernel by a ``score_mod``; a
+on CUDA, no ``decay``,   causal (and windowed) block mask skips the blocks above the diagonal;
+consecutive positions    no (H, T, T) matrix, forward or backward (``POSBENCH_FLEX`` below)
 ``bias``, one chunk      the masked bias (H, T, T), built once per forward pass when it is the
 (T <= chunk)             same in every layer; SDPA with it as a float mask (explicit while
                          training short)
@@ -37,8 +41,15 @@ Why these choices (the measurements behind them are in results/bench/, made by
   faster at long lengths. M is built in row blocks, so no fp32 (H, chunk, T) intermediate
   exists; its bf16 size at 16,384 tokens is 256 MiB.
 * Flex attention (``score_mod``, compiled by inductor) computes such a bias inside the
-  kernel with no matrix at all, but on CPU it was slower than the Toeplitz slices, after a
-  long compile (results/bench/bench.md), so it is not used.
+  kernel with no matrix at all. On CPU it was slower than the Toeplitz slices, after a long
+  compile (results/bench/bench.md), and it has no backward there, so the CPU keeps the paths
+  above. On CUDA it is the path of every ``relative_bias`` encoding (:func:`flex_causal`):
+  the bias is read from an (H, T) table of distances 0 .. T - 1, which the encoding's own
+  ``bias`` builds, so gradients reach its parameters (T5's buckets, KERPLE's r1 and r2)
+  through flex attention's gradient of captured tensors. ``POSBENCH_FLEX=1`` takes the path
+  on any device (on CPU: flex's eager reference, for tests comparing it with the paths
+  above), ``POSBENCH_FLEX=0`` on none; unset, on CUDA only. Speed on a GPU:
+  results/bench/gpu/ (``posbench bench --device cuda``).
 
 Memory: the fp32 tensors of the chunked kernels hold at most ``ATTN_BUDGET`` elements
 (128 MiB) per value an encoding keeps per (query, key) pair (``pair_cost``: one per head,
@@ -56,11 +67,22 @@ of positions, which holds for consecutive positions only. The model says which i
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from ..encodings import PositionEncoding
 
+
+def flex_setting(value: str | None) -> bool | None:
+    """``POSBENCH_FLEX``: "1" -> True (flex attention for relative biases on every device), "0"
+    -> False (on none), unset or anything else -> None (on CUDA only)."""
+    return {"1": True, "0": False}.get(value or "")
+
+
+FLEX = flex_setting(os.environ.get("POSBENCH_FLEX"))  # read once, at import; tests set it directly
+FLEX_RECOMPILES = 64  # shapes (batch, length, grad or not) the compiled flex kernel may specialise for
 EXPLICIT_MAX_LEN = 128  # training at T <= this: explicit attention (faster backward on CPU)
 EXPLICIT_HOOKS = frozenset({"score", "value", "normalize"})  # hooks that take the explicit query chunks
 ATTN_BUDGET = 1 << 25  # elements of one fp32 score / bias tensor in the chunked kernels
@@ -79,9 +101,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
         return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
                                 window)
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
+    cache = {} if cache is None else cache
+    if decay is None and "bias" in hooks and enc.relative_bias and flex_wanted(q) and _contiguous(cache, positions):
+        return flex_causal(q, k, v, enc, positions, layer, cache, window)
     if decay is not None:
         return _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit, window)
-    cache = {} if cache is None else cache
     if "bias" not in hooks:
         if explicit:
             mask = _shared(cache, f"causal{window}", lambda: _causal_mask(positions, q.dtype, window))
@@ -106,6 +130,79 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     rows = _rows(chunk_size, enc.pair_cost() * T)
     return sdpa_chunks(q, k, v, rows, scale,
                        lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype, window))
+
+
+def flex_wanted(q: torch.Tensor) -> bool:
+    """Whether a relative bias runs through :func:`flex_causal` for ``q``: ``FLEX`` where set
+    (``POSBENCH_FLEX``), else on CUDA."""
+    return q.device.type == "cuda" if FLEX is None else FLEX
+
+
+def distance_table(enc: PositionEncoding, positions: torch.Tensor, layer: int) -> torch.Tensor:
+    """(H, T) fp32: column d the bias of distance i - j = d, for d = 0 .. T - 1, from the
+    encoding's ``bias`` of the last query against every key (key j is at distance T - 1 - j),
+    so autograd reaches its parameters. Needs a ``relative_bias`` and consecutive positions."""
+    return enc.bias(positions[-1:], positions, layer).float()[:, 0].flip(-1)
+
+
+_BLOCK_MASKS: dict = {}  # (T, window, device) -> the causal BlockMask, built once per process
+
+
+def causal_block_mask(T: int, window: int, device, cache: dict | None = None):
+    """Flex attention's block mask of causal attention at T tokens, key j seen by query i where
+    j <= i (and i - j < ``window`` where one is set): blocks with no seen pair are skipped.
+    Built once per process; inside a compiled model once per forward pass (in ``cache``), as
+    part of the graph: a graph reading the process-wide dict would be guarded on its contents
+    and compiled again when it changed (after its own first call added the mask)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def build():
+        def seen(b, h, i, j):
+            return (i >= j) & (i - j < window) if window else i >= j
+
+        return create_block_mask(seen, None, None, T, T, device=device)
+
+    if torch.compiler.is_compiling():
+        return _shared({} if cache is None else cache, f"block_mask{window}", build)
+    return _shared(_BLOCK_MASKS, (T, window, str(device)), build)
+
+
+_COMPILED_FLEX = []  # torch.compile(flex_attention), made at the first CUDA call
+
+
+def _flex_kernel(q: torch.Tensor):
+    """flex_attention as called here: traced as it is inside a compiled model; compiled once per
+    process on CUDA (static shapes); else flex's eager reference, which materialises the scores
+    and serves tests on small shapes."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if torch.compiler.is_compiling() or q.device.type != "cuda":
+        return flex_attention
+    if not _COMPILED_FLEX:
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
+    compiled = _COMPILED_FLEX[0]
+
+    def call(*args, **kwargs):  # an evaluation ladder meets more shapes than dynamo's default 8
+        with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILES):
+            return compiled(*args, **kwargs)
+    return call
+
+
+def flex_causal(q, k, v, enc: PositionEncoding, positions, layer: int, cache: dict, window: int = 0):
+    """Causal attention with a relative bias added inside flex attention's kernel: the logit of
+    (i, j) is scale q_i.k_j + table[h, i - j] (:func:`distance_table`, built once per forward
+    pass when the bias is the same in every layer), blocks above the diagonal (and outside the
+    window) skipped by :func:`causal_block_mask`."""
+    if enc.layer_invariant_bias:
+        table = _shared(cache, "flex_table", lambda: distance_table(enc, positions, layer))
+    else:
+        table = distance_table(enc, positions, layer)
+
+    def add_bias(score, b, h, i, j):  # j > i is masked; clamped so no index falls outside the table
+        return score + table[h, (i - j).clamp(min=0)]
+
+    mask = causal_block_mask(q.shape[2], window, q.device, cache)
+    return _flex_kernel(q)(q, k, v, score_mod=add_bias, block_mask=mask, scale=enc.logit_scale())
 
 
 def layer_window(enc: PositionEncoding, layer: int, window: int = 0) -> int:
