@@ -149,3 +149,73 @@ def test_malloc_tuning_applies_on_glibc_and_can_be_turned_off(monkeypatch):
     assert keep_freed_memory() is False
     monkeypatch.delenv("POSBENCH_SYSTEM_MALLOC")
     assert keep_freed_memory() is (os.uname().sysname == "Linux")
+
+
+def test_bench_measures_another_model_preset(tmp_path):
+    """--model reads conf/model/NAME.yaml: model=small's 6 layers of width 512 (23.10M parameters
+    with the bench's vocabulary), few tokens so the test is quick."""
+    out = tmp_path / "bench"
+    posbench("bench", "--model", "small", "--encodings", "alibi", "--train-lens", "16", "--eval-lens",
+             "--train-tokens", "32", "--steps", "1", "--no-peer", "--malloc", "system", "--out", str(out))
+    rows = pd.read_csv(out / "bench.csv")
+    assert len(rows) == 1 and rows.model.tolist() == ["small"] and rows.kind.tolist() == ["train"]
+    assert rows.tokens_per_s.iloc[0] > 0 and rows.error.isna().all() and rows.params.iloc[0] == 23_097_344
+    text = (out / "bench.md").read_text()
+    assert text.startswith("Command: `posbench bench --model small --encodings alibi")
+    assert "Model: 6 layers, d_model 512, 8 heads, FFN 2048, vocabulary 8192" in text
+
+
+def test_mfu_against_hand_computed_figures():
+    """model=base at T=512: N = 12 (4 768^2 + 2 768 3072) + 8192 768 = 91,226,112 matmul
+    parameters; 6 N + 6 12 768 512 = 575,668,224 FLOPs a token. At a million tokens/s an H100 SXM
+    (989.4 TFLOP/s dense bf16) runs at 58.18%; 200,000 tokens/s on an A100 (312) at 36.90%."""
+    from posbench.bench import datasheet_tflops, mfu, model_shape
+
+    base = model_shape("base")
+    assert flops_per_token(512, base) == 575_668_224
+    assert datasheet_tflops("NVIDIA H100 80GB HBM3") == 989.4 and datasheet_tflops("NVIDIA H200") == 989.4
+    assert datasheet_tflops("NVIDIA H100 PCIe") == 756.5 and datasheet_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert datasheet_tflops("Tesla T4") is None
+    assert mfu(1e6, 512, base, 989.4) == pytest.approx(0.5818357, rel=1e-6)
+    assert mfu(2e5, 512, base, 312.0) == pytest.approx(0.3690181, rel=1e-6)
+    assert mfu(1e6, 512, base, None) is None and mfu(None, 512, base, 989.4) is None
+
+
+def gpu_result(device_name, datasheet):
+    def row(model, encoding, impl, tps):
+        return {"model": model, "encoding": encoding, "impl": impl, "malloc": "system", "kind": "train",
+                "length": 512, "tokens": 32768, "tokens_per_s": tps, "seconds": 32768 / tps, "peak_mb": 10240,
+                "params": 91_310_000, "compile_s": 60.0, "device": "cuda"}
+    # base: 1e6 tokens/s is 58.2% MFU on an H100 SXM; 500,000 is 29.1%
+    rows = [row("base", "rope", "posbench", 1e6), row("base", "rope", "x-transformers flash", 8e5),
+            row("base", "t5", "posbench", 5e5), row("base", "t5", "x-transformers flash", 6e5),
+            row("base", "kerple_log", "posbench", 6e5), row("small", "rope", "posbench", 2e6)]
+    machine = {"cpu": device_name, "cores": 16, "device": "cuda", "torch": "2.11", "precision": "bf16",
+               "matmul_n": 8192, "float32_gflops": 50e3, "bfloat16_gflops": 700e3, "datasheet_bf16_tflops": datasheet}
+    return {"machine": machine, "rows": rows, "kernels": [], "command": "posbench bench --device cuda"}
+
+
+def test_gpu_tables_give_mfu_beside_the_measured_matmul_fraction_and_judge_the_targets():
+    from posbench.bench import tables
+
+    text = tables(gpu_result("NVIDIA H100 80GB HBM3", 989.4))
+    assert "datasheet dense bf16 peak of this GPU, 989.4 TFLOP/s" in text
+    # rope: 58.2% of 989.4, 82.2% of the measured 700 TFLOP/s; x-t 46.5%; 1.25x
+    assert "| rope | 91.31M | 1,000,000 | 58.2% | 82.2% | 10.0 | 60 | 800,000 | 46.5% | 65.8% | 10.0 | 60 | 1.25 |" in text
+    assert "| kerple_log | 91.31M | 600,000 | 34.9% |" in text and "none in x-t" in text
+    assert "### Training, model=small: 6 layers, d_model 512" in text
+    targets = text.split("### Targets")[1]
+    assert "- met: rope at model=base, T=512: MFU >= 40% (58.2%)" in targets
+    assert "- NOT met: t5 at model=base, T=512: MFU >= 30% (29.1%)" in targets
+    assert "- met: kerple_log at model=base, T=512: MFU >= 30% (34.9%)" in targets
+    assert "- NOT met: t5 at model=base, T=512 ahead of x-transformers (500,000 vs 600,000 tok/s, 0.83x)" in targets
+    assert "- met: rope at model=base, T=512 ahead of x-transformers" in targets
+
+
+def test_a_gpu_without_a_datasheet_peak_gets_mfu_na_and_says_so():
+    from posbench.bench import tables
+
+    text = tables(gpu_result("Tesla T4", None))
+    assert "which posbench does not know for a Tesla T4: MFU n/a" in text
+    assert "| rope | 91.31M | 1,000,000 | n/a | 82.2% |" in text
+    assert "- MFU not judged: no datasheet bf16 peak for a Tesla T4" in text

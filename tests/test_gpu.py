@@ -125,9 +125,19 @@ def test_a_compiled_model_trains_through_flex_on_gpu_as_eager_sdpa(monkeypatch):
 def test_bench_measures_on_the_gpu(tmp_path):
     out = tmp_path / "bench"
     posbench("bench", "--device", "cuda", "--encodings", "alibi", "rope", "--train-lens", "64", "--eval-lens", "1024",
-             "--steps", "2", "--no-peer", "--out", str(out))
+             "--steps", "2", "--no-peer", "--no-compile", "--out", str(out))
     rows = pd.read_csv(out / "bench.csv")
     assert len(rows) == 4 and (rows.device == "cuda").all() and set(rows.malloc) == {"system"}
     assert (rows.tokens_per_s > 0).all() and (rows.peak_mb > 0).all() and rows.error.isna().all()
     assert "Machine: GPU " in (out / "bench.md").read_text()
 
+
+def test_bench_compiles_side_by_side_and_reports_mfu_on_the_gpu(tmp_path):
+    out = tmp_path / "bench"
+    posbench("bench", "--device", "cuda", "--encodings", "t5", "nope", "--train-tokens", "4096", "--steps", "3",
+             "--jobs", "2", "--no-peer", "--out", str(out))
+    rows = pd.read_csv(out / "bench.csv")
+    assert len(rows) == 2 and set(rows.kind) == {"train"} and set(rows.length) == {512} and rows.error.isna().all()
+    assert (rows.compile_s > 0).all() and (rows.tokens == 4096).all()
+    text = (out / "bench.md").read_text()
+    assert text.startswith("Command: `posbench bench --device cuda") and "| t5 | 5.25M |" in text
