@@ -43,12 +43,15 @@ Why these choices (the measurements behind them are in results/bench/, made by
 * Flex attention (``score_mod``, compiled by inductor) computes such a bias inside the
   kernel with no matrix at all. On CPU it was slower than the Toeplitz slices, after a long
   compile (results/bench/bench.md), and it has no backward there, so the CPU keeps the paths
-  above. On CUDA it is the path of every ``relative_bias`` encoding (:func:`flex_causal`):
-  the bias is read from an (H, T) table of distances 0 .. T - 1, which the encoding's own
-  ``bias`` builds, so gradients reach its parameters (T5's buckets, KERPLE's r1 and r2)
-  through flex attention's gradient of captured tensors. ``POSBENCH_FLEX=1`` takes the path
-  on any device (on CPU: flex's eager reference, for tests comparing it with the paths
-  above), ``POSBENCH_FLEX=0`` on none; unset, on CUDA only. Speed on a GPU:
+  above. On CUDA it is the path of every ``relative_bias`` encoding when asked for
+  (``POSBENCH_FLEX=1``; :func:`flex_causal`): the bias is read from an (H, T) table of
+  distances 0 .. T - 1, which the encoding's own ``bias`` builds, so gradients reach its
+  parameters (T5's buckets, KERPLE's r1 and r2) through flex attention's gradient of captured
+  tensors. It is not the default: on one H100 (torch 2.11) its kernel tests passed, but the
+  compiled training step of ``model=base`` at T=512 failed in dynamo for alibi, t5 and
+  kerple_log, which the paths above trained (results/bench/gpu/README.md). ``POSBENCH_FLEX=1``
+  takes it on any device (on CPU: flex's eager reference, for tests comparing it with the
+  paths above); unset or ``0``, on none. Speed on a GPU:
   results/bench/gpu/ (``posbench bench --device cuda``).
 
 Memory: the fp32 tensors of the chunked kernels hold at most ``ATTN_BUDGET`` elements
@@ -77,7 +80,7 @@ from ..encodings import PositionEncoding
 
 def flex_setting(value: str | None) -> bool | None:
     """``POSBENCH_FLEX``: "1" -> True (flex attention for relative biases on every device), "0"
-    -> False (on none), unset or anything else -> None (on CUDA only)."""
+    -> False (on none), unset or anything else -> None (the default: on none, module docstring)."""
     return {"1": True, "0": False}.get(value or "")
 
 
@@ -133,9 +136,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
 
 
 def flex_wanted(q: torch.Tensor) -> bool:
-    """Whether a relative bias runs through :func:`flex_causal` for ``q``: ``FLEX`` where set
-    (``POSBENCH_FLEX``), else on CUDA."""
-    return q.device.type == "cuda" if FLEX is None else FLEX
+    """Whether a relative bias runs through :func:`flex_causal` for ``q``: only where
+    ``POSBENCH_FLEX=1`` asks for it (the module docstring says why it is not the default)."""
+    return bool(FLEX) and q.device.type in ("cuda", "cpu")
 
 
 def distance_table(enc: PositionEncoding, positions: torch.Tensor, layer: int) -> torch.Tensor:
