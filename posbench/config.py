@@ -595,12 +595,18 @@ def run_name(overrides: str) -> str:
 
 
 def code_version() -> str:
-    """Package version, plus the git commit when running from a source checkout."""
+    """Package version, plus the git commit when running from a source checkout, and ``.dirty``
+    when the checkout's tracked files differ from that commit (the code that ran is then not
+    the commit's: a row says so rather than naming a commit it did not run)."""
     from . import __version__
 
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                              timeout=5).stdout.strip()
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5).stdout.strip()
+        sha = git("rev-parse", "--short", "HEAD")
+        dirty = bool(sha) and bool(git("status", "--porcelain", "--untracked-files=no", "--", "."))
     except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+{sha}" if sha else __version__
+        sha, dirty = "", False
+    return (f"{__version__}+{sha}" + (".dirty" if dirty else "")) if sha else __version__

@@ -146,3 +146,23 @@ def test_no_import_from_a_later_stage():
                 for m, deps in sorted(import_graph().items()) for d in sorted(deps)
                 if d != "posbench" and stage_of(d) > stage_of(m)]
     assert backward == []
+
+
+def test_code_version_says_when_the_checkout_differs_from_its_commit(tmp_path):
+    """A results row's code_version names the commit, and '.dirty' where posbench's tracked files
+    were changed since it: rows from a modified checkout do not claim a commit they did not run."""
+    import shutil
+
+    copy = tmp_path / "posbench"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "posbench"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    code = "import posbench.config as c; print(c.code_version())"
+    read = lambda: subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+    clean = read()
+    assert clean.startswith("0.1.0+") and not clean.endswith(".dirty")
+    (copy / "errors.py").write_text((copy / "errors.py").read_text() + "\n# changed\n")
+    assert read() == clean + ".dirty"
