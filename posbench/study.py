@@ -7,6 +7,8 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
     runs: results/scale/runs          # where finished runs are exported (per-block NLL sums, a
                                       # few KiB each: what the report needs, small enough to commit)
     results: results/scale            # where the report goes
+    folder: "{stage}/{point}"         # a grid point's runs, under out and runs (optional; the default);
+                                      # {stage}, {point} (its overrides) or any grid key: "{encoding}"
     common: [experiment=scale]        # overrides every run shares
     stages:                           # in order; ``--only`` picks some
       - name: small
@@ -16,6 +18,8 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
       by: [model.name]                # posbench report --by
       dirs: [results/baselines/headline]   # reported beside the study's runs (optional)
       args: [--log-y]                 # any other posbench report flags
+      tables: {encodings.md: scripts/encoding_table.py}   # FILE: a script run on report.csv, its
+                                      # output written to results/FILE (optional)
 
 A run is keyed by its config hash and seed, not by its path: ``posbench study`` composes each
 run's config as ``posbench train`` would, and trains only the runs whose (hash, seed) neither an
@@ -41,7 +45,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -50,9 +54,10 @@ import yaml
 from .config import conf_dir, config_hash
 from .errors import PosbenchError
 
-STUDY_KEYS = ("description", "out", "runs", "results", "common", "stages", "report")
+STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
 STAGE_KEYS = ("name", "grid", "overrides")
-REPORT_KEYS = ("by", "dirs", "args")
+REPORT_KEYS = ("by", "dirs", "args", "tables")
+FOLDER = "{stage}/{point}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Sweep:
     stage: str
     overrides: tuple[str, ...]  # the grid point's own, then the stage's
     seeds: tuple[int, ...]
+    folder: str = ""  # its runs' folder under out and runs: out/<folder>/seed=N
 
     @property
     def name(self) -> str:
@@ -78,6 +84,7 @@ class Study:
     common: list[str]
     stages: list[dict]
     report: dict = field(default_factory=dict)
+    folder: str = FOLDER
     config_dirs: list[Path] = field(default_factory=list)  # --config-dir: passed to every run
 
 
@@ -112,7 +119,8 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
             raise PosbenchError(f"study: {files[name]} stage {i} needs a name and a grid (key: [values])")
     _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
     return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
-                 list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}))
+                 list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
+                 str(data.get("folder") or FOLDER))
 
 
 def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
@@ -122,17 +130,34 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
         if n not in names:
             raise PosbenchError(f"study {study.name}: --only {n!r} is not one of its stages; valid choices: "
                                 f"{', '.join(names)}")
-    out = []
+    out, folders = [], {}
     for stage in study.stages:
-        if only and stage["name"] not in only:
-            continue
         grid = {k: (v if isinstance(v, list) else [v]) for k, v in stage["grid"].items()}
         seeds = tuple(int(s) for s in grid.pop("seed", [0]))
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
             point = tuple(f"{k}={_value(v)}" for k, v in zip(keys, values))
-            out.append(Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds))
+            sweep = Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds)
+            sweep = replace(sweep, folder=_folder(study, sweep, dict(zip(keys, values))))
+            if sweep.folder in folders:  # checked over every stage, so --only cannot hide a clash
+                raise PosbenchError(f"study {study.name}: {folders[sweep.folder]} and {sweep.stage} {sweep.name} "
+                                    f"share the folder {sweep.folder!r}; put more grid keys in its folder")
+            folders[sweep.folder] = f"{sweep.stage} {sweep.name}"
+            if not only or stage["name"] in only:
+                out.append(sweep)
     return out
+
+
+def _folder(study: Study, sweep: Sweep, point: dict) -> str:
+    """The study's ``folder`` for one grid point: {stage}, {point} and the grid's keys filled in."""
+    values = {"stage": sweep.stage, "point": sweep.name, **{k: _value(v).replace("/", "_") for k, v in point.items()}}
+    folder = study.folder
+    for key, value in values.items():
+        folder = folder.replace("{" + key + "}", value)
+    if "{" in folder:
+        raise PosbenchError(f"study {study.name}: folder {study.folder!r} names a key stage {sweep.stage} lacks; "
+                            f"valid keys: {', '.join(values)}")
+    return folder
 
 
 def _value(v) -> str:
@@ -195,7 +220,7 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
             else:
                 missing.append(seed)
         if missing:
-            todo.append(Sweep(sweep.stage, sweep.overrides, tuple(missing)))
+            todo.append(replace(sweep, seeds=tuple(missing)))
     return todo, have
 
 
@@ -204,7 +229,7 @@ def _posbench() -> list[str]:
 
 
 def train_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
-    sweep_dir = study.out / sweep.stage / sweep.name
+    sweep_dir = study.out / sweep.folder
     dirs = [f"--config-dir={d}" for d in study.config_dirs]
     return [*_posbench(), "-m", "train", *dirs, *study.common, *sweep.overrides, *extra,
             "seed=" + ",".join(map(str, sweep.seeds)),
@@ -213,14 +238,14 @@ def train_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) 
 
 
 def export(study: Study, sweep: Sweep) -> list[Path]:
-    """Export the finished runs of one sweep to ``runs/<stage>/<sweep>/seed=N``; -> those written."""
+    """Export the finished runs of one sweep to ``runs/<folder>/seed=N``; -> those written."""
     from .report.baselines import export_baseline
 
     written = []
-    sweep_dir = study.out / sweep.stage / sweep.name
+    sweep_dir = study.out / sweep.folder
     for seed in sweep.seeds:
         run = sweep_dir / f"seed={seed}"
-        dest = study.runs / sweep.stage / sweep.name / run.name
+        dest = study.runs / sweep.folder / run.name
         if not (run / "ppl_vs_length.png").is_file() or (dest / "blocks.npz").is_file():
             continue
         tmp = study.runs / ".export"
@@ -247,7 +272,7 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
         busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
         while waiting and (not running or busy + min(jobs, len(waiting[0].seeds)) <= jobs):
             sweep = waiting.pop(0)
-            log = study.out / sweep.stage / f"{sweep.name}.log"
+            log = study.out / f"{sweep.folder}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             cmd = train_command(study, sweep, jobs, extra)
             print(f"study {study.name}: training {sweep.stage} {sweep.name} seed={','.join(map(str, sweep.seeds))} "
@@ -273,8 +298,16 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
 def report_command(study: Study) -> list[str]:
     rep = study.report
     by = [f"--by={k}" for k in rep.get("by") or []]
-    return [*_posbench(), "report", str(study.runs), *map(str, rep.get("dirs") or []), "--out", str(study.results),
+    return [*_posbench(), "report", *map(str, rep.get("dirs") or []), str(study.runs), "--out", str(study.results),
             *by, *map(str, rep.get("args") or [])]
+
+
+def report(study: Study) -> None:
+    """``posbench report`` on the exported runs (and ``dirs`` beside them), then each of ``tables``."""
+    subprocess.run(report_command(study), check=True)
+    for name, script in (study.report.get("tables") or {}).items():
+        with open(study.results / name, "w") as f:
+            subprocess.run([sys.executable, str(script), str(study.results / "report.csv")], stdout=f, check=True)
 
 
 def main(args: list[str]) -> None:
@@ -318,4 +351,4 @@ def main(args: list[str]) -> None:
     if ns.step in ("all", "report"):
         if not _finished_keys(study.runs, False):
             raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet")
-        subprocess.run(report_command(study), check=True)
+        report(study)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from posbench.errors import PosbenchError
-from posbench.study import load_study, plan, study_files, sweeps
+from posbench.study import load_study, plan, report_command, study_files, sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +31,8 @@ common: [experiment=smoke, train.steps=4, "eval.multiples=[1,2]"]
 stages:
   - name: a
     grid: {{encoding: [alibi], seed: [0]}}
+report:
+  tables: {{lines.txt: {tmp}/count.py}}
 """
 
 
@@ -40,6 +42,71 @@ def test_the_shipped_studies_load_and_expand():
     for name in files:
         study = load_study(name)
         assert sweeps(study), name
+
+
+# the shipped studies whose runs ship: (runs done, the seeds each sweep still lacks)
+SHIPPED = {"headline": (15, set()), "zoo": (64, set()), "new_schemes": (22, {(2,)})}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_a_shipped_study_finds_its_shipped_runs_done(name):
+    """Each run of the file composes to the (config hash, seed) of a run exported under its
+    ``runs``: the study file says what those runs were trained with. new_schemes' file asks
+    for a third seed, which is not trained yet."""
+    todo, have = plan(load_study(name))
+    done, missing = SHIPPED[name]
+    assert have == done and {s.seeds for s in todo} == missing
+    assert all((load_study(name).runs / s.folder).is_dir() for s in todo)  # seed 2 goes beside 0 and 1
+
+
+def test_the_headline_trains_only_the_runs_no_export_holds(tmp_path):
+    """Exports moved to another folder still count: (encoding, seed) pairs alibi 0, 1 and rope 0
+    are done, every other run of the grid is trained, each encoding's sweep with its own seeds."""
+    import shutil
+
+    study = load_study("headline")
+    for enc, seed in [("alibi", 0), ("alibi", 1), ("rope", 0)]:
+        shutil.copytree(study.runs / enc / f"seed={seed}", tmp_path / "runs" / f"moved_{enc}" / f"seed={seed}")
+    study.runs, study.out = tmp_path / "runs", tmp_path / "out"
+    todo, have = plan(study)
+    assert have == 3
+    assert {s.folder: s.seeds for s in todo} == {"sinusoidal": (0, 1, 2), "rope": (1, 2), "t5": (0, 1, 2),
+                                                 "alibi": (2,), "nope": (0, 1, 2)}
+
+
+def test_the_report_commands_are_the_shipped_reports():
+    """new_schemes reports the headline's runs beside its own, with the zoo's --by keys and table."""
+    study = load_study("new_schemes")
+    assert report_command(study)[3:] == [
+        "report", "results/baselines/headline", "results/new_schemes/runs", "--out", "results/new_schemes",
+        "--by=model.length_scaling", "--by=model.qk_norm", "--by=model.window", "--log-y"]
+    assert study.report["tables"] == {"encodings.md": "scripts/encoding_table.py"}
+    assert report_command(load_study("headline"))[3:] == [
+        "report", "results/baselines/headline", "--out", "results/headline", "--log-y"]
+
+
+def test_a_folder_names_a_grid_points_runs(tmp_path):
+    body = """out: o
+runs: r
+results: s
+folder: "{stage}/{encoding}"
+stages:
+  - name: x
+    grid: {encoding: [rope, alibi], seed: [0, 1]}
+    overrides: [model.qk_norm=true]
+"""
+    write_study(tmp_path, body)
+    assert [s.folder for s in sweeps(load_study("mini", [tmp_path]))] == ["x/rope", "x/alibi"]
+    write_study(tmp_path, body.replace('"{stage}/{encoding}"', '"{stage}/{point}"'))  # the default
+    assert sweeps(load_study("mini", [tmp_path]))[0].folder == "x/encoding=rope,model.qk_norm=true"
+    write_study(tmp_path, body.replace('"{stage}/{encoding}"', '"{model}"'))
+    with pytest.raises(PosbenchError, match=r"folder '\{model\}' names a key stage x lacks; valid keys: stage, point, "
+                                            "encoding"):
+        sweeps(load_study("mini", [tmp_path]))
+    write_study(tmp_path, body.replace('"{stage}/{encoding}"', '"{stage}"'))
+    with pytest.raises(PosbenchError, match="x encoding=rope,model.qk_norm=true and x encoding=alibi,"
+                                            "model.qk_norm=true share the folder 'x'"):
+        sweeps(load_study("mini", [tmp_path]))
 
 
 def test_a_grid_expands_per_stage_with_its_seeds(tmp_path):
@@ -85,12 +152,14 @@ def test_a_study_trains_exports_reports_and_resumes_by_hash(tmp_path):
     """The run trains once; then neither deleting its run dir nor moving its export makes the
     study train it again: the (config hash, seed) of the export says it is done."""
     cfg = write_study(tmp_path, MINI.format(tmp=tmp_path))
+    (tmp_path / "count.py").write_text("import sys; print(len(open(sys.argv[1]).readlines()))")
     r = posbench("study", "--config-dir", str(cfg), "mini", "--jobs", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 of 1 runs done; 1 to train" in r.stdout and "exported 1 run(s)" in r.stdout
     export = tmp_path / "runs" / "a" / "encoding=alibi" / "seed=0"
     assert {"config.yaml", "results.csv", "blocks.npz"} <= {p.name for p in export.iterdir()}
     assert (tmp_path / "results" / "report.md").is_file()
+    assert (tmp_path / "results" / "lines.txt").read_text() == "3\n"  # report.csv: a header, two lengths
     import shutil
 
     shutil.rmtree(tmp_path / "out")
