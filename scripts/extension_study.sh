@@ -5,7 +5,7 @@
 #
 # Parents: the headline's rope runs (experiment=reference: train_len 128, 4,883 steps of 32
 # windows = 20.0M tokens, warmup-stable-decay to lr 1e-4), trained here where outputs/reference
-# does not hold them (the same command and folder as scripts/reference.sh, so the two share them),
+# does not hold them (the same preset and folder as posbench study headline, so the two share them),
 # and the headline's alibi runs beside them, unextended.
 #
 # Extension by fine-tuning (Chen et al. 2023, PI; Peng et al. 2023, YaRN): each parent continues at

@@ -1,6 +1,6 @@
-# Sourced by the scripts that read the headline's runs (reference.sh, headline_sliding.sh,
-# new_schemes.sh): `study`, the budget study's folder at the reference budget (its runs share the
-# preset's config hash), `sweep`, the preset's own folder (STUDY and SWEEP move them), and
+# Sourced by headline_sliding.sh, which reads the headline's run dirs: `study`, the budget study's
+# folder at the reference budget (its runs share the preset's config hash), `sweep`, the folder
+# `posbench study headline` trains into (STUDY and SWEEP move them), and
 # `find_headline`, which sets `headline` to those of the two that exist.
 steps=$(python -c "from omegaconf import OmegaConf; print(OmegaConf.load('conf/experiment/reference.yaml').train.steps)")
 study=${STUDY:-outputs/budget_study/default}/steps=$steps

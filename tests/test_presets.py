@@ -1,10 +1,6 @@
 """The named experiment presets compose to what their comments promise."""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -75,27 +71,3 @@ def test_reference_is_a_budget_of_the_study_and_pools_with_its_runs():
                     "train.compile=true", f"train.steps={ref.train.steps}", "train.branch_from=outputs/long")
     assert config_hash(ref) == config_hash(study)
     assert config_hash(ref) != config_hash(compose("encoding=alibi", f"train.steps={ref.train.steps}"))  # not cosine
-
-
-def test_reference_script_trains_only_what_the_study_has_not(tmp_path):
-    """scripts/reference.sh with a `posbench` on PATH that records its arguments: an (encoding,
-    seed) the study finished at the preset's budget is read, not trained again."""
-    steps = compose("experiment=reference").train.steps
-    study = tmp_path / "study"
-    for enc, seed in [("alibi", 0), ("alibi", 1), ("rope", 0)]:
-        (study / f"steps={steps}/{enc}/seed={seed}").mkdir(parents=True)
-        (study / f"steps={steps}/{enc}/seed={seed}/results.csv").write_text("")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "posbench").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
-    (bin_dir / "posbench").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "STUDY": str(study), "SWEEP": str(tmp_path / "ref"), "RESULTS": str(tmp_path / "res"),
-           "ENCODINGS": "alibi,rope,nope"}
-    proc = subprocess.run(["bash", ROOT / "scripts/reference.sh"], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    calls = sorted((tmp_path / "calls").read_text().splitlines())
-    trains = sorted(re.search(r"encoding=(\S+) seed=(\S+)", c).groups() for c in calls if c.startswith("-m train"))
-    assert trains == [("alibi", "2"), ("nope", "0,1,2"), ("rope", "1,2")]
-    assert all("experiment=reference" in c for c in calls if c.startswith("-m train"))
-    assert [c for c in calls if c.startswith("report")] == [f"report {study}/steps={steps} --out {tmp_path}/res --log-y"]
