@@ -16,7 +16,7 @@ of a short one, and prints beside each setting the wall time of the default comp
 sweep's wall time x 9, as the two jobs here (alibi and rope) stand for a pair of its jobs.
 
 Settings: `basic` (Hydra's sequential launcher, each job with all cores' torch threads),
-`local_parallel` with n_jobs = 2 (each job with cores / 2 threads, see posbench.cli._share_cores),
+`local_parallel` with n_jobs = 2 (each job with cores / 2 threads, see posbench.cli.hydra_apps._use_threads),
 and local_parallel with `train.compile=true` or with twice the batch (tokens/s per window of work).
 """
 

@@ -144,7 +144,7 @@ def test_train_log_keeps_what_the_run_printed(smoke_run, tmp_path):
 def test_a_new_run_dir_with_an_equals_sign_is_taken_as_typed():
     """`hydra.run.dir=runs/threads=2` failed in Hydra's grammar ("mismatched input '='") before the
     dir existed; a new run or sweep dir is quoted like an existing one."""
-    from posbench.cli import path_arguments
+    from posbench.cli.validate import path_arguments
 
     assert path_arguments("train", ["hydra.run.dir=runs/threads=2", "seed=1"], False) == [
         "hydra.run.dir='runs/threads=2'", "seed=1"]
@@ -155,7 +155,7 @@ def test_a_new_run_dir_with_an_equals_sign_is_taken_as_typed():
 
 def test_a_parent_run_dir_of_a_sweep_is_taken_as_typed(tmp_path):
     """A sweep job's dir (`rope/experiment=zoo_quick,seed=0`) as train.init_from or branch_from."""
-    from posbench.cli import path_arguments
+    from posbench.cli.validate import path_arguments
 
     job = tmp_path / "rope" / "experiment=zoo_quick,seed=0"
     job.mkdir(parents=True)

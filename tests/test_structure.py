@@ -129,9 +129,11 @@ def test_stage_of_names_a_stray_module():
 
 
 def test_top_level_modules_are_entry_points_or_the_base():
-    """Every other module sits in a stage folder (the model stage's too: posbench/model/)."""
+    """Every other module sits in a stage folder (the model stage's too: posbench/model/; the
+    commands' dispatch, verbs, validation and failure policy: posbench/cli/)."""
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert top == {"errors", "config", "intervals", "plugins", "cli", "bench", "convert", "study", "testing"}
+    assert top == {"errors", "config", "intervals", "plugins", "bench", "convert", "study", "testing"}
+    assert (PACKAGE / "cli" / "__init__.py").is_file() and stage_of("posbench.cli.validate") == len(STAGES) - 1
 
 
 def test_every_module_has_a_stage():

@@ -5,14 +5,14 @@ before Hydra writes its ``.hydra/`` files and job log there (the task then takes
 lock itself, :func:`posbench.runs.lock.hold`).
 
 :class:`SweepFailures`: a failing sweep job writes ``FAILED`` (its error) in its job dir and the sweep goes on
-(see ``posbench.cli.user_errors``). With the basic launcher the jobs run in this process,
+(see ``posbench.cli.failures.user_errors``). With the basic launcher the jobs run in this process,
 which counts them; with ``hydra/launcher=local_parallel`` or ``slurm`` they do not, so at
 the end of the sweep this callback collects the ``FAILED`` files written during it and
 the sweep exits 1 naming them, whatever the launcher.
 
 :class:`NewRunDir`: the folders a single run's dir is about to create (``outputs/train/alibi/...``),
 so that a run that fails before writing anything removes all of them, not only its own dir
-(``posbench.cli._remove_fresh_run_dir``).
+(``posbench.cli.failures``).
 
 :class:`SweepSummary`: a sweep ends with where its results are and the command that reads them
 (``sweep dir: ...``, ``next: posbench report ...``); Hydra itself only says how many jobs it launched.

@@ -1,0 +1,78 @@
+"""``posbench check ENCODING``: the conformance checks (:mod:`posbench.testing`) on a built-in, a
+plugin, a config dir's encoding or a class named ``pkg.module:Class``, one line a check."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import fail
+from .validate import check_plugin_yaml, existing_dirs
+
+HELP = "run the conformance checks on an encoding (a name or pkg.module:Class), as the zoo's tests do"
+
+
+def config_dir_encoding(name: str, dirs: list[Path]) -> tuple[type | None, dict]:
+    """``posbench check --config-dir DIR NAME``: the class and options of ``DIR/encoding/NAME.yaml``
+    (its ``_target_``, or the built-in it sets options of), or (None, {}) where no dir has it.
+    Options that interpolate a run's keys (``${train.train_len}``) take the constructor's default."""
+    from ..encodings import encoding_class
+    from ..plugins import META_KEYS
+
+    for d in dirs:
+        path = d / "encoding" / f"{name}.yaml"
+        if path.is_file():
+            cfg = check_plugin_yaml(path)
+            options = {k: v for k, v in cfg.items() if k != "name" and k not in META_KEYS
+                       and not (isinstance(v, str) and "${" in v)}
+            return encoding_class(cfg), options
+    return None, {}
+
+
+def main(args: list[str]) -> None:
+    from ..model.conformance import CHECKS, ConformanceError, check_encoding, resolve
+
+    parser = argparse.ArgumentParser(prog="posbench check", description=HELP,
+                                     epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")
+    parser.add_argument("encoding", help="a registered name, a config dir's encoding (--config-dir), or the class as "
+                                         "pkg.module:Class")
+    parser.add_argument("options", nargs="*", metavar="KEY=VALUE",
+                        help="constructor options (YAML values); model.KEY=VALUE: a model option to check with it "
+                             "(e.g. model.length_scaling=ssmax)")
+    parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run (default: all)")
+    parser.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                        help="read ENCODING from DIR/encoding/ENCODING.yaml: its _target_ (or built-in name) and "
+                             "its options, which KEY=VALUE options override")
+    ns = parser.parse_args(args)
+    import yaml
+
+    cls, options = config_dir_encoding(ns.encoding, existing_dirs(ns.config_dir))
+    model = {}
+    for item in ns.options:
+        key, eq, value = item.partition("=")
+        if not eq:
+            fail(f"option {item!r} is not KEY=VALUE; valid: e.g. base=500000.0")
+        if key.startswith("model."):
+            model[key.removeprefix("model.")] = yaml.safe_load(value)
+        else:
+            options[key] = yaml.safe_load(value)  # 2.0 -> float, true -> bool, as in a config file
+    if model:
+        from ..config import model_config
+
+        model_config(model)  # an unknown or bad model option is one line
+    from ..config import check_options
+
+    cls = cls or resolve(ns.encoding)
+    check_options(cls, options, "encoding", cls.name or cls.__name__)  # names and types, as posbench train does
+    checks = [c for c in ns.only.split(",") if c]
+    failed = 0
+    for check in checks:
+        try:
+            check_encoding(cls, options, [check], model=model)
+            print(f"ok    {check}")
+        except ConformanceError as e:
+            failed += 1
+            print(f"FAIL  {check}: {e}")
+    print(f"{cls.name or cls.__name__}: {len(checks) - failed} of {len(checks)} checks passed")
+    if failed:
+        raise SystemExit(1)

@@ -1,0 +1,70 @@
+"""``posbench report DIRS``: the tables and figures of many run dirs (:mod:`posbench.report` draws
+them), or ``--export-baseline`` to keep what paired intervals need of them."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import PosbenchError
+
+HELP = "gather results.csv (and tasks.csv) files under run/sweep dirs into tables and figures"
+
+
+def main(args: list[str]) -> None:
+    from ..report.baselines import export_baseline, resolve_baseline, shipped_baselines
+    from ..report.probes import THRESHOLD
+    from ..report.tables import REFERENCE, report
+
+    parser = argparse.ArgumentParser(prog="posbench report", description=HELP)
+    parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs, results.csv or tasks.csv files")
+    parser.add_argument("--out", help="where the report files go (default: the single dir given, else ./report)")
+    parser.add_argument("--format", default="md", choices=["md", "latex"],
+                        help="table printed: Markdown (default) or LaTeX/booktabs (also written as report.tex)")
+    parser.add_argument("--log-y", action="store_true", help="log-scale perplexity axis (default: linear)")
+    ref = parser.add_mutually_exclusive_group()
+    ref.add_argument("--reference", default="auto", metavar="PATH",
+                     help=f"published results (encoding,train_len,eval_len,ppl) drawn beside ours (default: {REFERENCE} when it exists)")
+    ref.add_argument("--no-reference", action="store_true", help="leave out the published-results panel")
+    parser.add_argument("--by", action="append", default=[], metavar="KEY",
+                        help="a dotted config key (e.g. encoding.bias_scale, model.embed_scale, train.steps) whose "
+                             "value joins each line's label, so runs that differ in it are lines of their own; "
+                             "repeat or comma-separate for several")
+    parser.add_argument("--baseline", action="append", default=[], metavar="NAME|DIR",
+                        help="shipped runs reported beside yours with paired intervals, without retraining them: "
+                             f"a shipped baseline ({', '.join(shipped_baselines()) or 'none shipped'}) or a folder "
+                             "made by --export-baseline; repeatable")
+    parser.add_argument("--threshold", type=float, default=None, metavar="SCORE",
+                        help="the score in [0, 1] a probe's effective length keeps at every length up to it "
+                             "(RULER's rule; default 0.5)")
+    parser.add_argument("--lines", action="append", default=[], metavar="NAMES",
+                        help="the lines the per-line figures (report.png, positions, training) draw, comma-separated "
+                             "as the table or legend names them (default: all up to 8 lines; past 8, the report "
+                             "draws ranked.png and tradeoff.png of every line and picks the best, the worst and the "
+                             "baselines)")
+    parser.add_argument("--mix", action="store_true",
+                        help="report runs scored on different text (corpus, split, vocabulary, scored tokens) "
+                             "together, each text's lines apart (default: refuse, naming what differs)")
+    parser.add_argument("--export-baseline", metavar="OUT",
+                        help="instead of a report, write what paired intervals need of the runs under DIRS "
+                             "(results, config, per-block NLL sums: a few KiB per run) to OUT")
+    ns = parser.parse_args(args)
+    if ns.export_baseline:
+        written = export_baseline(ns.dirs, ns.export_baseline)
+        print(f"wrote {len(written)} run(s) to {ns.export_baseline}: posbench report <your runs> "
+              f"--baseline {ns.export_baseline}")
+        return
+    by = [k for arg in ns.by for k in arg.split(",") if k]
+    threshold = THRESHOLD if ns.threshold is None else ns.threshold
+    if not 0 <= threshold <= 1:
+        raise PosbenchError(f"report: --threshold {threshold:g} is not valid; valid: a score in [0, 1], e.g. 0.5")
+    baselines = [str(resolve_baseline(b)) for b in ns.baseline]
+    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
+                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines)
+    if done.header:
+        print(done.header + "\n")
+    if done.table:
+        print(done.table)
+        print("\n" + "\n".join(done.text))
+    if done.tasks is not None:
+        print(("\n" if done.table else "") + done.tasks.table)
+    print(f"\nwrote {', '.join(map(str, done.files))}")
