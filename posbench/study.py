@@ -237,6 +237,9 @@ def train_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) 
             f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir='seed=${seed}'"]
 
 
+EXPORT_EVERY = 60.0  # seconds between looks for finished runs in the sweeps still running
+
+
 def export(study: Study, sweep: Sweep) -> list[Path]:
     """Export the finished runs of one sweep to ``runs/<folder>/seed=N``; -> those written."""
     from .report.baselines import export_baseline
@@ -265,9 +268,12 @@ def _remove_tree(path: Path) -> None:
 
 
 def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> list[str]:
-    """Run the sweeps side by side, at most ``jobs`` runs at once; export each as it ends.
+    """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
+    ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
+    first seed's run even when the study is cut off before the last), and each sweep as it ends.
     -> the sweeps that failed (their logs' paths)."""
     waiting, running, failed = list(todo), [], []
+    last_export = time.monotonic()
     while waiting or running:
         busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
         while waiting and (not running or busy + min(jobs, len(waiting[0].seeds)) <= jobs):
@@ -284,6 +290,11 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             running.append((sweep, proc, log))
             busy += min(jobs, len(sweep.seeds))
         time.sleep(1.0)
+        if time.monotonic() - last_export >= EXPORT_EVERY:  # a sweep's seeds run one after another
+            last_export = time.monotonic()
+            for sweep, _, _ in running:
+                for dest in export(study, sweep):
+                    print(f"study {study.name}: exported {dest}", flush=True)
         for item in [r for r in running if r[1].poll() is not None]:
             running.remove(item)
             sweep, proc, log = item

@@ -2,6 +2,7 @@
 export or finished run holds them, exported, reported; one-line errors for a bad study."""
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -173,3 +174,19 @@ def test_a_study_trains_exports_reports_and_resumes_by_hash(tmp_path):
     (cfg / "study" / "mini.yaml").write_text(MINI.format(tmp=tmp_path).replace("seed: [0]", "seed: [0, 1]"))
     todo, have = plan(load_study("mini", [cfg]))
     assert have == 1 and [s.seeds for s in todo] == [(1,)]
+
+
+def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch):
+    """A sweep whose seeds run one after another: its finished runs are looked for every
+    EXPORT_EVERY seconds, not only when the whole sweep ends."""
+    import posbench.study as st
+
+    write_study(tmp_path, MINI.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+    calls = []
+    monkeypatch.setattr(st, "EXPORT_EVERY", 0.5)
+    monkeypatch.setattr(st, "train_command", lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(3)"])
+    monkeypatch.setattr(st, "export", lambda study, sweep: calls.append(time.monotonic()) or [])
+    start = time.monotonic()
+    assert st.train(study, sweeps(study), jobs=1) == []
+    assert len(calls) >= 3 and calls[0] - start < 2.5  # during the sweep, then at its end
