@@ -409,12 +409,29 @@ def run_child(spec: dict, timeout: float = 900) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode == 0 and lines:
         return json.loads(lines[-1])
-    err = done.stderr.strip().splitlines()
-    last = err[-1] if err else f"exit {done.returncode}"
-    if "memory" in last.lower() or done.returncode == -9:
+    error = error_line(done.stderr, done.returncode)
+    if "memory" in error.lower() or done.returncode == -9:
         return {"error": "out of GPU memory" if gpu and done.returncode != -9 else
                 f"out of memory ({MEMORY_CAP >> 30} GiB cap)"}
-    return {"error": last[:200]}
+    return {"error": error[:200]}
+
+
+def error_line(stderr: str, returncode: int) -> str:
+    """A failed child's error in one line: the first line of the exception that ended it (its
+    type and message), read after the last ``Traceback`` header of ``stderr``. Not the last
+    line: torch dynamo's messages end with advice ("Set TORCHDYNAMO_VERBOSE=1 ..."). A first
+    line that ends in ":" introduces its cause (dynamo's "backend='inductor' raised:"), so the
+    next line is joined to it. Without a traceback (a signal, a crash in C): stderr's last line,
+    or the exit status."""
+    lines = stderr.strip().splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    # the frames are indented; the exception's first line is the first one after them that is not
+    start = headers[-1] + 1 if headers else len(lines)
+    for i, line in enumerate(lines[start:], start):
+        if line and not line[0].isspace():
+            after = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"{line.rstrip()} {after}" if line.rstrip().endswith(":") and after else line.rstrip()
+    return lines[-1] if lines else f"exit {returncode}"
 
 
 def flops_per_token(train_len: int, shape: dict | None = None) -> float:

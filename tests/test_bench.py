@@ -3,13 +3,15 @@
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import torch
 import pytest
 
 from conftest import posbench
-from posbench.bench import flops_per_token, measured, targets
+from posbench.bench import error_line, flops_per_token, measured, run_child, targets
 from posbench.model.build import keep_freed_memory
 
 
@@ -77,6 +79,51 @@ def test_bench_on_a_gpu_where_none_is_visible_is_one_line(tmp_path):
 def test_bench_without_the_peer_library_says_how_to_get_it(tmp_path):
     done = posbench("bench", "--encodings", "alibi", "--out", str(tmp_path / "b"), check=False)
     assert done.returncode == 2 and '.[bench]' in done.stderr and "--no-peer" in done.stderr
+
+
+# A child that fails in torch.compile twice: dynamo's backend error, then, while handling it, a
+# graph break under fullgraph. Both messages end with dynamo's advice to set TORCHDYNAMO_VERBOSE=1.
+DYNAMO_FAILURE = """
+import torch
+
+def broken_backend(gm, inputs):
+    raise RuntimeError("no kernel for this block mask")
+
+def add_one(x):
+    return x + 1
+
+def breaks(x):
+    torch._dynamo.graph_break()
+    return x + 1
+
+try:
+    torch.compile(add_one, backend=broken_backend)(torch.ones(2))
+except Exception:
+    torch.compile(breaks, fullgraph=True, backend="eager")(torch.ones(2))
+"""
+
+
+def test_a_failed_child_is_recorded_by_its_exceptions_first_line(monkeypatch):
+    """Not by stderr's last line, which for a dynamo error is "Set TORCHDYNAMO_VERBOSE=1 ...": the
+    child's real stderr, handed to run_child as a child's."""
+    failed = subprocess.run([sys.executable, "-c", DYNAMO_FAILURE], capture_output=True, text=True)
+    assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1].startswith("Set TORCHDYNAMO_VERBOSE=1")
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: failed)
+    error = run_child({"what": "model"})["error"]  # the last exception, raised while handling the first
+    assert error.startswith("torch._dynamo.exc.Unsupported: ") and "graph_break()" in error and "\n" not in error
+
+
+def test_error_line_joins_a_cause_and_falls_back_without_a_traceback():
+    backend = ("Traceback (most recent call last):\n  File \"bench.py\", line 3, in step\n    loss = step(x)\n"
+               "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+               "RuntimeError: no kernel for this block mask\nsecond line\n\n"
+               "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n")
+    assert error_line(backend, 1) == ("torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised: "
+                                      "RuntimeError: no kernel for this block mask")
+    plain = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: bad\n'
+    assert error_line(plain, 1) == "ValueError: bad"
+    assert error_line("loading\nSegmentation fault\n", -11) == "Segmentation fault"
+    assert error_line("", -11) == "exit -11"
 
 
 def test_targets_are_judged_on_the_figures():
