@@ -93,7 +93,7 @@ def test_multirun_sweep_and_report(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["encoding=alibii"], "unknown encoding 'alibii'; valid choices: alibi, "),
-    (["model=huge"], "unknown model 'huge'; valid choices: alibi_paper, base, small, task, tiny"),
+    (["model=huge"], "unknown model 'huge'; valid choices: alibi_paper, base, base_nodropout, small, task, tiny"),
     (["model.n_heads=7"], "model.n_heads=7 does not divide model.d_model=64"),
     (["train.steps=abc"], "train.steps must be int, got 'abc'"),
     (["train.lr=-1"], "train.lr must be > 0, got -1.0"),

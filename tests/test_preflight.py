@@ -20,7 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from posbench import bench
-from posbench import preflight
+from posbench.model import preflight
 from posbench.model.build import autocast, autocast_dtype, build_model, keep_freed_memory
 from posbench.config import conf_dir
 from posbench.config import TrainConfig, typed
