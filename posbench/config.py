@@ -146,8 +146,10 @@ class TrainConfig:
     ckpt_every: int = 100
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
     compile: bool | str = "auto"  # torch.compile the model for training: true, false, or auto (compile_policy)
-    preflight: bool = True  # refuse a training step whose estimated memory exceeds this machine's (posbench.model.preflight)
-    random_positions: int | None = None  # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
+    # refuse a training step whose estimated memory exceeds this machine's (posbench.model.preflight)
+    preflight: bool = True
+    # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
+    random_positions: int | None = None
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.train.optim)
     decay_frac: float = 0.2  # wsd: the last fraction of the steps that cools the learning rate down
     save_steps: list[int] = field(default_factory=list)  # also keep checkpoints/step_<N>.pt at these steps
@@ -179,7 +181,8 @@ class TrainConfig:
             raise PosbenchError(f"train.branch_from needs train.schedule=wsd (got {self.schedule!r}): only a "
                                 "warmup-stable-decay run shares its steps before the decay with a longer run")
         if self.init_from is not None and self.branch_from is not None:
-            raise PosbenchError("train.init_from and train.branch_from both name a run to start from; valid: one of them")
+            raise PosbenchError("train.init_from and train.branch_from both name a run to start from; "
+                                "valid: one of them")
         if self.random_positions is not None and not self.random_positions >= self.train_len:
             raise PosbenchError(f"train.random_positions={self.random_positions} is shorter than train.train_len="
                                 f"{self.train_len}; valid: null (positions 0..T-1) or an integer >= {self.train_len}")
@@ -429,8 +432,9 @@ def model_config(node) -> ModelConfig:
     for key in ("d_model", "n_layers", "n_heads", "d_ff", "attn_chunk"):
         positive(f"model.{key}", getattr(cfg, key))
     if cfg.d_model % cfg.n_heads:
+        valid = [h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0 and h <= 64]
         raise PosbenchError(f"model.n_heads={cfg.n_heads} does not divide model.d_model={cfg.d_model}; "
-                            f"valid head counts: {[h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0 and h <= 64]}")
+                            f"valid head counts: {valid}")
     if not 0 <= cfg.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.window < 0:
@@ -550,8 +554,8 @@ def hashed_part(data: dict) -> dict:
     """The part of a config (plain containers) that :func:`config_hash` covers: without
     ``NOT_HASHED``, ``data.cache_dir``, ``NOT_HASHED_TRAIN``, the ``HASHED_UNLESS_NULL_TRAIN``
     keys at null and a plugin encoding's import information (``encoding._target_``,
-    ``encoding._package_``: moving or upgrading the plugin's code keeps its runs). The one place that says which keys shape the trained model (the report's
-    config diff reads it too)."""
+    ``encoding._package_``: moving or upgrading the plugin's code keeps its runs). The one place
+    that says which keys shape the trained model (the report's config diff reads it too)."""
     kept = {k: v for k, v in data.items() if k not in NOT_HASHED}
     if "data" in kept:
         kept["data"] = {k: v for k, v in kept["data"].items() if k != "cache_dir" and not _implied(f"data.{k}", v)}

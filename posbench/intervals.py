@@ -25,8 +25,9 @@ near the normal 1.96. :func:`combined_interval`; ``tests/test_intervals.py`` che
 by simulation, with seeds and text both varying: 0.93-0.98 with 3 or more seeds; with 2 seeds
 0.85-0.97, since one degree of freedom makes the seeds' variance (and so the df) a rough guess
 when the text's variance is comparable (t at 1 df would cover always, at five times the width).
-``ci_method`` names what a row's interval holds: ``seeds+text``; ``text (1 seed)`` where a line has one seed (its seeds' spread is unknown, so the
-interval covers the text only, and figures mark those cells); ``t`` for runs without per-token
+``ci_method`` names what a row's interval holds: ``seeds+text``; ``text (1 seed)`` where a line
+has one seed (its seeds' spread is unknown, so the interval covers the text only, and figures
+mark those cells); ``t`` for runs without per-token
 NLL (the seeds only); ``none``.
 
 **The block bootstrap of the text**: every length of every run scores the same tokens 1 .. n of

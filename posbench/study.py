@@ -286,7 +286,8 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             with open(log, "a") as f:
                 f.write("$ " + shlex.join(cmd) + "\n")
                 f.flush()
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
             running.append((sweep, proc, log))
             busy += min(jobs, len(sweep.seeds))
         time.sleep(1.0)

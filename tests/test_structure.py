@@ -168,3 +168,16 @@ def test_code_version_says_when_the_checkout_differs_from_its_commit(tmp_path):
     assert clean.startswith("0.1.0+") and not clean.endswith(".dirty")
     (copy / "errors.py").write_text((copy / "errors.py").read_text() + "\n# changed\n")
     assert read() == clean + ".dirty"
+
+
+def test_ruff_finds_nothing():
+    """``ruff check posbench`` passes with the rules pyproject.toml selects, so style is never a review topic."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (pip install -e .[test] installs it)")
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "posbench"]
+    found = subprocess.run(command, cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout + found.stderr

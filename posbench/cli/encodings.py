@@ -23,8 +23,8 @@ def encoding_param_counts(names: list[str], broken: dict[str, str] | None = None
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    from ..model.build import build_model
     from ..encodings import ENCODINGS, PLUGINS, plugin_config
+    from ..model.build import build_model
 
     with initialize_config_dir(str(conf_dir()), version_base=None):
         cfg = compose(HYDRA_APPS["train"])

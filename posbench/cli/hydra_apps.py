@@ -18,8 +18,17 @@ from pathlib import Path
 from ..config import conf_dir
 from ..errors import SWEEP_FAILURES, PosbenchError, fail
 from .failures import user_errors
-from .validate import (check_app_groups, check_encoding_options, check_group_choices, check_hydra_flags,
-                       fill_choice_names, group_choices, hydra_error, store_plugin_configs, user_config_dirs)
+from .validate import (
+    check_app_groups,
+    check_encoding_options,
+    check_group_choices,
+    check_hydra_flags,
+    fill_choice_names,
+    group_choices,
+    hydra_error,
+    store_plugin_configs,
+    user_config_dirs,
+)
 
 HYDRA_APPS = {"train": "app_train", "eval": "app_eval"}  # command -> its config in conf/
 HELP = {"train": "train a model with one encoding on short windows, then evaluate it at growing lengths",

@@ -23,7 +23,8 @@ def main(args: list[str]) -> None:
     parser.add_argument("--log-y", action="store_true", help="log-scale perplexity axis (default: linear)")
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--reference", default="auto", metavar="PATH",
-                     help=f"published results (encoding,train_len,eval_len,ppl) drawn beside ours (default: {REFERENCE} when it exists)")
+                     help="published results (encoding,train_len,eval_len,ppl) drawn beside ours "
+                          f"(default: {REFERENCE} when it exists)")
     ref.add_argument("--no-reference", action="store_true", help="leave out the published-results panel")
     parser.add_argument("--by", action="append", default=[], metavar="KEY",
                         help="a dotted config key (e.g. encoding.bias_scale, model.embed_scale, train.steps) whose "

@@ -167,8 +167,8 @@ def check_encoding_options(config) -> None:
     plugin) does not take or that has another type than it declares."""
     from omegaconf import OmegaConf
 
-    from ..encodings import encoding_class
     from ..config import check_options
+    from ..encodings import encoding_class
 
     options = OmegaConf.to_container(config.encoding, resolve=True)
     check_options(encoding_class(options), options, "encoding", str(options.get("name")))
@@ -328,7 +328,8 @@ def check_hydra_flags(command: str, args: list[str]) -> list[str]:
     if ns.resolve and not ns.cfg:
         fail(f"posbench {command}: --resolve only works with --cfg; valid: --cfg job --resolve")
     if ns.package and not ns.cfg:
-        fail(f"posbench {command}: --package {ns.package} only works with --cfg; valid: --cfg job --package {ns.package}")
+        fail(f"posbench {command}: --package {ns.package} only works with --cfg; "
+             f"valid: --cfg job --package {ns.package}")
     if ns.experimental_rerun and not Path(ns.experimental_rerun).is_file():
         fail(f"posbench {command}: --experimental-rerun {ns.experimental_rerun!r} is not a file; "
              "valid: a run's .hydra/config.pickle")

@@ -401,8 +401,9 @@ def build_pypi(cfg, root: Path, log=print, tokenizer=None, eos_token: str = EOS)
         arrays[split] = np.concatenate([np.asarray(ids + tail, dtype) for _, ids in kept])
         lengths[split] = {doc_id: len(ids) for doc_id, ids in kept}
     manifest = pypi.manifest(cfg, read, docs, lengths, arrays, len(tail))
+    trained_on = "the training split" if tokenizer is None else "given (a pretrained model's)"
     manifest["tokenizer"] = {"vocab_size": tok.get_vocab_size(), "min_frequency": int(cfg.min_frequency),
-                             "trained_on": "the training split" if tokenizer is None else "given (a pretrained model's)"}
+                             "trained_on": trained_on}
     return tok, arrays, manifest
 
 

@@ -55,7 +55,8 @@ def prepare(cfg: DataConfig, copy_to: str | None = None, log=print) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posbench.data.prepare", description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="posbench train's overrides, e.g. data=pycode data.train_tokens=N")
-    parser.add_argument("--copy-to", metavar="DIR", help="copy the entry alone into DIR (use it with data.cache_dir=DIR)")
+    parser.add_argument("--copy-to", metavar="DIR",
+                        help="copy the entry alone into DIR (use it with data.cache_dir=DIR)")
     args = parser.parse_args(argv)
     from hydra.errors import HydraException
 

@@ -280,9 +280,9 @@ def make_task(cfg: TaskConfig) -> Task:
     own = _own_options(cls)
     unknown = sorted(set(cfg.options) - set(own))
     if unknown:
+        common = [f.name for f in dataclasses.fields(TaskConfig) if f.name not in ("target", "options")]
         raise PosbenchError(f"task.{unknown[0]} is not an option of task {cfg.name!r}; valid: "
-                            f"{', '.join(f.name for f in dataclasses.fields(TaskConfig) if f.name not in ('target', 'options'))}"
-                            + (f", {', '.join(own)}" if own else ""))
+                            f"{', '.join(common)}" + (f", {', '.join(own)}" if own else ""))
     return cls(cfg.symbols, **cfg.options)
 
 

@@ -73,5 +73,6 @@ def saved_options(cfg: Mapping[str, Any]) -> dict:
     return {**(cls.former_defaults if cls else {}), **cfg}
 
 
-__all__ = ["ENCODINGS", "HOOKS", "PLUGINS", "REGISTRY", "ModelDims", "PositionEncoding", "PositionRangeError", "build_encoding",
-           "check_plugins", "encoding_class", "plugin_config", "register", "register_plugin", "saved_options"]
+__all__ = ["ENCODINGS", "HOOKS", "PLUGINS", "REGISTRY", "ModelDims", "PositionEncoding", "PositionRangeError",
+           "build_encoding", "check_plugins", "encoding_class", "plugin_config", "register", "register_plugin",
+           "saved_options"]

@@ -7,8 +7,9 @@ it needs; the attention kernel picks its path from which hooks are overridden
 both of which default to the slow path that is right for every encoding:
 ``layer_invariant_bias`` (False: the bias is rebuilt in every layer; True lets one bias built in
 layer 0 serve every layer) and ``relative_bias`` (False: the bias is built per query chunk; True
-lets one Toeplitz table serve every chunk at consecutive positions); and two methods, :meth:`~PositionEncoding.pair_cost`
-and :meth:`~PositionEncoding.logit_scale`. An encoding sets a flag to True only where its bias
+lets one Toeplitz table serve every chunk at consecutive positions); and two methods,
+:meth:`~PositionEncoding.pair_cost` and :meth:`~PositionEncoding.logit_scale`. An encoding sets
+a flag to True only where its bias
 has that property; ``tests/test_encodings.py`` checks every registered encoding against a
 forward pass that shares nothing between layers. A third attribute, ``reads_positions``, is
 read by no kernel: True unless the output ignores the position values (randomized positions

@@ -143,7 +143,8 @@ class T5Bias(PositionEncoding):
             raise PosbenchError(f"t5 needs num_buckets >= 2 and max_distance > num_buckets / 2, got "
                                 f"num_buckets={num_buckets}, max_distance={max_distance}")
         if bias_scale not in T5_BIAS_SCALES:
-            raise PosbenchError(f"t5 bias_scale {bias_scale!r} is not valid; valid choices: {', '.join(T5_BIAS_SCALES)}")
+            raise PosbenchError(f"t5 bias_scale {bias_scale!r} is not valid; "
+                                f"valid choices: {', '.join(T5_BIAS_SCALES)}")
         self.bias_scale = str(bias_scale)
         self.scale = dims.head_dim ** 0.5 if self.bias_scale == "sqrt_head_dim" else 1.0
         self.init_std = None if init_std is None else float(init_std)

@@ -48,7 +48,8 @@ class CoPE(PositionEncoding):
         if float(init_std) < 0:
             raise PosbenchError(f"cope init_std must be >= 0, got {init_std}")
         self.init_std = float(init_std)
-        self.pos_emb = nn.Parameter(torch.randn(dims.n_layers, self.max_pos + 1, dims.head_dim) * self.init_std)  # e[0..p_max]
+        # e[0..p_max]
+        self.pos_emb = nn.Parameter(torch.randn(dims.n_layers, self.max_pos + 1, dims.head_dim) * self.init_std)
 
     def pair_cost(self) -> int:
         return 3 * self.dims.n_heads  # gates / positions, their floor (int64), the gathered terms

@@ -33,7 +33,8 @@ from .rotary import apply_rotary, rope_angles
 class Forgetting(PositionEncoding):
     name = "fox"
     paper = "Lin et al. 2025, Forgetting Transformer (FoX)"
-    description = "a forget gate per head and token from the layer's input: logits gain sum of log f between key and query"
+    description = ("a forget gate per head and token from the layer's input: "
+                   "logits gain sum of log f between key and query")
     reads_positions = False
 
     def __init__(self, dims: ModelDims, rope: bool = False, base: float = 10000.0, init_std: float = 0.02):

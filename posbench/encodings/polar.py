@@ -43,7 +43,8 @@ class Polar(PositionEncoding):
     def __init__(self, dims: ModelDims, base: float = 10000.0, bias_init: str = "zero"):
         super().__init__(dims)
         if bias_init not in BIAS_INITS:
-            raise PosbenchError(f"encoding.bias_init={bias_init!r} is not valid; valid choices: {', '.join(BIAS_INITS)}")
+            raise PosbenchError(f"encoding.bias_init={bias_init!r} is not valid; "
+                                f"valid choices: {', '.join(BIAS_INITS)}")
         hs = dims.head_dim
         self.base, self.bias_init = float(base), bias_init
         self.register_buffer("inv_freq", self.base ** (-torch.arange(hs, dtype=torch.float32) / hs), persistent=False)

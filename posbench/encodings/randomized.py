@@ -9,8 +9,9 @@ training covered, only spaced differently. The reference is deepmind/randomized_
 ``models/positional_encodings.py`` (``noisy_fixed_positional_encodings``), which samples
 ``sequence_length`` indexes of ``arange(max_time)`` without replacement and sorts them.
 
-:func:`posbench.data.positions.random_positions` draws the positions (a sampler, in the data stage); :meth:`posbench.model.transformer.LanguageModel.forward` takes
-them (``positions=``); :func:`check_random_positions` says whether a run can use them at all.
+:func:`posbench.data.positions.random_positions` draws the positions (a sampler, in the data
+stage); :meth:`posbench.model.transformer.LanguageModel.forward` takes them (``positions=``);
+:func:`check_random_positions` says whether a run can use them at all.
 
 Cost: with gaps, a relative bias past one query chunk is built per chunk and layer instead of
 sliced from one Toeplitz matrix (:mod:`posbench.model.attention`), and the by-distance terms of

@@ -317,7 +317,8 @@ class PartialRotary(Rotary):
 
     name = "p_rope"
     paper = "Barbero et al. 2025, Round and Round We Go! (p-RoPE); GPT-NeoX rotary_pct"
-    description = "rope on the highest fraction p of its frequencies (or NeoX's first p of the dims), the rest unrotated"
+    description = ("rope on the highest fraction p of its frequencies (or NeoX's first p of the dims), "
+                   "the rest unrotated")
 
     def __init__(self, dims: ModelDims, fraction: float = 0.75, form: str = "highest", base: float = 10000.0,
                  pairing: str = "half"):

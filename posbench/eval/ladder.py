@@ -39,17 +39,17 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..config import EvalConfig, code_version, config_hash, typed
 from ..data.corpus import load_corpus
 from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
+from ..encodings.extension import Extension
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable, rope_scaling, scaling_factor
 from ..errors import PosbenchError
-from ..encodings.extension import Extension
-from ..model.transformer import LanguageModel
+from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..model.preflight import check_evaluation
+from ..model.transformer import LanguageModel
 from ..runs import threads
 from ..runs.rundir import RunDir, load_checkpoint
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
@@ -96,7 +96,8 @@ def text_size(tokenizer, ids) -> tuple[int, int]:
     decode = _byte_decoder()
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
     try:
-        table = {i: None if tok in special else bytes(decode[c] for c in tok) for tok, i in tokenizer.get_vocab().items()}
+        table = {i: None if tok in special else bytes(decode[c] for c in tok)
+                 for tok, i in tokenizer.get_vocab().items()}
     except KeyError:  # not byte-level BPE (a pretrained model's SentencePiece vocabulary): decode the text
         return _decoded_size(tokenizer, ids, special)
     docs, current = [], bytearray()

@@ -64,7 +64,8 @@ class NeedlesConfig:
         for name in ("trials", "keys", "values"):
             positive(f"probe.{name}", getattr(self, name))
         if self.keys > len(WORDS):
-            raise PosbenchError(f"probe.keys={self.keys} is more than the {len(WORDS)} key words; valid: 1..{len(WORDS)}")
+            raise PosbenchError(f"probe.keys={self.keys} is more than the {len(WORDS)} key words; "
+                                f"valid: 1..{len(WORDS)}")
         not_empty("probe.lengths", self.lengths, "null (probe.multiples x train.train_len) "
                   "or a list of positive prompt lengths, e.g. [256,1024]")
         not_empty("probe.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
@@ -158,7 +159,8 @@ class Needles(Probe):
     def run(self, subject: Subject, lengths: list[int]) -> list[dict]:
         cases = instances(self.options)
         return score_cells(self.name, subject.model,
-                           lambda length, depth: [needles_prompt(subject.tokenizer, length, depth, inst) for inst in cases],
+                           lambda length, depth: [needles_prompt(subject.tokenizer, length, depth, inst)
+                                                  for inst in cases],
                            lengths, self.options.depths, subject.device, subject.dtype, subject.batch_tokens,
                            subject.scaling)
 

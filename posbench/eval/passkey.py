@@ -43,10 +43,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..model.build import autocast
 from ..config import ladder_lengths, not_empty, positive
 from ..encodings import PositionRangeError
 from ..errors import PosbenchError
+from ..model.build import autocast
 from .probe import Probe, Subject
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")

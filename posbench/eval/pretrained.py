@@ -24,10 +24,10 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..model.build import keep_freed_memory, resolve_device
 from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
 from ..encodings.rotary import check_scalable, scaling_factor
+from ..model.build import keep_freed_memory, resolve_device
 from ..model.preflight import check_pretrained
 from ..model.pretrained import load_pretrained
 from ..runs.rundir import RunDir, atomic_write_text

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from ..model.build import autocast
 from ..config import ladder_lengths
+from ..model.build import autocast
 
 RUN_KEY = ["encoding", "rope_scaling", "train_len", "seed"]  # a probe row's run, before the probe's own key
 TRAILER = ["config_hash", "code_version", "status"]
@@ -59,7 +59,8 @@ class Probe:
 
     def lengths(self, train_len: int) -> list[int]:
         """The lengths to probe: ``options.lengths``, else ``options.multiples`` x train_len."""
-        return ladder_lengths(getattr(self.options, "lengths", None), getattr(self.options, "multiples", [1]), train_len)
+        return ladder_lengths(getattr(self.options, "lengths", None), getattr(self.options, "multiples", [1]),
+                              train_len)
 
     def run(self, subject: Subject, lengths: list[int]) -> list[dict]:
         raise NotImplementedError

@@ -197,7 +197,8 @@ def markdown_results(rows: pd.DataFrame) -> str:
     lines = ["| encoding | train_len | eval_len | ppl | nll | tokens | status |", "|---|---|---|---|---|---|---|"]
     for r in with_labels(rows).itertuples():
         status = r.status if len(r.status) < 60 else r.status[:57] + "..."
-        lines.append(f"| {r.label} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} | {status} |")
+        lines.append(f"| {r.label} | {r.train_len} | {r.eval_len} | {r.ppl:.2f} | {r.nll:.4f} | {r.tokens} "
+                     f"| {status} |")
     return "\n".join(lines)
 
 

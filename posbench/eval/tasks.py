@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..model.build import autocast
 from ..config import TaskConfig
 from ..data.positions import draw_positions
 from ..data.tasks import IGNORE, Task, encode, make_task
 from ..intervals import t_interval, wilson_interval
+from ..model.build import autocast
 from .results import TASK_COLUMNS
 
 

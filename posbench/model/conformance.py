@@ -37,12 +37,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .attention import causal_attention, cumulative_decay, layer_window, reference_attention
 from ..config import ModelConfig
 from ..encodings import REGISTRY, PositionEncoding, PositionRangeError, encoding_class
 from ..errors import PosbenchError
-from .transformer import LanguageModel
 from ..plugins import import_target
+from .attention import causal_attention, cumulative_decay, layer_window, reference_attention
+from .transformer import LanguageModel
 
 VOCAB = 64
 

@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
 from ..errors import PosbenchError
+from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
 
 ACT_D, ACT_F = 20, 3  # activation values kept per token and layer: ACT_D x d_model + ACT_F x d_ff
 LOSS_ROWS, NLL_ROWS = 1024, 4096  # the fused loss's and head_nll's slices (posbench.model.loss, model.head_nll)

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import causal_attention, cumulative_decay, layer_window
 from ..config import ModelConfig
 from ..encodings import ModelDims, PositionEncoding
 from ..encodings.randomized import check_positions
+from .attention import causal_attention, cumulative_decay, layer_window
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 
@@ -98,7 +98,8 @@ class LanguageModel(nn.Module):
                 continue  # encodings and the length scaling initialise their own parameters
             if p.dim() >= 2:
                 # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
-                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                residual = name.endswith(("proj.weight", "mlp.2.weight"))
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if residual else 0.02
                 nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)

@@ -377,7 +377,8 @@ def _reference_title(reference: pd.DataFrame, ours: pd.DataFrame) -> str:
 
     def side(who: str, frame: pd.DataFrame) -> str:
         caption = setup_caption(frame.drop(columns=[c for c in ("model", "steps") if c in frame]))
-        text = f"{who}: train_len {'/'.join(map(str, sorted(frame.train_len.unique())))}" + (f", {caption}" if caption else "")
+        text = (f"{who}: train_len {'/'.join(map(str, sorted(frame.train_len.unique())))}"
+                + (f", {caption}" if caption else ""))
         return textwrap.fill(text, 60, subsequent_indent="    ")
 
     return "\n".join([textwrap.fill(source, 60), side("published", reference), side("ours", ours)])
@@ -565,7 +566,9 @@ def training_figure(curves: pd.DataFrame, palette: Palette | None = None, setup:
         at = g.groupby("step").agg(x=("tokens" if by_tokens else "step", "mean"), mean=("loss", "mean"),
                                    low=("loss", "min"), high=("loss", "max"), runs=("run", "nunique"))
         colour = palette.colour(name)
-        ax.plot(at.x, at["mean"], color=colour, label=f"{name} ({g.run.nunique()} seed{'' if g.run.nunique() == 1 else 's'})", gid=f"training:{name}")
+        seeds = g.run.nunique()
+        ax.plot(at.x, at["mean"], color=colour, label=f"{name} ({seeds} seed{'' if seeds == 1 else 's'})",
+                gid=f"training:{name}")
         if (at.runs > 1).any():
             banded = True
             ax.fill_between(at.x, at.low, at.high, color=colour, alpha=0.2, linewidth=0, gid=f"training_band:{name}")

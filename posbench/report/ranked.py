@@ -71,18 +71,22 @@ def line_points(summary: pd.DataFrame, names: pd.Series) -> pd.DataFrame:
     run there) and ``one_seed`` (its intervals leave the seeds' spread out)."""
     m = common_multiple(summary, names)
     shorts = dict(zip(*[list(dict.fromkeys(names)), compact_labels(list(dict.fromkeys(names)))[0]]))
+
+    def get(frame: pd.DataFrame, col: str) -> float:
+        return float(frame[col].iloc[0]) if len(frame) and col in frame else math.nan
+
     rows = []
     for name, g in summary.assign(_name=names.to_numpy()).groupby("_name", sort=False):
         multiple = g.eval_len / g.train_len
         base, at = g[multiple == 1], g[np.isclose(multiple, m)]
-        get = lambda frame, col: float(frame[col].iloc[0]) if len(frame) and col in frame else math.nan
         rows.append({"name": name, "short": shorts[name], "encoding": str(g.encoding.iloc[0]),
                      "family": family(str(g.encoding.iloc[0])), "multiple": m,
                      "ppl": get(base, "ppl_mean"), "ppl_low": get(base, "ppl_ci_low"),
                      "ppl_high": get(base, "ppl_ci_high"), "ratio": get(at, "ratio_mean"),
                      "ratio_low": get(at, "ratio_ci_low"), "ratio_high": get(at, "ratio_ci_high"),
                      "ppl_at": get(at, "ppl_mean"),
-                     "one_seed": bool(len(base) and base.ci_method.iloc[0] == "text (1 seed)") if "ci_method" in g else False})
+                     "one_seed": (bool(len(base) and base.ci_method.iloc[0] == "text (1 seed)")
+                                  if "ci_method" in g else False)})
     return pd.DataFrame(rows)
 
 
@@ -166,11 +170,13 @@ def _bar(ax, at: float, low: float, high: float, lims: tuple[float, float], colo
     draw = ax.vlines if vertical else ax.hlines
     draw(at, a, b, color=colour, linewidth=0.8 if faint else 1.4, alpha=0.35 if faint else 0.8, gid=gid)
     cut = False
-    for end, past, marker in ((a, low < lims[0], "v" if vertical else "<"), (b, high > lims[1], "^" if vertical else ">")):
+    for end, past, marker in ((a, low < lims[0], "v" if vertical else "<"),
+                              (b, high > lims[1], "^" if vertical else ">")):
         if past:
             cut = True
             xy = (at, end) if vertical else (end, at)
-            ax.plot(*xy, marker=marker, color=colour, markersize=4, alpha=0.35 if faint else 0.8, clip_on=False, gid=gid)
+            ax.plot(*xy, marker=marker, color=colour, markersize=4, alpha=0.35 if faint else 0.8, clip_on=False,
+                    gid=gid)
     return cut
 
 
@@ -349,7 +355,8 @@ def tradeoff_figure(points: pd.DataFrame, setup: pd.DataFrame | None = None):
         label_points(big, ok)
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], marker="o", linestyle="none", color=colours[f], label=FAMILIES.get(f, f), gid=f"family:{f}")
+    handles = [Line2D([], [], marker="o", linestyle="none", color=colours[f], label=FAMILIES.get(f, f),
+                      gid=f"family:{f}")
                for f in colours]
     fig.legend(handles=handles, fontsize="small", loc="outside lower center", ncols=min(len(handles), 4),
                title="family: the hook the encoding uses", title_fontsize="small")

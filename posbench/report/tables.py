@@ -177,7 +177,8 @@ def config_diff(runs: list[str], hashes: list[str]) -> str:
     keys = sorted(set().union(*configs))
     differ = [k for k in keys if len({repr(c.get(k, unset)) for c in configs}) > 1]
     if not differ:
-        return f"config_hash ({', '.join(f'{h} in {r}' for h, r in zip(hashes, runs))}) though their config.yaml files agree"
+        return (f"config_hash ({', '.join(f'{h} in {r}' for h, r in zip(hashes, runs))}) "
+                "though their config.yaml files agree")
     shown = [f"{k} (" + ", ".join(f"{c.get(k, 'unset')} in {r}" for c, r in zip(configs, runs)) + ")"
              for k in differ[:3]]
     more = f" and {len(differ) - 3} more key(s)" if len(differ) > 3 else ""
@@ -217,7 +218,8 @@ def _text_config(run: str) -> dict | None:
     if not path.is_file():
         return None
     flat = dict(flat_items(OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
-    return {k: v for k, v in flat.items() if (k.startswith("data.") and k != "data.cache_dir") or k == "pretrained.name"}
+    return {k: v for k, v in flat.items()
+            if (k.startswith("data.") and k != "data.cache_dir") or k == "pretrained.name"}
 
 
 def _texts(df: pd.DataFrame) -> tuple[dict[str, dict], list[str], list[str]]:
@@ -465,7 +467,8 @@ def _table_cells(summary: pd.DataFrame):
     lines = []
     for keys, g in summary.groupby(["label", "train_len"] + extra, sort=False):
         cells = {r.eval_len: ((r.ppl_mean, r.ppl_std, getattr(r, "ppl_ci_low", math.nan),
-                               getattr(r, "ppl_ci_high", math.nan)), several and r.bold, _seeds_note(r.cell_seeds, r.line_seeds))
+                               getattr(r, "ppl_ci_high", math.nan)),
+                              several and r.bold, _seeds_note(r.cell_seeds, r.line_seeds))
                  for r in g.itertuples()}
         lines.append((keys, int(g.line_seeds.max()), cells))
     return lengths, extra, lines
@@ -671,7 +674,8 @@ def training_curves(df: pd.DataFrame, palette: Palette, setup: pd.DataFrame) -> 
     if "run" not in df:
         return pd.DataFrame()
     rows = with_labels(df) if "label" not in df else df
-    rows = rows.assign(name=palette.names(rows), plain=(rows["mode"] == "nonoverlapping") & (rows.rope_scaling == "none"))
+    rows = rows.assign(name=palette.names(rows),
+                       plain=(rows["mode"] == "nonoverlapping") & (rows.rope_scaling == "none"))
     per_run = setup.set_index("run")
     frames = []
     for run, g in rows.groupby("run", sort=False):
@@ -694,11 +698,12 @@ def _reference_note(summary: pd.DataFrame, ref: pd.DataFrame | None) -> str:
     if ref is None or reference_lines(summary, ref):
         return ""
     shared = ", ".join(sorted(set(summary.encoding) & set(ref.encoding))) or "none"
-    return (f"The published panel ({ref.source.dropna().iloc[0] if 'source' in ref and ref.source.notna().any() else 'reference'}, "
-            f"train_len {'/'.join(map(str, sorted(ref.train_len.unique())))}) is left out: it is drawn beside a line with "
+    source = ref.source.dropna().iloc[0] if "source" in ref and ref.source.notna().any() else "reference"
+    theirs = "/".join(map(str, sorted(ref.train_len.unique())))
+    ours = "/".join(map(str, sorted(summary.train_len.unique())))
+    return (f"The published panel ({source}, train_len {theirs}) is left out: it is drawn beside a line with "
             f"non-overlapping windows and no RoPE scaling, of an encoding it has (here: {shared}), trained at "
-            f">= {REFERENCE_MIN_TRAIN_LEN} tokens (here: train_len {'/'.join(map(str, sorted(summary.train_len.unique())))}) "
-            "and evaluated past it.")
+            f">= {REFERENCE_MIN_TRAIN_LEN} tokens (here: train_len {ours}) and evaluated past it.")
 
 
 FIGURE_TEXT = {  # report.md's line under each figure
@@ -885,7 +890,8 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
                      for name in figures)
     notes = (_setup_line(setup), _reference_note(drawn, ref),
              _positions_note(positions_windows(positions)) if few_windows else "")
-    atomic_write_text(files[1], (f"{header}\n\n" if header else "") + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
+    atomic_write_text(files[1], (f"{header}\n\n" if header else "")
+                      + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
                       + probe_text + context_markdown(gain)

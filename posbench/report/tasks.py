@@ -107,7 +107,8 @@ def check_cells(df: pd.DataFrame) -> None:
         twice = g[g.seed.duplicated(keep=False)]
         if len(twice):
             raise PosbenchError(f"report: {where} has {len(twice)} rows for seed(s) "
-                                f"{', '.join(map(str, sorted(set(twice.seed))))} (in {', '.join(sorted(set(twice.run)))}); "
+                                f"{', '.join(map(str, sorted(set(twice.seed))))} "
+                                f"(in {', '.join(sorted(set(twice.run)))}); "
                                 "pass each run once, with one row per eval_size")
 
 
@@ -124,7 +125,8 @@ def cell_summary(g: pd.DataFrame) -> dict:
     pooled_token = pooled_t_interval(g.token_acc, g.token_sd, g.instances)
     if seeds >= MIN_SEEDS:  # never narrower than the pooled instances allow (seeds that agree exactly)
         basis = "seeds"
-        exact, token = _widened(t_interval(g.exact_match), pooled_exact), _widened(t_interval(g.token_acc), pooled_token)
+        exact = _widened(t_interval(g.exact_match), pooled_exact)
+        token = _widened(t_interval(g.token_acc), pooled_token)
     else:
         basis, exact, token = "instances", pooled_exact, pooled_token
     out = {"basis": basis, "seeds": seeds, "instances": instances}

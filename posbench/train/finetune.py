@@ -90,7 +90,8 @@ def read_parent(cfg: DictConfig, model: torch.nn.Module, corpus_key: str) -> dic
     differ = [f"{k} ({a.get(k)} there, {b.get(k)} here)" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     if differ:
         raise PosbenchError(f"{where} trained another network or corpus: {', '.join(differ[:3])}; valid: a run "
-                            f"that differs only in the encoding, train.*, eval.* and model.{', model.'.join(FREE_MODEL_KEYS)}")
+                            "that differs only in the encoding, train.*, eval.* and "
+                            f"model.{', model.'.join(FREE_MODEL_KEYS)}")
     state = load_checkpoint(run.checkpoint)
     if state["config_hash"] != cfg.train.init_hash:
         raise PosbenchError(f"{where}: its checkpoint is of config hash {state['config_hash']}, its config.yaml of "

@@ -38,13 +38,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from ..model import preflight
-from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..config import RunConfig, code_version, run_config
 from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
+from ..model import preflight
+from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..model.transformer import LanguageModel
 from ..runs import distributed, threads
 from ..runs.distributed import print0
@@ -230,7 +230,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
         torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
 
     state = TrainingState(model, optimizer, scheduler, workload.sampler, world,
-                          {"config_hash": rc.config_hash, "vocab_size": workload.vocab_size, "corpus_key": workload.key})
+                          {"config_hash": rc.config_hash, "vocab_size": workload.vocab_size,
+                           "corpus_key": workload.key})
     branched = resume is not None and resume["config_hash"] != rc.config_hash  # read_branch_state's, not ours
     if resume is not None:
         state.load_state_dict(resume)
@@ -420,7 +421,8 @@ def train(cfg: DictConfig, run_dir) -> Finished:
         s = setup(cfg, rc, run_dir)
         if s.world.is_main:
             atomic_write_text(s.run.config, OmegaConf.to_yaml(cfg, resolve=True))
-            atomic_write_text(s.run.path / "versions.json", json.dumps(versions(s.model.encoding, s.workload), indent=1) + "\n")
+            atomic_write_text(s.run.path / "versions.json",
+                              json.dumps(versions(s.model.encoding, s.workload), indent=1) + "\n")
         logger = open_logger(s.run, cfg, s.state.step, s.world.is_main)
         try:
             rows = train_and_finish(s, logger)
