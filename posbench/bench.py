@@ -162,8 +162,8 @@ def _posbench_model(encoding: str, train_len: int, max_len: int, model: str = "t
     ``max_seq_len``. ``encoding``: a bench entry (:func:`split_entry`)."""
     from hydra import compose, initialize_config_dir
 
-    from .model.build import build_model
     from .config import conf_dir
+    from .model.build import build_model
 
     name, overrides = split_entry(encoding)
     base = [f"encoding={name}", f"model={model}", "model.dropout=0", f"train.train_len={train_len}", *overrides]
@@ -243,7 +243,8 @@ def _child(spec: dict) -> dict:
     if peer:
         model = _peer_model(spec["encoding"], spec["impl"] == "x-transformers flash", preset)
     else:
-        model = _posbench_model(spec["encoding"], length if spec["kind"] == "train" else 128, max(length, 16384), preset)
+        train_len = length if spec["kind"] == "train" else 128
+        model = _posbench_model(spec["encoding"], train_len, max(length, 16384), preset)
     model = model.to(dev)
     dtype = autocast_dtype(dev, "auto")
     amp = torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
@@ -308,9 +309,9 @@ def _kernel_child(spec: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from .encodings import ModelDims, build_encoding
     from .model import attention
     from .model.build import autocast_dtype, keep_freed_memory
-    from .encodings import ModelDims, build_encoding
 
     keep_freed_memory()
     dev, sync, peak_mb = _device(spec)
@@ -402,7 +403,8 @@ def run_child(spec: dict, timeout: float = 900) -> dict:
     gpu = spec.get("device", "cpu") != "cpu"
     try:
         done = subprocess.run([sys.executable, "-m", "posbench.bench", "--child", json.dumps(spec)],
-                              capture_output=True, text=True, timeout=timeout, preexec_fn=None if gpu else _limit_memory,
+                              capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=None if gpu else _limit_memory,
                               env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
@@ -482,8 +484,8 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     seconds a child may take; ``progress(result)``: called with the result so far after each row."""
     import torch
 
-    from .model.build import autocast_dtype
     from .encodings import REGISTRY
+    from .model.build import autocast_dtype
 
     unknown = sorted({split_entry(e)[0] for e in encodings} - set(REGISTRY))
     if unknown:
@@ -552,7 +554,8 @@ def _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, devi
                     if gpu and impl == ("x-transformers" if encoding not in PEER_NO_FLASH else "x-transformers flash"):
                         continue
                     for kind, lengths in (("train", train_lens), ("eval", eval_lens)):
-                        specs += [{"what": "model", "model": model, "encoding": encoding, "impl": impl, "malloc": malloc,
+                        specs += [{"what": "model", "model": model, "encoding": encoding, "impl": impl,
+                                   "malloc": malloc,
                                    "kind": kind, "length": length, "steps": steps, "warmup": 2, "device": device,
                                    "tokens": tokens[kind], "compile": compiled and kind == "train"}
                                   for length in lengths]
@@ -718,10 +721,12 @@ def tables(result: dict) -> str:
     precision = machine.get("precision", "bf16")
     peak = machine["bfloat16_gflops" if precision == "bf16" else "float32_gflops"]
     n = machine.get("matmul_n", MATMUL_N["cpu"])
-    peaks = ", ".join(f"{name} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d, name in (("float32", "fp32"), ("bfloat16", "bf16"))
+    dtypes = (("float32", "fp32"), ("bfloat16", "bf16"))
+    peaks = ", ".join(f"{name} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d, name in dtypes
                       if f"{d}_gflops" in machine)
     gpu = machine.get("device") == "cuda"
-    where = f"GPU {machine['cpu']} ({machine['cores']} host cores)" if gpu else f"{machine['cpu']}, {machine['cores']} cores"
+    where = (f"GPU {machine['cpu']} ({machine['cores']} host cores)" if gpu
+             else f"{machine['cpu']}, {machine['cores']} cores")
     autocast = " autocast" if precision == "bf16" else f" (no bf16 autocast on this {'GPU' if gpu else 'CPU'})"
     out = [f"Command: `{result['command']}`", ""] if result.get("command") else []
     out += [f"Machine: {where}, torch {machine['torch']}. Matmul {n}^3: {peaks}."
@@ -739,7 +744,8 @@ def tables(result: dict) -> str:
                    f"datasheet dense bf16 peak, which posbench does not know for a {machine['cpu']}: MFU n/a "
                    "(posbench/bench.py DENSE_BF16_TFLOPS)")
                 + f"; of matmul peak: against the bf16 {n}^3 product measured in this run. x-transformers (x-t) "
-                "with attn_flash (t5: without; x-transformers refuses it there), at posbench's head dimension with tied "
+                "with attn_flash (t5: without; x-transformers refuses it there), "
+                "at posbench's head dimension with tied "
                 "embeddings; 'none in x-t': it has no such "
                 "encoding. Each figure: the median step of the timed steps.", ""]
     for model in models:
@@ -770,7 +776,8 @@ def tables(result: dict) -> str:
                        f"{_fmt(k.get('compile_s'), '.0f')} | {_fmt(k.get('peak_mb'))} |")
         out.append("")
     lines = gpu_targets(df, machine) if gpu else [
-        (f"model={model}: " if len(models) > 1 else "") + line for model in models for line in targets(df[df.model == model])]
+        (f"model={model}: " if len(models) > 1 else "") + line
+        for model in models for line in targets(df[df.model == model])]
     out += ["### Targets", ""] + [f"- {line}" for line in lines]
     return "\n".join(out) + "\n"
 
@@ -797,7 +804,8 @@ def gpu_targets(df, machine: dict) -> list[str]:
         for length in sorted(set(sub.length)):
             for enc in _encodings(sub, asked=True):
                 name = split_entry(enc)[0]
-                ours, theirs = _pick(sub, enc, malloc, "train", length, False), _pick(sub, enc, malloc, "train", length, True)
+                ours = _pick(sub, enc, malloc, "train", length, False)
+                theirs = _pick(sub, enc, malloc, "train", length, True)
                 goal = GPU_MFU_TARGETS.get(enc) or (STATIC_BIAS_MFU if name in REGISTRY and
                                                     REGISTRY[name].hook_kind() == "bias" and enc == name else None)
                 if datasheet and model == "base" and goal:
@@ -872,7 +880,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS, metavar="N",
                         help=f"tokens an evaluation pass (default {EVAL_TOKENS}: batch = N / length)")
     parser.add_argument("--no-peer", action="store_true", help="leave out x-transformers")
-    parser.add_argument("--kernels", action="store_true", help="also compare attention kernels (flex attention compiles)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also compare attention kernels (flex attention compiles)")
     parser.add_argument("--malloc", nargs="+", choices=MALLOCS, default=None,
                         help="allocator settings every implementation is measured under (default: both on the CPU, "
                              "system on a GPU): glibc's default (system) and posbench's, freed memory kept in the "
@@ -886,7 +895,8 @@ def _parser() -> argparse.ArgumentParser:
                              "on a CPU the others' work shares the cores being timed)")
     parser.add_argument("--deadline", type=float, default=None, metavar="S",
                         help="start no child after S seconds (the rows not started say so); default: none")
-    parser.add_argument("--timeout", type=float, default=900, metavar="S", help="seconds a child may take (default 900)")
+    parser.add_argument("--timeout", type=float, default=900, metavar="S",
+                        help="seconds a child may take (default 900)")
     parser.add_argument("--update", action="store_true",
                         help="re-measure --encodings at the lengths given and replace those rows in --out's "
                              "bench.json (other rows, machine figures and kernels kept unless --kernels)")

@@ -2,8 +2,8 @@
 export or finished run holds them, exported, reported; one-line errors for a bad study."""
 
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest
