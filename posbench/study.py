@@ -168,13 +168,14 @@ def _value(v) -> str:
     return "null" if v is None else str(v)
 
 
-def run_key(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> tuple[str, int] | None:
-    """(config hash, seed) of one run, composed as ``posbench train`` composes it; None when the
-    hash depends on a run not yet trained (``train.init_from``)."""
+def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
+    """The config hash of a sweep's runs, composed as ``posbench train`` composes it, once for all
+    its seeds (the hash leaves the seed out: ``config.NOT_HASHED``); None when the hash depends on
+    a run not yet trained (``train.init_from``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = [*study.common, *sweep.overrides, *extra, f"seed={seed}"]
+    overrides = [*study.common, *sweep.overrides, *extra]
     if study.config_dirs:
         overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
     if any(o.split("=", 1)[0].lstrip("+") == "train.init_from" for o in overrides):
@@ -187,7 +188,7 @@ def run_key(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> tup
         raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
     finally:
         GlobalHydra.instance().clear()
-    return config_hash(cfg), seed
+    return config_hash(cfg)
 
 
 def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
@@ -212,13 +213,9 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
     done = _finished_keys(study.runs, False) | _finished_keys(study.out, True)
     todo, have = [], 0
     for sweep in sweeps(study, only):
-        missing = []
-        for seed in sweep.seeds:
-            key = run_key(study, sweep, seed, extra)
-            if key is not None and key in done:
-                have += 1
-            else:
-                missing.append(seed)
+        digest = sweep_hash(study, sweep, extra)
+        missing = [seed for seed in sweep.seeds if digest is None or (digest, seed) not in done]
+        have += len(sweep.seeds) - len(missing)
         if missing:
             todo.append(replace(sweep, seeds=tuple(missing)))
     return todo, have
