@@ -21,10 +21,24 @@ differently). An interval covers both; v is the sum of
 q is Student's t at the Welch-Satterthwaite degrees of freedom, (sum v)² / sum (v_j² / df_j),
 with df_j = k_j - 1 for a seed term and infinite for the text term: with 2 seeds whose spread
 dominates, q is near t_1 = 12.7 and the interval honestly wide; where the text dominates, q is
-near the normal 1.96. :func:`combined_interval`; ``tests/test_intervals.py`` checks its coverage
-by simulation, with seeds and text both varying: 0.93-0.98 with 3 or more seeds; with 2 seeds
-0.85-0.97, since one degree of freedom makes the seeds' variance (and so the df) a rough guess
-when the text's variance is comparable (t at 1 df would cover always, at five times the width).
+near the normal 1.96. :func:`combined_interval`.
+
+**A seed term two seeds cannot hide** (:func:`seed_term`, :func:`pool_seeds`). Two seeds give
+their variance one degree of freedom: a chi-square with 1 df falls below a tenth of its mean a
+quarter of the time, so two seeds that agree by chance would make the text term dominate, the df
+grow and q fall toward 1.96 - an interval far narrower than the line's true seed spread. A report
+therefore pools the seeds' variance on the log scale across its lines at one column (one text,
+train_len and eval_len; for a ratio, the variances of the per-seed differences), s_p² = sum
+(k_i - 1) s_i² / sum (k_i - 1) with df_p = sum (k_i - 1), and a line of fewer than
+:data:`MIN_SEEDS` seeds uses the larger of s_p² (at df_p) and its own s² (at k - 1). A line of 3
+or more seeds keeps its own: pooling across encodings whose seed spreads differ by orders of
+magnitude (ALiBi's and NoPE's at 16x) would widen the stable lines for the unstable ones' sake,
+and from 3 seeds the line's own estimate already covers (below). The pooled term assumes the
+lines of a column vary alike across seeds; where they do not, a two-seed line of a stable
+encoding gets the wider interval, which is what two seeds can honestly say of it.
+``scripts/interval_coverage.py`` measures the coverage by simulation at the headline's
+seed-to-text variance ratio (results/intervals/coverage.md); ``tests/test_intervals.py`` keeps a
+cheap version of it.
 ``ci_method`` names what a row's interval holds: ``seeds+text``; ``text (1 seed)`` where a line
 has one seed (its seeds' spread is unknown, so the interval covers the text only, and figures
 mark those cells); ``t`` for runs without per-token
@@ -62,7 +76,8 @@ from typing import NamedTuple
 import numpy as np
 
 LEVEL = 0.95
-MIN_SEEDS = 3  # the task report's t over seeds from 3 seeds (2 degrees of freedom) on (posbench.report.tasks)
+MIN_SEEDS = 3  # from 3 seeds (2 df) a line's own seed variance is used; below, at least the pooled one
+# (seed_term), and the task report's t over seeds (posbench.report.tasks) needs this many
 BLOCKS = 20  # bootstrap resampling units: contiguous blocks of n / BLOCKS scored tokens (docs/evaluation.md)
 RESAMPLES = 2000  # percentile-interval resamples: Monte Carlo error of a 2.5% quantile ~ 0.4%-points
 
@@ -224,6 +239,39 @@ def percentile_interval(estimate: float, samples: np.ndarray, level: float = LEV
     return Interval(estimate, float(low), float(high), "bootstrap")
 
 
+# ---------------------------------------------------------------- the seeds' term
+class SeedPool(NamedTuple):
+    """The seeds' variance pooled over the lines of one report column (log scale, per seed) and its df."""
+    var: float
+    df: float
+
+
+def pool_seeds(groups) -> SeedPool | None:
+    """s_p² = sum (k_i - 1) s_i² / sum (k_i - 1), df = sum (k_i - 1), over the per-seed values of
+    each line (lines of one seed add nothing); None where no line has 2 seeds."""
+    ss = df = 0.0
+    for x in groups:
+        x = np.asarray(x, dtype=float)
+        if x.size >= 2:
+            ss += float(np.var(x, ddof=1)) * (x.size - 1)
+            df += x.size - 1
+    return SeedPool(ss / df, df) if df else None
+
+
+def seed_term(x, pool: SeedPool | None = None) -> list[tuple[float, float]]:
+    """[(variance of the mean over a line's seeds, its df)] for the per-seed values ``x`` (none for
+    one seed): s² / k at k - 1 df, or, below :data:`MIN_SEEDS` seeds, s_p² / k at df_p where the
+    pooled variance is the larger (module docstring)."""
+    x = np.asarray(x, dtype=float)
+    k = x.size
+    if k < 2:
+        return []
+    own = float(np.var(x, ddof=1))
+    if k < MIN_SEEDS and pool is not None and pool.var > own:
+        return [(pool.var / k, pool.df)]
+    return [(own / k, k - 1)]
+
+
 # ---------------------------------------------------------------- cells and their comparisons
 @dataclass
 class Cell:
@@ -261,21 +309,24 @@ class Estimator:
             self._index[nb] = resample_indices(nb, self.resamples, self.seed)
         return bootstrap_means(cell.blocks, cell.sizes, self._index[nb]).mean(0)
 
-    def cell(self, c: Cell) -> Interval:
+    def cell(self, c: Cell, pool: SeedPool | None = None) -> Interval:
         """Mean NLL over seeds: seeds and text where the runs kept their per-token NLL, the seeds'
-        t alone where not; one seed: the text alone ("text (1 seed)")."""
+        t alone where not; one seed: the text alone ("text (1 seed)"). ``pool``: the seeds'
+        variance pooled over the column's lines (:func:`seed_term`)."""
         k = c.nll.size
         if not k:
             return Interval(math.nan, math.nan, math.nan, NONE)
-        seeds = [(float(np.var(c.nll, ddof=1)) / k, k - 1)] if k >= 2 else []
         text = self._boot(c) if c.blocks is not None else None
-        return combined_interval(c.mean, seeds, text, self.level, k == 1)
+        return combined_interval(c.mean, seed_term(c.nll, pool), text, self.level, k == 1)
 
-    def difference(self, a: Cell, b: Cell, same_models: bool = False) -> Interval:
+    def difference(self, a: Cell, b: Cell, same_models: bool = False,
+                   pools: tuple[SeedPool | None, SeedPool | None] = (None, None)) -> Interval:
         """mean NLL(a) - mean NLL(b), the log of ppl(a) / ppl(b). ``same_models``: a and b are the same
         runs at two lengths (one line), paired by seed (the seeds both have): the variance over
         seeds of the per-seed difference; else two lines, Welch's two variances. Either way plus
-        the text's, from the paired bootstrap, when both scored the same tokens."""
+        the text's, from the paired bootstrap, when both scored the same tokens. ``pools``: the
+        pooled seed variances (:func:`seed_term`) of a and b, or with ``same_models`` the first
+        is that of the per-seed differences of the column's lines."""
         if not (a.nll.size and b.nll.size):
             return Interval(math.nan, math.nan, math.nan, NONE)
         if same_models:  # the seeds both cells have, so the estimate and its interval pair the same models
@@ -283,11 +334,10 @@ class Estimator:
             if not common.size:
                 return Interval(math.nan, math.nan, math.nan, NONE)
             a, b = a.only(ia), b.only(ib)
-            k = common.size
-            seeds = [(float(np.var(a.nll - b.nll, ddof=1)) / k, k - 1)] if k >= 2 else []
-            one = k == 1
+            seeds = seed_term(a.nll - b.nll, pools[0])
+            one = common.size == 1
         else:
-            seeds = [(float(np.var(c.nll, ddof=1)) / c.nll.size, c.nll.size - 1) for c in (a, b) if c.nll.size >= 2]
+            seeds = seed_term(a.nll, pools[0]) + seed_term(b.nll, pools[1])
             one = min(a.nll.size, b.nll.size) == 1
         paired = not (a.blocks is None or b.blocks is None or a.tokens_id != b.tokens_id
                       or not np.array_equal(a.sizes, b.sizes))

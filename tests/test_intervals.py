@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, SMOKE, posbench
-from posbench.intervals import (BLOCKS, Cell, Estimator, block_sums, bootstrap_means, percentile_interval,
-                                resample_indices, t_interval, t_quantile, welch_interval)
+from posbench.intervals import (BLOCKS, Cell, Estimator, SeedPool, block_sums, bootstrap_means, percentile_interval,
+                                pool_seeds, resample_indices, seed_term, t_interval, t_quantile, welch_interval)
 from posbench.eval.results import read_results
 from posbench.eval.token_nll import read_token_nll, row_key
 
@@ -251,3 +251,82 @@ def test_one_seed_covers_the_text_and_says_so():
         assert iv.method == "text (1 seed)" and iv.estimate == pytest.approx((iv.low + iv.high) / 2)
         hits.append(iv.low <= 4.0 <= iv.high)
     assert 0.9 <= np.mean(hits) <= 0.99
+
+
+def test_pooled_seed_variance_is_the_df_weighted_mean_of_the_lines():
+    a, b, c = np.array([1.0, 1.2, 1.1]), np.array([2.0, 2.4]), np.array([5.0])  # c: one seed, adds nothing
+    pool = pool_seeds([a, b, c])
+    assert pool.df == 3
+    assert pool.var == pytest.approx((2 * np.var(a, ddof=1) + 1 * np.var(b, ddof=1)) / 3)
+    assert pool_seeds([c]) is None
+    assert seed_term(c, pool) == []  # one seed: no seed term (its interval says "text (1 seed)")
+    assert seed_term(a, SeedPool(100.0, 50)) == [(pytest.approx(np.var(a, ddof=1) / 3), 2)]  # 3 seeds: its own
+    assert seed_term(b, SeedPool(100.0, 50)) == [(50.0, 50)]  # 2 seeds: the larger, the pool's, at its df
+    assert seed_term(b, SeedPool(1e-6, 50)) == [(pytest.approx(np.var(b, ddof=1) / 2), 1)]  # its own, at 1 df
+
+
+def test_two_identical_seeds_cannot_shrink_an_interval_below_the_pooled_seed_term():
+    """Two seeds that agree exactly have no spread of their own; the report's column says how much
+    seeds vary, and the interval keeps at least that: half-width >= z sqrt(s_p² / 2)."""
+    rng = np.random.default_rng(3)
+    (base, later), _ = simulated_cells(rng, 2, 0.0, 0.002, lengths=2)
+    same = Cell(base.seeds, np.full(2, base.nll[0]), np.repeat(base.blocks[:1], 2, 0), base.sizes, base.tokens_id)
+    later_same = Cell(later.seeds, np.full(2, later.nll[0]), np.repeat(later.blocks[:1], 2, 0), later.sizes,
+                      later.tokens_id)
+    pool = SeedPool(0.02 ** 2, 8)
+    est = Estimator(resamples=500)
+    floor = 1.96 * math.sqrt(pool.var / 2)
+    alone, pooled = est.cell(same), est.cell(same, pool)
+    assert (alone.high - alone.low) / 2 < floor  # the text alone: what two agreeing seeds gave before
+    assert (pooled.high - pooled.low) / 2 >= floor
+    assert pooled.estimate == alone.estimate and pooled.method == "seeds+text"
+    ratio = est.difference(later_same, same, same_models=True, pools=(pool, None))
+    assert (ratio.high - ratio.low) / 2 >= floor
+    other = est.difference(same, later_same, pools=(pool, pool))  # two lines: both sides' pooled terms
+    assert (other.high - other.low) / 2 >= 1.96 * math.sqrt(pool.var)
+
+
+def test_report_pools_the_seeds_of_a_column_for_two_seed_lines():
+    """add_intervals: a two-seed line whose seeds agree gets the column's pooled seed variance, a
+    three-seed line keeps its own."""
+    from posbench.report.tables import GROUP, add_intervals
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for enc, k, sd in (("spread", 3, 0.05), ("agree", 2, 0.0)):
+        cells, _ = simulated_cells(rng, k, sd, 0.001, lengths=2)
+        for eval_len, c in zip((128, 256), cells):
+            rows.append({"label": enc, "encoding": enc, "variant": "", "rope_scaling": "none", "mode": "nonoverlapping",
+                         "stride": eval_len, "model": "tiny", "data": "sotu", "train_len": 128,
+                         "split": "validation", "eval_len": eval_len, "cell": c})
+    summary = pd.DataFrame(rows)[["label"] + GROUP + ["cell"]]
+    out = add_intervals(summary, Estimator(resamples=500)).set_index(["encoding", "eval_len"])
+    spread = out.loc[("spread", 128)]
+    agree = out.loc[("agree", 128)]
+    width = lambda r: math.log(r.ppl_ci_high) - math.log(r.ppl_ci_low)  # noqa: E731
+    pool = pool_seeds([summary.cell[0].nll, summary.cell[2].nll])
+    assert width(agree) >= 2 * 1.96 * math.sqrt(pool.var / 2)
+    assert width(spread) == pytest.approx(2 * (Estimator(resamples=500).cell(summary.cell[0]).high
+                                              - summary.cell[0].mean))  # its own seeds, unchanged
+
+
+def test_pooling_restores_coverage_for_two_seed_lines_in_a_report():
+    """A cheap version of scripts/interval_coverage.py: reports of five lines of two seeds sharing
+    one text; the ratio's interval with the column's pooled seed term covers, the line's own one
+    seed-degree of freedom alone does not (its chance agreements make it too narrow)."""
+    rng = np.random.default_rng(11)
+    est = Estimator(resamples=300)
+    hits = {"pooled": [], "own": []}
+    for _ in range(150):
+        lines, text = [], None
+        for _ in range(5):
+            cells, text = simulated_cells(rng, 2, 0.03, 0.01, lengths=2, text=text)
+            lines.append(cells)
+        pool = pool_seeds(later.nll - base.nll for base, later in lines)
+        for base, later in lines:
+            for name, p in (("pooled", pool), ("own", None)):
+                r = est.difference(later, base, same_models=True, pools=(p, None))
+                hits[name].append(r.low <= 0.05 <= r.high)
+    coverage = {name: float(np.mean(h)) for name, h in hits.items()}
+    assert coverage["pooled"] >= 0.92, coverage
+    assert coverage["own"] < coverage["pooled"] - 0.03, coverage

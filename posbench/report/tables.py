@@ -64,7 +64,7 @@ from ..eval.results import (
     with_labels,
 )
 from ..eval.token_nll import row_key
-from ..intervals import Cell, Estimator
+from ..intervals import Cell, Estimator, pool_seeds
 from ..runs.rundir import RunDir, atomic_write_text
 from .baselines import run_blocks
 from .context import context_figure, context_gain, context_markdown
@@ -373,8 +373,14 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
       paired (by seed, or by resampled blocks);
     - ``vs_best``, ``vs_best_ci_low``, ``vs_best_ci_high``: exp(mean NLL - the lowest mean NLL among
       the lines of the same train_len and eval_len) and its interval; ``tied_best``: True where that
-      interval contains 1 (and for the lowest itself), False where it lies above 1, NA without one."""
-    cell_ci = [estimator.cell(c) for c in summary.cell]
+      interval contains 1 (and for the lowest itself), False where it lies above 1, NA without one.
+
+    A line of fewer than 3 seeds takes at least the seeds' variance pooled over its column's lines
+    (:func:`posbench.intervals.seed_term`): of their mean NLLs for its cells, of their per-seed
+    log ratios for its ratios."""
+    column = [tuple(r) for r in summary[COMPARED].astype(str).itertuples(index=False)]
+    cell_pool = {key: pool_seeds(c.nll for c, k in zip(summary.cell, column) if k == key) for key in set(column)}
+    cell_ci = [estimator.cell(c, cell_pool[k]) for c, k in zip(summary.cell, column)]
     out = summary.assign(ppl_ci_low=[math.exp(i.low) for i in cell_ci],
                          ppl_ci_high=[math.exp(i.high) for i in cell_ci], ci_method=[i.method for i in cell_ci],
                          block_tokens=pd.array([None if c.sizes is None else int(c.sizes.max()) for c in summary.cell],
@@ -384,6 +390,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
     ratio["ratio_method"] = ["none"] * len(out)
     tied = [pd.NA] * len(out)
     at = {i: pos for pos, i in enumerate(out.index)}
+    paired = {}  # row -> (its cell, its line's train_len cell, per-seed log ratios)
     for _, g in out.groupby(LINE, dropna=False):
         base = g[g.eval_len == g.train_len].cell
         if base.empty or not base.iloc[0].nll.size:
@@ -391,13 +398,15 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
         base = base.iloc[0]
         for i, cell in g.cell.items():
             _, ia, ib = np.intersect1d(cell.seeds, base.seeds, return_indices=True)
-            per_seed = np.exp(cell.nll[ia] - base.nll[ib])
-            d = estimator.difference(cell, base, same_models=True)
-            row = at[i]
-            ratio["ratio_mean"][row] = math.exp(d.estimate) if per_seed.size else math.nan  # the geometric mean
-            ratio["ratio_std"][row] = float(per_seed.std(ddof=1)) if per_seed.size > 1 else math.nan
-            ratio["ratio_ci_low"][row], ratio["ratio_ci_high"][row] = math.exp(d.low), math.exp(d.high)
-            ratio["ratio_method"][row] = d.method
+            paired[at[i]] = (cell, base, cell.nll[ia] - base.nll[ib])
+    ratio_pool = {key: pool_seeds(d for row, (_, _, d) in paired.items() if column[row] == key) for key in set(column)}
+    for row, (cell, base, log_ratios) in paired.items():
+        per_seed = np.exp(log_ratios)
+        d = estimator.difference(cell, base, same_models=True, pools=(ratio_pool[column[row]], None))
+        ratio["ratio_mean"][row] = math.exp(d.estimate) if per_seed.size else math.nan  # the geometric mean
+        ratio["ratio_std"][row] = float(per_seed.std(ddof=1)) if per_seed.size > 1 else math.nan
+        ratio["ratio_ci_low"][row], ratio["ratio_ci_high"][row] = math.exp(d.low), math.exp(d.high)
+        ratio["ratio_method"][row] = d.method
     for _, g in out.groupby(COMPARED, dropna=False):  # lines of one text and train_len (mixed_data)
         means = g.cell.map(lambda c: c.mean).dropna()
         if means.empty:
@@ -407,7 +416,8 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
             if not cell.nll.size:
                 continue
             row = at[i]
-            d = estimator.difference(cell, best) if i != means.idxmin() else None
+            pool = cell_pool[column[row]]
+            d = estimator.difference(cell, best, pools=(pool, pool)) if i != means.idxmin() else None
             low, high = (0.0, 0.0) if d is None else (d.low, d.high)
             ratio["vs_best"][row] = math.exp(cell.mean - best.mean)
             ratio["vs_best_ci_low"][row], ratio["vs_best_ci_high"][row] = math.exp(low), math.exp(high)
