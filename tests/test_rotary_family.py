@@ -1,4 +1,4 @@
-"""hope, resonance_rope and clip_rope against their papers' formulas: attention computed token
+"""hope, resonance_rope, clip_rope and fope against their papers' formulas: attention computed token
 by token in float64 from each scheme's definition, compared with the encoding's rotation through
 posbench's attention; causality; and each scheme's defining property."""
 
@@ -42,6 +42,24 @@ def rotation(freqs):
     return lambda head, p: [cmath.exp(1j * p * f) for f in freqs]
 
 
+def fope_rotation(enc, layer):
+    """Hua et al. 2024: pair d times C_d(p) + i S_d(p), C_d = sum_D a^cos_{D,d} cos(theta_D p) and S_d
+    likewise with sin, for d < N; times 1 + i (both series padded with ones) for the rest."""
+    freq, cos_coef, sin_coef = enc.freq.double().tolist(), enc.cos_coef[layer].double(), enc.sin_coef[layer].double()
+
+    def factors(head, p):
+        out = []
+        for d in range(PAIRS):
+            if d >= cos_coef.shape[-1]:
+                out.append(1 + 1j)
+                continue
+            c = sum(float(cos_coef[head, m, d]) * math.cos(f * p) for m, f in enumerate(freq))
+            s = sum(float(sin_coef[head, m, d]) * math.sin(f * p) for m, f in enumerate(freq))
+            out.append(complex(c, s))
+        return out
+    return factors
+
+
 def direct_attention(q, k, v, pos, factors):
     """Causal softmax attention, every logit q_i'.k_j' / sqrt(hs) summed pair by pair in float64:
     Re(sum_d q'_d conj(k'_d)) is the real dot product of the rotated vectors. -> (B, H, T, hs)."""
@@ -74,6 +92,7 @@ CASES = {
     "hope": ({"name": "hope"}, lambda enc: rotation(hope_freqs())),
     "resonance_rope": ({"name": "resonance_rope"}, lambda enc: rotation(resonance_freqs())),
     "clip_rope": ({"name": "clip_rope"}, lambda enc: rotation(clip_freqs(5))),  # 5 wavelengths exceed L = 64
+    "fope": ({"name": "fope"}, lambda enc: fope_rotation(enc, 1)),
 }
 
 
@@ -83,7 +102,8 @@ def test_attention_equals_the_papers_formula_token_by_token(name):
     enc = build_encoding(cfg, DIMS)
     q, k, v = qkv()
     pos = torch.arange(5, 17)  # not starting at 0: the rotation reads the position values
-    got = posbench_attention(enc, q, k, v, pos)
+    layer = 1 if name == "fope" else 0
+    got = posbench_attention(enc, q, k, v, pos, layer)
     assert torch.allclose(got.double(), direct_attention(q, k, v, pos, factors(enc)), atol=1e-5)
 
 
@@ -170,3 +190,54 @@ def test_clip_rope_reference_count_and_bad_values():
     assert build_encoding({"name": "clip_rope", "clipped": 1}, DIMS).taper.tolist() == [1.0] * PAIRS  # as reference
     with pytest.raises(PosbenchError, match=r"clip_rope clipped must be an integer in 0..8 .* got 9"):
         build_encoding({"name": "clip_rope", "clipped": 9}, DIMS)
+
+
+# ---- FoPE -------------------------------------------------------------------------------------
+
+def test_fope_drops_the_frequencies_below_the_floor():
+    enc = build_encoding({"name": "fope"}, DIMS)
+    kept = [f for f in ROPE if f >= 2 * math.pi / L]
+    assert enc.freq.tolist() == pytest.approx(kept) and len(kept) == 3  # 0.1 >= 2 pi / 64 > 0.0316
+    assert enc.outputs == min(3, HS // 4) == 3  # N: the pairs that get a series
+    assert enc.cos_coef.shape == enc.sin_coef.shape == (2, 2, 3, 3)  # (layers, heads, M, N)
+    few = build_encoding({"name": "fope"}, ModelDims(32, 2, 2, train_len=8192))  # M 7 > hs/4: N 4
+    assert (few.freq.numel(), few.outputs) == (7, 4)
+    assert not enc.cos_coef.requires_grad and "cos_coef" in enc.state_dict()  # fixed, saved with the run
+
+
+def test_fope_with_gain_zero_is_the_step_identity():
+    """gain 0 leaves the step identity: with M = 7 frequencies for N = 4 pairs (train_len 8192),
+    pair d rotates at theta_{d ceil(7/4)} = theta_{2d} (d = 0 .. 3: 0, 2, 4, 6); the other four
+    pairs are times 1 + i (both series padded with ones)."""
+    enc = build_encoding({"name": "fope", "gain": 0.0}, ModelDims(32, 2, 2, train_len=8192))
+    freqs = [ROPE[0], ROPE[2], ROPE[4], ROPE[6]]
+    q, k, v = qkv()
+    pos = torch.arange(12)
+
+    def factors(head, p):
+        return [cmath.exp(1j * p * f) for f in freqs] + [1 + 1j] * (PAIRS - 4)
+    got = posbench_attention(enc, q, k, v, pos)
+    assert torch.allclose(got.double(), direct_attention(q, k, v, pos, factors), atol=1e-5)
+
+
+def test_fope_init_is_xavier_normal_around_the_identity_and_learnable_trains():
+    dims = ModelDims(d_model=512, n_heads=8, n_layers=8, train_len=4096)  # hs 64: M 23 frequencies, N 16
+    torch.manual_seed(0)
+    enc = build_encoding({"name": "fope", "gain": 0.5}, dims)
+    M, N = enc.freq.numel(), enc.outputs
+    noise = enc.cos_coef.clone()  # less the step identity:
+    step = math.ceil(M / N)
+    for d in range(N):
+        if d * step < M:
+            noise[..., d * step, d] -= 1
+    std = 0.5 * math.sqrt(2 / (M * N + 8 * N))  # xavier_normal_ of an (H, M, N) table: fans M*N and H*N
+    assert noise.std().item() == pytest.approx(std, rel=0.05) and abs(noise.mean().item()) < 0.1 * std
+    learned = build_encoding({"name": "fope", "learnable": True}, DIMS)
+    assert {n for n, _ in learned.named_parameters()} == {"cos_coef", "sin_coef"}
+
+
+def test_fope_bad_options_are_one_line():
+    with pytest.raises(PosbenchError, match=r"fope keeps the frequencies >= 2 pi / L; none is at L = 6"):
+        build_encoding({"name": "fope", "cutoff_len": 6}, DIMS)
+    with pytest.raises(PosbenchError, match=r"fope gain must be >= 0, got -1"):
+        build_encoding({"name": "fope", "gain": -1.0}, DIMS)
