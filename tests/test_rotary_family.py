@@ -192,6 +192,26 @@ def test_clip_rope_reference_count_and_bad_values():
         build_encoding({"name": "clip_rope", "clipped": 9}, DIMS)
 
 
+# ---- RoPE scalings at inference --------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["pi", "ntk", "yarn"])
+def test_scalings_keep_each_schemes_property(kind):
+    """A RoPE scaling at inference changes the frequencies first; HoPE's unrotated and the clipped
+    RoPE's frozen pairs stay unrotated, and Resonance RoPE rounds the scaled wavelengths."""
+    pos = torch.arange(300)
+    hope, clip = build_encoding({"name": "hope"}, DIMS), build_encoding({"name": "clip_rope"}, DIMS)
+    for enc, still in ((hope, slice(3, None)), (clip, slice(-1, None))):
+        _, sin = enc.angle_table(pos, kind, 4.0)
+        assert sin[:, still].abs().max() == 0, enc.name
+    resonance = build_encoding({"name": "resonance_rope"}, DIMS)
+    lam = resonance.wavelengths(kind, 4.0)
+    assert torch.equal(lam, lam.round())
+    if kind != "pi":  # pi divides the positions: their angles are not whole periods
+        cos, _ = resonance.angle_table(pos, kind, 4.0)
+        period = int(lam[1])
+        assert torch.equal(cos[period:, 1], cos[:-period, 1])
+
+
 # ---- FoPE -------------------------------------------------------------------------------------
 
 def test_fope_drops_the_frequencies_below_the_floor():
