@@ -76,6 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings import PositionEncoding
+from ..errors import PosbenchError
 
 
 def flex_setting(value: str | None) -> bool | None:
@@ -97,7 +98,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass.
     ``decay``: (B, H, T) cumulative log forget gates c (the ``decay`` hook's gates summed over
     T): the logit of (i, j) gains c_i - c_j, after the logit scale. ``window``: sliding-window
-    attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i)."""
+    attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i).
+    An extension that sets the positions or the visible keys itself (``Extension.sets_positions``)
+    is computed by ``enc.extended_attention`` from q and k before rotation, never here: one line
+    rather than numbers silently as trained."""
+    ext = getattr(enc, "extension", None)
+    if ext is not None and ext.sets_positions:
+        raise PosbenchError(f"eval.extension={ext.method} must run through the encoding's extended_attention "
+                            "(q and k before rotation); this attention layer did not hand it there")
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
     if EXPLICIT_HOOKS & set(hooks):
