@@ -50,15 +50,16 @@ class HighFrequencyRotary(Rotary):
     Enhanced Context Awareness and Extrapolation", arXiv 2410.21216): RoPE that keeps only its
     high-frequency components and makes the others position-independent.
 
-    The paper finds that the RoPE components which do not complete one period within the
-    training length L, the "activated" ones whose cos(theta_i (i - j)) is U-shaped over
-    0..L (theta_i L in (pi, 2 pi)) and the lowest ones (theta_i L < pi), carry the U-shaped
-    attention and the shortcuts that limit extrapolation, and removes them. The rule built here:
-    pair i rotates by theta_i = base^(-2i/hs) exactly when its wavelength fits in the training
-    length, 2 pi / theta_i <= L (theta_i L >= 2 pi); every other pair is not rotated (frequency
-    0: q_i.k_i, the identity in place of the rotation), so r = #{i : 2 pi base^(2i/hs) <= L}
-    highest pairs rotate, as in ``p_rope`` with r set by L instead of a fraction. No reference
-    code by the authors was found; this follows the paper's definition. No parameters.
+    The paper traces the U-shaped attention RoPE models learn, and the shortcuts that limit their
+    extrapolation, to learned low-frequency ("activated") components, and finds the lowest ones
+    settle into near-constant channels that carry semantics rather than position; HoPE makes those
+    components position-independent and keeps only the high frequencies. The rule built here:
+    pair i rotates by theta_i = base^(-2i/hs) exactly when it completes a whole period within the
+    training length, 2 pi / theta_i <= L (theta_i L >= 2 pi); every other pair is not rotated
+    (frequency 0: q_i.k_i, the identity in place of the rotation), so the
+    r = #{i : 2 pi base^(2i/hs) <= L} highest pairs rotate, as in ``p_rope`` with r set by L
+    instead of a fraction. No reference code by the authors was found; the cutoff is this
+    reading of the paper's "high-frequency" components. No parameters.
 
     ``hope`` here is Chen et al.'s; other schemes of that name (a hyperbolic RoPE, arXiv
     2509.05218; a hybrid for vision-language models, arXiv 2505.20444) are not this one. ``cutoff_len``:
