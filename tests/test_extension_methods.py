@@ -333,3 +333,37 @@ def test_a_transformers_llama_under_a_method_equals_the_definition(llama, ext):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(got, plain, atol=1e-3)
     assert llama.config._attn_implementation == before
+
+
+@pytest.mark.slow
+def test_posbench_eval_runs_each_method_on_a_pretrained_model_and_refuses_a_bad_name(tmp_path):
+    """The names on the command line: rows named by method and parameters (llama3 at the trained
+    context is the model as trained: the none row, stored under both names); a bad name is one line
+    listing the valid ones, and writes nothing."""
+    import pandas as pd
+
+    from posbench.data.corpus import sotu_files, train_tokenizer
+    from tests.conftest import posbench
+
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "llama"
+    tok = train_tokenizer([p.read_text() for p in sotu_files()[:2]], 2000, 2)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=2000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=CONTEXT)).save_pretrained(path)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(path)
+    out, common = tmp_path / "out", (f"pretrained={path}", "eval.lengths=[16,64]", "eval.max_tokens=256")
+    for args in (["eval.extension=llama3"], ["eval.extension=string", "eval.extension_window=8"],
+                 ["eval.extension=sinks", "eval.extension_window=12", "eval.extension_group=4"],
+                 ["eval.extension=lm_infinite"], ["eval.extension=dca"]):
+        posbench("eval", *common, f"out={out}", *args)
+    rows = pd.read_csv(out / "results.csv")
+    assert sorted(set(rows.rope_scaling)) == ["dca(C=12,w=2)", "llama3", "lm_infinite(W=16,n=10)", "none",
+                                              "sinks(W=12,n=4)", "string(S=8,W=2)"]
+    assert (rows.status == "ok").all() and list(rows[rows.rope_scaling == "none"].eval_len) == [16]
+    bad = posbench("eval", *common, f"out={tmp_path / 'bad'}", "eval.extension=streaming", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "posbench: error: eval.extension='streaming' is not valid; valid choices: none, self_extend, rerope, logn, "
+        "llama3, string, sinks, lm_infinite, dca")
+    assert not (tmp_path / "bad").exists()
