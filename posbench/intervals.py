@@ -19,9 +19,10 @@ differently). An interval covers both; v is the sum of
   cancels.
 
 q is Student's t at the Welch-Satterthwaite degrees of freedom, (sum v)² / sum (v_j² / df_j),
-with df_j = k_j - 1 for a seed term and infinite for the text term: with 2 seeds whose spread
-dominates, q is near t_1 = 12.7 and the interval honestly wide; where the text dominates, q is
-near the normal 1.96. :func:`combined_interval`.
+with df_j = k_j - 1 for a seed term and BLOCKS - 1 for the text term (its variance estimated from
+BLOCKS blocks, and corrected by BLOCKS / (BLOCKS - 1) for the bootstrap's divisor): with 2 seeds
+whose spread dominates, q is near t_1 = 12.7 and the interval honestly wide; where the text
+dominates, q is near t_19 = 2.09. :func:`combined_interval`.
 
 **A seed term two seeds cannot hide** (:func:`seed_term`, :func:`pool_seeds`). Two seeds give
 their variance one degree of freedom: a chi-square with 1 df falls below a tenth of its mean a
@@ -317,7 +318,8 @@ class Estimator:
         if not k:
             return Interval(math.nan, math.nan, math.nan, NONE)
         text = self._boot(c) if c.blocks is not None else None
-        return combined_interval(c.mean, seed_term(c.nll, pool), text, self.level, k == 1)
+        return combined_interval(c.mean, seed_term(c.nll, pool), text, self.level, k == 1,
+                                 None if text is None else c.sizes.size)
 
     def difference(self, a: Cell, b: Cell, same_models: bool = False,
                    pools: tuple[SeedPool | None, SeedPool | None] = (None, None)) -> Interval:
@@ -342,28 +344,36 @@ class Estimator:
         paired = not (a.blocks is None or b.blocks is None or a.tokens_id != b.tokens_id
                       or not np.array_equal(a.sizes, b.sizes))
         text = self._boot(a) - self._boot(b) if paired else None
-        return combined_interval(a.mean - b.mean, seeds, text, self.level, one)
+        return combined_interval(a.mean - b.mean, seeds, text, self.level, one,
+                                 None if text is None else a.sizes.size)
 
 
 def combined_interval(estimate: float, seeds: list[tuple[float, float]], text: np.ndarray | None,
-                      level: float = LEVEL, one_seed: bool = False) -> Interval:
+                      level: float = LEVEL, one_seed: bool = False, blocks: int | None = None) -> Interval:
     """estimate ± q sqrt(sum of the seed variances + the text variance), centred on the estimate.
 
     ``seeds``: (variance of the mean over seeds, its degrees of freedom) per line (none for a line
-    of one seed); ``text``: bootstrap resamples of the estimate over the text's blocks (None: no
-    per-token NLL), whose variance counts with infinite degrees of freedom. q is Student's t at the
-    Welch-Satterthwaite df (sum v)² / sum (v² / df), the normal quantile where only the text
-    varies. Method: ``seeds+text``, ``text (1 seed)`` (a line of one seed: the seeds' spread is
-    unknown and not in it), ``t`` (seeds only: runs without per-token NLL), or ``none``."""
+    of one seed); ``text``: bootstrap resamples of the estimate over the text's ``blocks`` blocks
+    (None: no per-token NLL). The bootstrap's variance of a mean of n blocks is (n - 1) / n of the
+    unbiased s² / n, and s² has n - 1 degrees of freedom: the text term is the bootstrap variance
+    x n / (n - 1) at n - 1 df (infinite df and no correction where ``blocks`` is None), so that with
+    the text alone the interval is Student's t over the blocks (the normal quantile with the
+    bootstrap's variance covered 0.929 at 20 blocks, results/intervals/coverage.md). q is
+    Student's t at the Welch-Satterthwaite df (sum v)² / sum (v² / df). Method: ``seeds+text``,
+    ``text (1 seed)`` (a line of one seed: the seeds' spread is unknown and not in it), ``t`` (seeds
+    only: runs without per-token NLL), or ``none``."""
     if text is None and (one_seed or not seeds):
         return Interval(estimate, math.nan, math.nan, NONE)
     method = "text (1 seed)" if one_seed and text is not None else "seeds+text" if text is not None else "t"
     v_seeds = sum(v for v, _ in seeds)
     v_text = float(np.var(text, ddof=1)) if text is not None else 0.0
+    text_df = blocks - 1 if text is not None and blocks is not None and blocks > 1 else math.inf
+    v_text *= text_df / (text_df - 1) if text_df < math.inf else 1.0  # n / (n - 1), with df = n - 1
     total = v_seeds + v_text
     if total == 0:
         return Interval(estimate, estimate, estimate, method)
-    denom = sum(v * v / df for v, df in seeds if v > 0)
+    terms = [*seeds, (v_text, text_df)]
+    denom = sum(v * v / df for v, df in terms if v > 0 and df < math.inf)
     df = total * total / denom if denom > 0 else math.inf
     q = t_quantile((1 + level) / 2, df) if df < 1e4 else NormalDist().inv_cdf((1 + level) / 2)
     half = q * math.sqrt(total)

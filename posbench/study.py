@@ -18,6 +18,7 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
       by: [model.name]                # posbench report --by
       dirs: [results/baselines/headline]   # reported beside the study's runs (optional)
       args: [--log-y]                 # any other posbench report flags
+      contrasts: [[p_rope, rope]]     # verdicts on line A's ratio over line B's (posbench report --contrast)
       tables: {encodings.md: scripts/encoding_table.py}   # FILE: a script run on report.csv, its
                                       # output written to results/FILE (optional)
 
@@ -56,7 +57,7 @@ from .errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
 STAGE_KEYS = ("name", "grid", "overrides")
-REPORT_KEYS = ("by", "dirs", "args", "tables")
+REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
 FOLDER = "{stage}/{point}"
 
 
@@ -307,8 +308,9 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
 def report_command(study: Study) -> list[str]:
     rep = study.report
     by = [f"--by={k}" for k in rep.get("by") or []]
+    contrasts = [f"--contrast={a}/{b}" for a, b in rep.get("contrasts") or []]
     return [*_posbench(), "report", *map(str, rep.get("dirs") or []), str(study.runs), "--out", str(study.results),
-            *by, *map(str, rep.get("args") or [])]
+            *by, *contrasts, *map(str, rep.get("args") or [])]
 
 
 def report(study: Study) -> None:

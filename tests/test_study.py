@@ -46,18 +46,17 @@ def test_the_shipped_studies_load_and_expand():
 
 
 # the shipped studies whose runs ship: (runs done, the seeds each sweep still lacks)
-SHIPPED = {"headline": (15, set()), "zoo": (64, set()), "new_schemes": (22, {(2,)})}
+SHIPPED = {"headline": (15, set()), "zoo": (64, set()), "new_schemes": (33, set())}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_a_shipped_study_finds_its_shipped_runs_done(name):
     """Each run of the file composes to the (config hash, seed) of a run exported under its
-    ``runs``: the study file says what those runs were trained with. new_schemes' file asks
-    for a third seed, which is not trained yet."""
+    ``runs``: the study file says what those runs were trained with (new_schemes' third seeds
+    included)."""
     todo, have = plan(load_study(name))
     done, missing = SHIPPED[name]
     assert have == done and {s.seeds for s in todo} == missing
-    assert all((load_study(name).runs / s.folder).is_dir() for s in todo)  # seed 2 goes beside 0 and 1
 
 
 def test_the_headline_trains_only_the_runs_no_export_holds(tmp_path):
@@ -76,11 +75,16 @@ def test_the_headline_trains_only_the_runs_no_export_holds(tmp_path):
 
 
 def test_the_report_commands_are_the_shipped_reports():
-    """new_schemes reports the headline's runs beside its own, with the zoo's --by keys and table."""
+    """new_schemes reports the headline's runs beside its own, with the zoo's --by keys, its contrasts
+    (each scheme's ratio over its base's) and table."""
     study = load_study("new_schemes")
-    assert report_command(study)[3:] == [
+    command = report_command(study)[3:]
+    assert command[:8] == [
         "report", "results/baselines/headline", "results/new_schemes/runs", "--out", "results/new_schemes",
-        "--by=model.length_scaling", "--by=model.qk_norm", "--by=model.window", "--log-y"]
+        "--by=model.length_scaling", "--by=model.qk_norm", "--by=model.window"]
+    assert command[-1] == "--log-y" and len(command) == 8 + 8 + 1
+    assert command[8] == ("--contrast=p_rope [length_scaling=none, qk_norm=False, window=0]/"
+                          "rope [length_scaling=none, qk_norm=False, window=0]")
     assert study.report["tables"] == {"encodings.md": "scripts/encoding_table.py"}
     assert report_command(load_study("headline"))[3:] == [
         "report", "results/baselines/headline", "--out", "results/headline", "--log-y"]

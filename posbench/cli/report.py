@@ -45,6 +45,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--mix", action="store_true",
                         help="report runs scored on different text (corpus, split, vocabulary, scored tokens) "
                              "together, each text's lines apart (default: refuse, naming what differs)")
+    parser.add_argument("--contrast", action="append", default=[], metavar="A/B",
+                        help="a verdict comparing line A's ppl(L) / ppl(train_len) with line B's, both named as the "
+                             "table names them (repeatable)")
     parser.add_argument("--export-baseline", metavar="OUT",
                         help="instead of a report, write what paired intervals need of the runs under DIRS "
                              "(results, config, per-block NLL sums: a few KiB per run) to OUT")
@@ -59,8 +62,12 @@ def main(args: list[str]) -> None:
     if not 0 <= threshold <= 1:
         raise PosbenchError(f"report: --threshold {threshold:g} is not valid; valid: a score in [0, 1], e.g. 0.5")
     baselines = [str(resolve_baseline(b)) for b in ns.baseline]
+    contrasts = [tuple(c.split("/", 1)) for c in ns.contrast]
+    if bad := [c for c, pair in zip(ns.contrast, contrasts) if len(pair) != 2 or not all(pair)]:
+        raise PosbenchError(f"report: --contrast {bad[0]!r} is not valid; valid: A/B, two line names as the table "
+                            "names them, e.g. 'p_rope/rope'")
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
-                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines)
+                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts)
     if done.header:
         print(done.header + "\n")
     if done.table:

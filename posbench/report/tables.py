@@ -89,6 +89,7 @@ from .learned_bias import trained_encoding, write_report_figure, write_run_figur
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
+from .verdicts import verdict_lines, verdicts_markdown
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
@@ -313,13 +314,14 @@ def setup_header(df: pd.DataFrame, setup: pd.DataFrame, mixed: str = "") -> str:
 
 
 # ---------------------------------------------------------------- summary
-def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool = False) -> pd.DataFrame:
     """Geometric mean (``ppl_mean``: exp of the mean log ppl, the centre of its interval), std, min,
     max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
     (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label``, its
     parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them) and the
     interval columns of :func:`add_intervals` (bootstrap intervals where rows carry their ``run``
-    dir and it holds token_nll.npz)."""
+    dir and it holds token_nll.npz); ``cells``: keep each row's :class:`Cell` in a ``cell`` column
+    (what :mod:`posbench.report.verdicts` compares)."""
     df = with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
     stats = ok.assign(log_ppl=np.log(ok.ppl)).groupby(GROUP, dropna=False).agg(
@@ -330,7 +332,8 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFr
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
     out = with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
-    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator()).drop(columns="cell")
+    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator())
+    out = out if cells else out.drop(columns="cell")
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
@@ -784,7 +787,8 @@ def draw_run(run_dir: str | Path) -> None:
 
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
-           threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = ()) -> Report:
+           threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = (),
+           contrasts: list[tuple[str, str]] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -798,7 +802,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     ``threshold``: the score a probe's effective length keeps (:mod:`posbench.report.probes`);
     ``mix``: report runs scored on different text together (:func:`check_one_text` refuses them
     otherwise), each text's lines apart; ``lines``: the line names (``--lines``, commas outside
-    brackets split them) that the per-line figures draw. A report of more than
+    brackets split them) that the per-line figures draw; ``contrasts``: (line A, line B) pairs whose
+    ratios report.md's verdicts compare (:mod:`posbench.report.verdicts`). A report of more than
     :data:`~posbench.report.ranked.MANY_LINES` lines draws ranked.png and tradeoff.png
     (:mod:`posbench.report.ranked`), one point per line, and the per-line figures for ``lines``
     or the lines :func:`~posbench.report.ranked.pick_lines` picks.
@@ -811,7 +816,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines, contrasts)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -845,7 +850,7 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
 
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
                failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
-               mix: bool = False, lines: list[str] = ()) -> Report:
+               mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str]] = ()) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths, by=by)
@@ -863,7 +868,9 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
 
-    summary = summarize(df)
+    summary = summarize(df, cells=True)
+    verdicts = verdict_lines(summary, contrasts)
+    summary = summary.drop(columns="cell")
     text = extrapolation_summary(summary)
     table = markdown_table(summary)
     setup = run_setup(df)
@@ -904,6 +911,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
                       + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
+                      + verdicts_markdown(verdicts)
                       + probe_text + context_markdown(gain)
                       + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in notes if t)
                       + listed)

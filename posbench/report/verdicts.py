@@ -1,0 +1,196 @@
+"""Verdicts: the comparisons a report states, generated from its numbers, one line each.
+
+A results README says what a study found; posbench makes every such sentence a line the report
+writes from the runs (report.md's ``## Verdicts``), so a reader can recompute it and a README can
+only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three kinds:
+
+* **orderings**, per setup (lines of one model, text, train_len and split): the lines sorted by
+  ppl(L) / ppl(train_len) at the longest length every line reached, and by ppl at train_len;
+  between two neighbours ``<`` where the 95% interval of the ratio of their values lies below 1,
+  ``~`` where it holds 1 ("cannot be told apart"). A symbol compares its two neighbours only: in
+  ``a ~ b ~ c``, a and c may still be apart.
+* **contrasts** a study declares (``report.contrasts`` of conf/study/*.yaml, ``posbench report
+  --contrast A/B``): line A's ratio over line B's, with its interval, "below", "above" or "cannot
+  be told apart", in every setup that has both.
+* **across setups** (more than one model size or text): each pair of encodings whose ratio order is
+  decided in every setup either holds (the same order everywhere) or changes (opposite orders
+  somewhere); pairs undecided somewhere are counted, not listed.
+
+Intervals are the report's (:mod:`posbench.intervals`): a difference of two lines' log ratios, each
+a paired per-seed log ratio with its text resampled alike, with the seeds' term pooled as the
+table's (a line below 3 seeds takes at least its column's pooled variance).
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+
+from ..eval.results import LINE
+from ..intervals import Cell, Estimator, Interval, pool_seeds
+
+SETUP = [c for c in LINE if c != "label"]  # one setup: lines compared with each other
+PREFIX = "verdict: "
+
+
+def ratio_cell(far: Cell, base: Cell) -> Cell:
+    """A line's per-seed log ratio log ppl(far) - log ppl(base) as a cell (paired by seed, the text's
+    blocks differenced so the bootstrap resamples both lengths alike)."""
+    common, ia, ib = np.intersect1d(far.seeds, base.seeds, return_indices=True)
+    blocks = None
+    if far.blocks is not None and base.blocks is not None and far.tokens_id == base.tokens_id \
+            and np.array_equal(far.sizes, base.sizes):
+        blocks = far.blocks[ia] - base.blocks[ib]
+    return Cell(common, far.nll[ia] - base.nll[ib], blocks, far.sizes if blocks is not None else None,
+                far.tokens_id if blocks is not None else ())
+
+
+def _setup_text(keys: dict, varied: list[str]) -> str:
+    return "[" + ", ".join(f"{c}={keys[c]}" for c in varied) + "] " if varied else ""
+
+
+def _decided(iv: Interval) -> str:
+    """'<' where the interval lies below 0 (log scale), '>' above, '~' where it holds 0 or is missing."""
+    if math.isnan(iv.low):
+        return "~"
+    return "<" if iv.high < 0 else ">" if iv.low > 0 else "~"
+
+
+class Verdicts:
+    """The verdict lines of one summary (:func:`posbench.report.tables.summarize` with ``cells=True``)."""
+
+    def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None):
+        self.s = summary[summary.cell.map(lambda c: c.nll.size > 0)]
+        self.est = estimator or Estimator()
+        self.varied = [c for c in SETUP if c in self.s and self.s[c].astype(str).nunique() > 1]
+
+    def setups(self):
+        for keys, g in self.s.groupby(SETUP, dropna=False, sort=True):
+            yield dict(zip(SETUP, keys)), g
+
+    def _longest(self, g: pd.DataFrame) -> int | None:
+        """The longest eval length every line of ``g`` reached with a ratio."""
+        tlen = int(g.train_len.iloc[0])
+        reached = [set(e[e.ratio_mean.notna()].eval_len) for _, e in g.groupby("label")]
+        common = set.intersection(*reached) - {tlen} if reached else set()
+        return max(common) if common else None
+
+    def _ratios(self, g: pd.DataFrame, length: int) -> dict[str, Cell]:
+        tlen = int(g.train_len.iloc[0])
+        cells = {}
+        for label, e in g.groupby("label", sort=False):
+            e = e.set_index("eval_len")
+            cells[label] = ratio_cell(e.cell[length], e.cell[tlen])
+        return cells
+
+    def _pool(self, length: int, setup: dict, ratio: bool):
+        """The seeds' pooled variance of the column (text, train_len, length) across the summary, as
+        the table's intervals pool it."""
+        same = self.s[(self.s.train_len == setup["train_len"]) & (self.s.data.astype(str) == str(setup["data"]))
+                      & (self.s.split.astype(str) == str(setup["split"]))]
+        if not ratio:
+            return pool_seeds(c.nll for c in same[same.eval_len == length].cell)
+        groups = []
+        for _, e in same.groupby(LINE, dropna=False):
+            e = e.set_index("eval_len")
+            if length in e.index and setup["train_len"] in e.index:
+                groups.append(ratio_cell(e.cell[length], e.cell[setup["train_len"]]).nll)
+        return pool_seeds(groups)
+
+    def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
+        names = sorted(cells, key=lambda n: values[n])
+        out = f"{names[0]} {values[names[0]]:.{digits}f}"
+        for a, b in zip(names, names[1:]):
+            sign = _decided(self.est.difference(cells[a], cells[b], pools=(pool, pool)))
+            out += f" {'<' if sign == '<' else '~'} {b} {values[b]:.{digits}f}"
+        return out
+
+    def orderings(self) -> list[str]:
+        lines = []
+        for setup, g in self.setups():
+            if g.label.nunique() < 2:
+                continue
+            tlen, where = int(setup["train_len"]), _setup_text(setup, self.varied)
+            length = self._longest(g)
+            if length is not None:
+                cells = self._ratios(g, length)
+                values = {n: math.exp(c.mean) for n, c in cells.items()}
+                lines.append(f"{where}ppl(L={length}) / ppl(L={tlen}) ({length / tlen:g}x), lowest first: "
+                             + self._order(cells, values, self._pool(length, setup, True), 3))
+            at = g[g.eval_len == tlen].set_index("label")
+            if len(at) > 1:
+                cells = dict(at.cell)
+                values = {n: math.exp(c.mean) for n, c in cells.items()}
+                lines.append(f"{where}ppl(L={tlen}), lowest first: "
+                             + self._order(cells, values, self._pool(tlen, setup, False), 2))
+        return lines
+
+    def contrasts(self, pairs) -> list[str]:
+        lines = []
+        for a, b in pairs:
+            found = False
+            for setup, g in self.setups():
+                if not {a, b} <= set(g.label):
+                    continue
+                found = True
+                length = self._longest(g[g.label.isin([a, b])])
+                if length is None:
+                    continue
+                cells = self._ratios(g[g.label.isin([a, b])], length)
+                iv = self.est.difference(cells[a], cells[b], pools=(self._pool(length, setup, True),) * 2)
+                word = {"<": "below", ">": "above", "~": "cannot be told apart"}[_decided(iv)]
+                ci = "[no interval]" if math.isnan(iv.low) else f"[{math.exp(iv.low):.3f}, {math.exp(iv.high):.3f}]"
+                tlen = int(setup["train_len"])
+                lines.append(f"{_setup_text(setup, self.varied)}{a} / {b}, ppl(L={length}) / ppl(L={tlen}): "
+                             f"{math.exp(iv.estimate):.3f} {ci}: {word}")
+            if not found:
+                lines.append(f"{a} / {b}: no setup has both lines")
+        return lines
+
+    def across(self) -> list[str]:
+        """Pairs of lines whose ratio order is decided in every setup: holds or changes."""
+        if not self.varied:
+            return []
+        signs: dict[tuple[str, str], list[str]] = {}
+        setups = 0
+        for setup, g in self.setups():
+            length = self._longest(g)
+            if length is None:
+                continue
+            setups += 1
+            cells, pool = self._ratios(g, length), self._pool(length, setup, True)
+            for a, b in combinations(sorted(cells), 2):
+                signs.setdefault((a, b), []).append(_decided(self.est.difference(cells[a], cells[b],
+                                                                                 pools=(pool, pool))))
+        holds, changes, undecided = [], [], 0
+        for (a, b), found in sorted(signs.items()):
+            if len(found) < setups or "~" in found:
+                undecided += len(found) == setups
+                continue
+            if len(set(found)) == 1:
+                holds.append(f"{a} < {b}" if found[0] == "<" else f"{b} < {a}")
+            else:
+                changes.append(f"{a} vs {b} ({' / '.join(found)})")
+        over = ", ".join(self.varied)
+        return [f"across {setups} setups ({over}), the ratio order that holds in every one: "
+                + ("; ".join(holds) or "none"),
+                f"across {setups} setups ({over}), the ratio order that changes: " + ("; ".join(changes) or "none"),
+                f"across {setups} setups ({over}): {undecided} pair(s) of lines in every setup cannot be told apart "
+                "in at least one"]
+
+
+def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None) -> list[str]:
+    """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`."""
+    v = Verdicts(summary, estimator)
+    return [PREFIX + line for line in v.orderings() + v.contrasts(contrasts) + v.across()]
+
+
+def verdicts_markdown(lines: list[str]) -> str:
+    if not lines:
+        return ""
+    return ("\n## Verdicts\n\nGenerated from the table's runs (posbench/report/verdicts.py): `<` where the 95% "
+            "interval of the ratio of two neighbours' values lies below 1, `~` where it holds 1 (cannot be told "
+            "apart; each symbol compares its two neighbours only).\n\n" + "".join(f"- {line}\n" for line in lines))

@@ -1,0 +1,127 @@
+"""Verdicts generated from the numbers (posbench/report/verdicts.py), and every verdict a results
+README states: quoted from its report.md, and re-derived from the study's shipped runs."""
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT
+from posbench.errors import PosbenchError
+from posbench.intervals import BLOCKS, Cell, Estimator
+from posbench.report.tables import add_intervals, collect, summarize
+from posbench.report.verdicts import PREFIX, Verdicts, verdict_lines
+
+GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
+                 "eval_len"]
+
+
+def line_cells(rng, k: int, nll_1x: float, log_ratio: float, sd_seed: float, text: np.ndarray, sizes: np.ndarray):
+    """One line's cells at 128 and 2048: k seeds, block NLLs shared text + seed effect."""
+    u, du = rng.normal(0, sd_seed, k), rng.normal(0, sd_seed, k)
+    base = (nll_1x + u[:, None] + text[None, :]) * sizes
+    far = (nll_1x + log_ratio + (u + du)[:, None] + text[None, :]) * sizes
+    return [Cell(np.arange(k), b.sum(1) / sizes.sum(), b, sizes, ("sim", "validation", int(sizes.sum())))
+            for b in (base, far)]
+
+
+def summary_of(lines: dict, model: str = "tiny", seed: int = 0) -> pd.DataFrame:
+    """A summary with cells, as summarize(cells=True) gives, for {name: (nll_1x, log_ratio, sd_seed)}."""
+    rng = np.random.default_rng(seed)
+    sizes = np.full(BLOCKS, 100)
+    text = rng.normal(0, 0.001, BLOCKS)
+    rows = []
+    for name, (nll, log_ratio, sd) in lines.items():
+        for eval_len, cell in zip((128, 2048), line_cells(rng, 3, nll, log_ratio, sd, text, sizes)):
+            rows.append({"label": name, "encoding": name, "variant": "", "rope_scaling": "none",
+                         "mode": "nonoverlapping", "stride": eval_len, "model": model, "data": "sim",
+                         "train_len": 128, "split": "validation", "eval_len": eval_len, "cell": cell})
+    return add_intervals(pd.DataFrame(rows), Estimator(resamples=400))
+
+
+def test_ordering_says_below_only_where_the_interval_supports_it():
+    s = summary_of({"a": (3.0, 0.00, 0.002), "b": (3.0, 0.30, 0.002), "c": (3.0, 0.302, 0.002)})
+    lines = Verdicts(s, Estimator(resamples=400)).orderings()
+    ratio = lines[0]
+    assert ratio.startswith("ppl(L=2048) / ppl(L=128) (16x), lowest first: a 1.0")
+    assert re.search(r"a \d\.\d{3} < b \d\.\d{3} ~ c \d\.\d{3}$", ratio) or \
+        re.search(r"a \d\.\d{3} < c \d\.\d{3} ~ b \d\.\d{3}$", ratio), ratio  # 0.2% apart: not told apart
+    assert lines[1].startswith("ppl(L=128), lowest first: ")
+    values = [float(v) for v in re.findall(r" (\d+\.\d+)", ratio)]
+    assert values == sorted(values)
+    assert values[0] == pytest.approx(math.exp(s[(s.label == "a") & (s.eval_len == 2048)].cell.iloc[0].mean
+                                               - s[(s.label == "a") & (s.eval_len == 128)].cell.iloc[0].mean),
+                                      abs=5e-4)
+
+
+def test_contrast_words_and_interval():
+    s = summary_of({"base": (3.0, 0.5, 0.01), "scheme": (3.0, 0.2, 0.01), "same": (3.0, 0.5, 0.3)})
+    v = Verdicts(s, Estimator(resamples=400))
+    below, unclear, missing = v.contrasts([("scheme", "base"), ("same", "base"), ("scheme", "nothing")])
+    assert below.startswith("scheme / base, ppl(L=2048) / ppl(L=128): 0.7") and below.endswith(": below")
+    low, high = map(float, re.search(r"\[(\S+), (\S+)\]", below).groups())
+    assert low < math.exp(-0.3) < high < 1
+    assert unclear.endswith(": cannot be told apart")
+    assert missing == "scheme / nothing: no setup has both lines"
+
+
+def test_across_setups_holds_and_changes():
+    small = summary_of({"x": (3.0, 0.1, 0.005), "y": (3.0, 0.8, 0.005), "z": (3.0, 0.4, 0.005)}, "small", 1)
+    tiny = summary_of({"x": (3.2, 0.1, 0.005), "y": (3.2, 0.8, 0.005), "z": (3.2, 1.5, 0.005)}, "tiny", 2)
+    lines = Verdicts(pd.concat([small, tiny], ignore_index=True), Estimator(resamples=400)).across()
+    assert lines[0] == "across 2 setups (model), the ratio order that holds in every one: x < y; x < z"
+    assert lines[1] == "across 2 setups (model), the ratio order that changes: y vs z (> / <)"
+
+
+def test_contrast_flag_refuses_a_malformed_pair():
+    from posbench.cli.report import main
+
+    with pytest.raises(PosbenchError, match=r"--contrast 'rope' is not valid; valid: A/B"):
+        main([str(ROOT / "results/scale/runs"), "--contrast", "rope"])
+
+
+# ---------------------------------------------------------------- the shipped READMEs
+QUOTE = "> " + PREFIX
+
+
+def quoted(readme: Path) -> list[str]:
+    return [line[2:].strip() for line in readme.read_text().splitlines() if line.startswith(QUOTE)]
+
+
+def readmes_with_verdicts() -> list[Path]:
+    return sorted(p for p in (ROOT / "results").rglob("README.md") if quoted(p))
+
+
+def study_of(folder: Path) -> dict | None:
+    for path in (ROOT / "conf/study").glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        if (ROOT / data["results"]).resolve() == folder.resolve():
+            return data
+    return None
+
+
+def test_some_readme_states_its_verdicts():
+    assert readmes_with_verdicts(), "no results README quotes a verdict"
+
+
+@pytest.mark.parametrize("readme", readmes_with_verdicts(), ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
+    """A README's `> verdict: ...` lines are report.md's verdict lines, verbatim; where a study made
+    the folder, its runs give the same lines again now."""
+    report = (readme.parent / "report.md").read_text()
+    shipped = [line[2:] for line in report.splitlines() if line.startswith("- " + PREFIX)]
+    for line in quoted(readme):
+        assert line in shipped, f"{readme}: not a verdict of its report.md: {line}"
+    study = study_of(readme.parent)
+    if study is None:
+        return
+    rep = study.get("report") or {}
+    paths = [ROOT / d for d in rep.get("dirs") or []] + [ROOT / study["runs"]]
+    df = collect(paths, by=rep.get("by") or [])
+    derived = verdict_lines(summarize(df, cells=True), [tuple(c) for c in rep.get("contrasts") or []])
+    for line in quoted(readme):
+        assert line in derived, f"{readme}: its runs no longer give: {line}"
