@@ -18,17 +18,18 @@ rotation, R(p) the rotation by p, L the trained context (``train_len``) and T th
 * **llama3** (Meta 2024, "The Llama 3 Herd of Models"; ``apply_scaling`` in meta-llama/llama-models,
   Hugging Face ``rope_type: llama3``): every pair as trained, on new frequencies
   (:func:`llama3_inv_freq`): with wavelength lambda = 2 pi / theta, theta kept where
-  lambda < L / 4, theta / s where lambda > L / 1, and between them (1 - a) theta / s + a theta
+  lambda < L / 4, theta / s where lambda > L, and between them (1 - a) theta / s + a theta
   with a = (L / lambda - 1) / (4 - 1) (low_freq_factor 1, high_freq_factor 4, the original
   context L). s is ``factor``, or max(1, T / L) per window when None (as ``eval.rope_factor``
-  null for the RoPE scalings).
+  null for the RoPE scalings). On a model whose own config already scales its RoPE, it scales
+  the frequencies the model has.
 * **STRING** (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
   HKUNLP/STRING; shifted offset S = ``window``, local value W = ``group``): d < S as trained;
   d >= S: R(i - S + W)q . R(j)k, the distance d - S + W, so the far keys reuse the small, well
   trained distances. As the reference (``string_for_llama.py``), q and k are both multiplied by
-  0.1 ln 2 + 1 (its ``attention_factor`` on cos and sin). Defaults: S = int(0.33 L) (its README's
-  ``shifted_offset``), W = 128 (``small_local_value``), capped at S // 4 (at least 1) for short contexts. The
-  reference's near part is a flash window of S + 1 keys (d <= S), so its key at d = S is counted
+  0.1 ln 2 + 1 (its ``attention_factor`` on cos and sin). Defaults: S = int(0.33 L) (its
+  README's ``shifted_offset``), W = 128 (``small_local_value``), capped at S // 4 (at least 1)
+  for short contexts. The reference's near part is a flash window of S + 1 keys (d <= S), so its key at d = S is counted
   in both parts; here each key is in one.
 * **sinks** (StreamingLLM; Xiao et al., ICLR 2024, "Efficient Streaming Language Models with
   Attention Sinks", mit-han-lab/streaming-llm; n sinks = ``group``, W = ``window`` recent keys
@@ -63,9 +64,11 @@ block of (chunk, keys) at a time, so memory grows with the length, not its squar
 to. Hugging Face models use it through transformers' attention interface
 (:func:`hf_attention`): the q and k it receives are already rotated by positions 0..T-1, so it
 rotates them back first. posbench's own models use it inside :meth:`PositionEncoding.extended
-<posbench.encodings.base.PositionEncoding.extended>`: the attention layer hands the methods that
-set positions (:attr:`Extension.sets_positions`) its q and k before rotation, with the
-encoding's frequencies, and scales the rotated queries for log-n (any encoding).
+<posbench.encodings.base.PositionEncoding.extended>`: the attention layer hands a method that
+sets positions (:attr:`Extension.sets_positions`) its q and k before rotation, with the
+encoding's frequencies, and scales the rotated queries for log-n (any encoding); a method that
+sets positions but reaches the ordinary kernel instead stops there with one line
+(:func:`posbench.model.attention.causal_attention`), never giving the numbers as trained.
 """
 
 from __future__ import annotations
