@@ -73,8 +73,9 @@ def test_across_setups_holds_and_changes():
     small = summary_of({"x": (3.0, 0.1, 0.005), "y": (3.0, 0.8, 0.005), "z": (3.0, 0.4, 0.005)}, "small", 1)
     tiny = summary_of({"x": (3.2, 0.1, 0.005), "y": (3.2, 0.8, 0.005), "z": (3.2, 1.5, 0.005)}, "tiny", 2)
     lines = Verdicts(pd.concat([small, tiny], ignore_index=True), Estimator(resamples=400)).across()
-    assert lines[0] == "across 2 setups (model), the ratio order that holds in every one: x < y; x < z"
-    assert lines[1] == "across 2 setups (model), the ratio order that changes: y vs z (> / <)"
+    assert lines[0] == "across model (small/tiny), the ratio order that holds in every one: x < y; x < z"
+    assert lines[1] == "across model (small/tiny), the ratio order that changes: y vs z (> / <)"
+    assert lines[2] == "across model (small/tiny): 0 pair(s) of lines in every one cannot be told apart in at least one"
 
 
 def test_contrast_flag_refuses_a_malformed_pair():

@@ -12,9 +12,11 @@ only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three k
 * **contrasts** a study declares (``report.contrasts`` of conf/study/*.yaml, ``posbench report
   --contrast A/B``): line A's ratio over line B's, with its interval, "below", "above" or "cannot
   be told apart", in every setup that has both.
-* **across setups** (more than one model size or text): each pair of encodings whose ratio order is
-  decided in every setup either holds (the same order everywhere) or changes (opposite orders
-  somewhere); pairs undecided somewhere are counted, not listed.
+* **across setups** (more than one model size or text): for each column that varies (model, data),
+  over the setups that differ in it alone, and then over every setup: each pair of lines present
+  in all of them whose ratio order is decided in every one either holds (the same order
+  everywhere) or changes (opposite orders somewhere); pairs undecided somewhere are counted, not
+  listed.
 
 Intervals are the report's (:mod:`posbench.intervals`): a difference of two lines' log ratios, each
 a paired per-seed log ratio with its text resampled alike, with the seeds' term pooled as the
@@ -48,8 +50,13 @@ def ratio_cell(far: Cell, base: Cell) -> Cell:
                 far.tokens_id if blocks is not None else ())
 
 
+def _short(value) -> str:
+    """A setup value as a line's name shows it: a mixed text's data label without its bracket."""
+    return str(value).split(" [")[0]
+
+
 def _setup_text(keys: dict, varied: list[str]) -> str:
-    return "[" + ", ".join(f"{c}={keys[c]}" for c in varied) + "] " if varied else ""
+    return "[" + ", ".join(f"{c}={_short(keys[c])}" for c in varied) + "] " if varied else ""
 
 
 def _decided(iv: Interval) -> str:
@@ -150,36 +157,55 @@ class Verdicts:
                 lines.append(f"{a} / {b}: no setup has both lines")
         return lines
 
-    def across(self) -> list[str]:
-        """Pairs of lines whose ratio order is decided in every setup: holds or changes."""
-        if not self.varied:
-            return []
-        signs: dict[tuple[str, str], list[str]] = {}
-        setups = 0
+    def _signs(self) -> list[tuple[dict, dict[tuple[str, str], str]]]:
+        """Per setup with a common longest length: the decided order ('<', '>', '~') of each pair of lines."""
+        out = []
         for setup, g in self.setups():
             length = self._longest(g)
             if length is None:
                 continue
-            setups += 1
             cells, pool = self._ratios(g, length), self._pool(length, setup, True)
-            for a, b in combinations(sorted(cells), 2):
-                signs.setdefault((a, b), []).append(_decided(self.est.difference(cells[a], cells[b],
-                                                                                 pools=(pool, pool))))
+            out.append((setup, {(a, b): _decided(self.est.difference(cells[a], cells[b], pools=(pool, pool)))
+                                for a, b in combinations(sorted(cells), 2)}))
+        return out
+
+    @staticmethod
+    def _agreement(found: list[dict[tuple[str, str], str]], what: str) -> list[str]:
+        """Over the setups ``found``: pairs decided alike in every one (holds), decided oppositely
+        (changes), and a count of pairs in every setup left undecided in some."""
         holds, changes, undecided = [], [], 0
-        for (a, b), found in sorted(signs.items()):
-            if len(found) < setups or "~" in found:
-                undecided += len(found) == setups
-                continue
-            if len(set(found)) == 1:
-                holds.append(f"{a} < {b}" if found[0] == "<" else f"{b} < {a}")
+        pairs = set.intersection(*(set(f) for f in found))
+        for a, b in sorted(pairs):
+            signs = [f[(a, b)] for f in found]
+            if "~" in signs:
+                undecided += 1
+            elif len(set(signs)) == 1:
+                holds.append(f"{a} < {b}" if signs[0] == "<" else f"{b} < {a}")
             else:
-                changes.append(f"{a} vs {b} ({' / '.join(found)})")
-        over = ", ".join(self.varied)
-        return [f"across {setups} setups ({over}), the ratio order that holds in every one: "
-                + ("; ".join(holds) or "none"),
-                f"across {setups} setups ({over}), the ratio order that changes: " + ("; ".join(changes) or "none"),
-                f"across {setups} setups ({over}): {undecided} pair(s) of lines in every setup cannot be told apart "
-                "in at least one"]
+                changes.append(f"{a} vs {b} ({' / '.join(signs)})")
+        return [f"{what}, the ratio order that holds in every one: " + ("; ".join(holds) or "none"),
+                f"{what}, the ratio order that changes: " + ("; ".join(changes) or "none"),
+                f"{what}: {undecided} pair(s) of lines in every one cannot be told apart in at least one"]
+
+    def across(self) -> list[str]:
+        """For each varied setup column (model, data, ...), over the setups that differ in it alone;
+        then, with several varied columns, over every setup."""
+        signs = self._signs()
+        lines = []
+        for col in self.varied:
+            others = [c for c in self.varied if c != col]
+            groups: dict[tuple, list] = {}
+            for setup, found in signs:
+                groups.setdefault(tuple(_short(setup[c]) for c in others), []).append((setup, found))
+            for key, group in groups.items():
+                if len(group) < 2:
+                    continue
+                values = "/".join(_short(setup[col]) for setup, _ in group)
+                at = "".join(f", {c}={v}" for c, v in zip(others, key))
+                lines += self._agreement([f for _, f in group], f"across {col} ({values}{at})")
+        if len(self.varied) > 1 and len(signs) > 1:
+            lines += self._agreement([f for _, f in signs], f"across all {len(signs)} setups")
+        return lines
 
 
 def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None) -> list[str]:
