@@ -172,7 +172,7 @@ def test_an_extension_a_run_cannot_take_is_one_line():
 
     se = Extension("self_extend", 4, 2, 8)
     with pytest.raises(PosbenchError, match=r"^eval.extension=self_extend regroups rotary positions: it runs on "
-                                            r"p_rope, rope, rope_nope; this run uses 'alibi'; valid here: "
+                                            r"clip_rope, hope, p_rope, resonance_rope, rope, rope_nope; this run uses 'alibi'; valid here: "
                                             r"eval.extension=none or logn$"):
         check_extension(tiny_model("alibi"), se)
     with pytest.raises(PosbenchError, match=r"this run uses 'xpos'"):
@@ -224,6 +224,6 @@ def test_an_extension_an_alibi_run_cannot_take_is_one_line_and_writes_nothing(sm
                     check=False)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
-        "posbench: error: eval.extension=rerope regroups rotary positions: it runs on p_rope, rope, rope_nope; "
-        "this run uses 'alibi'; valid here: eval.extension=none or logn")
+        "posbench: error: eval.extension=rerope regroups rotary positions: it runs on clip_rope, hope, p_rope, "
+        "resonance_rope, rope, rope_nope; this run uses 'alibi'; valid here: eval.extension=none or logn")
     assert {p.name: p.read_bytes() for p in smoke_run_copy.iterdir() if p.is_file()} == before

@@ -264,8 +264,6 @@ def test_a_posbench_encoding_under_a_method_equals_the_definition_in_every_layer
     assert not torch.allclose(got, plain, atol=1e-3)  # it changed what it should
 
 
-@pytest.mark.xfail(strict=True, reason="posbench/model/transformer.py hands only self_extend and rerope to the "
-                                       "encoding's extended attention; it needs `ext.sets_positions` there")
 def test_a_posbench_model_runs_every_method_that_sets_positions():
     from tests.conftest import tiny_model
 

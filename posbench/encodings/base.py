@@ -179,9 +179,9 @@ class PositionEncoding(nn.Module):
         raise NotImplementedError
 
     def check_extension(self, ext) -> None:
-        """One line unless ``ext`` runs on this encoding: ``none`` and ``logn`` on any; Self-Extend
-        and ReRoPE on the ``regroupable`` ones."""
-        if ext.method in ("self_extend", "rerope") and not self.regroupable:
+        """One line unless ``ext`` runs on this encoding: ``none`` and ``logn`` on any; the methods that
+        set rotary positions themselves (``Extension.sets_positions``) on the ``regroupable`` ones."""
+        if ext.sets_positions and not self.regroupable:
             fit = sorted(name for name, cls in REGISTRY.items() if cls.regroupable)
             raise PosbenchError(f"eval.extension={ext.method} regroups rotary positions: it runs on {', '.join(fit)}; "
                                 f"this run uses {self.name!r}; valid here: eval.extension=none or logn")

@@ -386,7 +386,7 @@ class HybridRotary(Rotary):
 
     def check_extension(self, ext) -> None:
         super().check_extension(ext)
-        if ext.method in ("self_extend", "rerope") and self.window:
+        if ext.sets_positions and self.window:
             raise PosbenchError(f"eval.extension={ext.method} regroups the positions of global attention; this "
                                 f"rope_nope run has windowed RoPE layers (window={self.window}); valid here: "
                                 "eval.extension=none or logn")

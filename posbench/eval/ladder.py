@@ -258,10 +258,11 @@ def scaling_label(kind: str, ext: Extension) -> str:
 
 def check_extension(model: LanguageModel, ext: Extension) -> None:
     """One line unless ``ext`` runs on this posbench model: the encoding takes it
-    (:meth:`PositionEncoding.check_extension`), and Self-Extend and ReRoPE, which compute the whole
-    attention themselves, meet no sliding window or trained length scaling they would drop."""
+    (:meth:`PositionEncoding.check_extension`), and a method that sets positions (Self-Extend,
+    ReRoPE, llama3, STRING, sinks, LM-Infinite, DCA), computing the whole attention itself, meets no
+    sliding window or trained length scaling it would drop."""
     model.encoding.check_extension(ext)
-    if ext.method not in ("self_extend", "rerope"):
+    if not ext.sets_positions:
         return
     for key, value, valid in (("model.window", model.cfg.window, 0), ("model.length_scaling", model.cfg.length_scaling,
                                                                       "none")):

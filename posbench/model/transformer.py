@@ -48,7 +48,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # in fp32, as Qwen3's RMSNorm (and no bf16 input beside an fp32 gain)
             q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         ext = enc.extension  # eval.extension (posbench.encodings.extension), None but at evaluation
-        if ext is not None and ext.method in ("self_extend", "rerope"):  # the rotation is part of the attention
+        if ext is not None and ext.sets_positions:  # the rotation (and the visible keys) are part of the attention
             y = enc.extended_attention(q, k, v, positions, layer)
         else:
             q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
@@ -134,10 +134,7 @@ class LanguageModel(nn.Module):
         targets >= 0 (a negative target, ``posbench.data.tasks.IGNORE``, is skipped). ``positions``: see
         :meth:`hidden`."""
         hidden = self.hidden(idx, positions)
-        if targets is not None:
-            if bool((targets < 0).any()):  # IGNORE targets (a task's prompt and padding): the loss skips them
-                keep = targets >= 0
-                hidden, targets = hidden[keep], targets[keep]
+        if targets is not None:  # IGNORE targets (a task's prompt and padding): the loss skips them
             return linear_cross_entropy(hidden, self.tok_emb.weight, targets)
         return hidden @ self.tok_emb.weight.t()  # tied output embedding
 
