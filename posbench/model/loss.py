@@ -27,21 +27,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
         kind = hidden.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
         w = weight.to(dtype)
-        n = targets.numel()
+        valid = targets >= 0  # a negative target (a task's prompt, padding) is skipped
+        n = valid.sum().clamp(min=1).float()  # a tensor: no host sync, so compiled steps keep one graph
+        keep = valid.float()
+        targets = targets.clamp(min=0)
         grad_h = torch.empty_like(hidden, dtype=torch.float32)
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         total = torch.zeros((), dtype=torch.float64, device=hidden.device)
-        for i in range(0, n, rows):
-            h, y = hidden[i:i + rows].to(dtype), targets[i:i + rows]
+        for i in range(0, targets.numel(), rows):
+            h, y, m = hidden[i:i + rows].to(dtype), targets[i:i + rows], keep[i:i + rows]
             logits = (h @ w.t()).float()  # (r, V)
             rows_ = torch.arange(len(y), device=y.device)
             target = logits[rows_, y]
             top = logits.amax(dim=-1, keepdim=True)
             grad = logits.sub_(top).exp_()  # exp(logit - max), in place: one exp pass
             norm = grad.sum(dim=-1, keepdim=True)
-            total += (top.squeeze(1) + norm.squeeze(1).log() - target).double().sum()
-            grad = grad.mul_(1.0 / (norm * n))  # softmax / n
-            grad[rows_, y] -= 1.0 / n  # d loss / d logits
+            total += ((top.squeeze(1) + norm.squeeze(1).log() - target) * m).double().sum()
+            grad = grad.mul_(m[:, None] / (norm * n))  # softmax / n, 0 on skipped rows
+            grad[rows_, y] -= m / n  # d loss / d logits
             grad = grad.to(dtype)  # the matmul dtype
             grad_h[i:i + rows] = grad @ w
             grad_w += (grad.t() @ h).float()
@@ -58,6 +61,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          rows: int = 1024) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` (hidden (..., D), weight (V, D), targets (...,)),
-    equal to ``F.cross_entropy(hidden @ weight.T, targets)`` with its gradients, in slices of
-    ``rows`` tokens."""
+    equal to ``F.cross_entropy(hidden @ weight.T, targets, ignore_index=<any negative>)`` with its
+    gradients, in slices of ``rows`` tokens: the mean over the targets >= 0, found on the device
+    (no ``.any()`` on the host, which would split a compiled step into two graphs)."""
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), rows)
