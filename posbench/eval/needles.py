@@ -32,8 +32,8 @@ import numpy as np
 
 from ..config import ladder_lengths, not_empty, positive
 from ..errors import PosbenchError
-from .passkey import Prompt, _encode, filler_stream, score_cells
-from .probe import Probe, Subject
+from .passkey import Prompt, filler_stream, score_cells
+from .probe import Probe, Subject, encode_piece
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 QUESTION = ("What is the special magic number for {key} mentioned in the provided text? "
@@ -112,9 +112,9 @@ def needles_prompt(tokenizer, length: int, depth: float, inst: Instance) -> Prom
     ``depth`` x (filler tokens), the other needles at boundaries drawn by ``inst.places``, then the
     question; the answer is the asked key's values in the order they appear. ``key_start``: where
     the asked key's first needle starts. Exactly ``length`` tokens with the answer but its last."""
-    needles = [_encode(tokenizer, NEEDLE.format(key=k, value=v)) for k, v in inst.needles()]
-    question = _encode(tokenizer, QUESTION.format(key=inst.key))
-    answer_len = len(_encode(tokenizer, answer_text(list(inst.values))))
+    needles = [encode_piece(tokenizer, NEEDLE.format(key=k, value=v)) for k, v in inst.needles()]
+    question = encode_piece(tokenizer, QUESTION.format(key=inst.key))
+    answer_len = len(encode_piece(tokenizer, answer_text(list(inst.values))))
     for _ in range(3):  # the values' order in the text can change the answer's token count: fit again
         filler = length - (answer_len - 1) - sum(map(len, needles)) - len(question)
         if filler < 0:
@@ -142,7 +142,7 @@ def _place(needles, question, filler: int, depth: float, inst: Instance, tokeniz
             seen.append(inst.values[i])
         ids += needles[i]
     ids += stream[last:] + question
-    return Prompt(ids, _encode(tokenizer, answer_text(seen)), key_start, filler)
+    return Prompt(ids, encode_piece(tokenizer, answer_text(seen)), key_start, filler)
 
 
 class Needles(Probe):

@@ -47,7 +47,7 @@ from ..config import ladder_lengths, not_empty, positive
 from ..encodings import PositionRangeError
 from ..errors import PosbenchError
 from ..model.build import autocast
-from .probe import Probe, Subject
+from .probe import Probe, Subject, encode_piece
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -101,15 +101,11 @@ class Prompt:
         return self.ids + self.answer[:-1]
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(" " + text).ids
-
-
 def min_length(tokenizer, key: int) -> int:
     """Tokens of the key sentence, the question and the key's tokens but the last: the shortest
     probe length (no filler)."""
-    return (len(_encode(tokenizer, KEY_SENTENCE.format(key=key))) + len(_encode(tokenizer, QUESTION))
-            + len(_encode(tokenizer, str(key))) - 1)
+    return (len(encode_piece(tokenizer, KEY_SENTENCE.format(key=key))) + len(encode_piece(tokenizer, QUESTION))
+            + len(encode_piece(tokenizer, str(key))) - 1)
 
 
 def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
@@ -117,8 +113,8 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
     nearest ``depth`` x (filler tokens), then the question; the filler's last sentence may be cut
     so that the prompt plus the key's tokens but the last (:attr:`Prompt.forward_ids`) is exactly
     ``length`` tokens."""
-    key_ids, question = _encode(tokenizer, KEY_SENTENCE.format(key=key)), _encode(tokenizer, QUESTION)
-    answer = _encode(tokenizer, str(key))
+    key_ids, question = encode_piece(tokenizer, KEY_SENTENCE.format(key=key)), encode_piece(tokenizer, QUESTION)
+    answer = encode_piece(tokenizer, str(key))
     filler = length - (len(answer) - 1) - len(key_ids) - len(question)
     if filler < 0:
         raise PosbenchError(f"probe length {length} is too short for the passkey prompt (key sentence, question "
@@ -132,7 +128,7 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> Prompt:
 def filler_stream(tokenizer, n: int) -> tuple[list[int], list[int]]:
     """``n`` tokens of the filler sentences cycled (the last one cut), and the sentence boundaries
     within them (0 included): where a needle may be put."""
-    sentences = [_encode(tokenizer, s) for s in FILLER]
+    sentences = [encode_piece(tokenizer, s) for s in FILLER]
     stream, bounds = [], [0]
     while len(stream) < n:
         stream += sentences[(len(bounds) - 1) % len(sentences)]

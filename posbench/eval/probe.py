@@ -38,6 +38,14 @@ class Subject:
         return autocast(self.device, self.dtype)
 
 
+def encode_piece(tokenizer, text: str) -> list[int]:
+    """The token ids of one piece of a prompt (a filler sentence, a needle, the question, the
+    answer): ``text`` with a leading space, so that each piece tokenizes the same alone and joined
+    into the prompt by spaces, and a prompt is cut to an exact token count. Every prompt probe
+    (passkey, the needles, variable tracking) encodes its pieces with it."""
+    return tokenizer.encode(" " + text).ids
+
+
 class Probe:
     """The public base of every probe; see the module docstring for the contract."""
 

@@ -56,8 +56,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PosbenchError
-from .passkey import PasskeyConfig, Prompt, _encode, filler_stream, score_cells
-from .probe import Probe, Subject
+from .passkey import PasskeyConfig, Prompt, filler_stream, score_cells
+from .probe import Probe, Subject, encode_piece
 
 FIRST = "VAR {name} = {value}."
 HOP = "VAR {name} = VAR {previous}."
@@ -135,8 +135,8 @@ def tracking_prompt(tokenizer, length: int, depth: float, inst: Instance) -> Pro
     """Filler sentences cycled with the chains' assignments between them (module docstring),
     then the question; ``key_start``: where the asked chain's first assignment starts. Exactly
     ``length`` tokens with the answer but its last (:attr:`Prompt.forward_ids`)."""
-    pieces = [[_encode(tokenizer, s) for s in chain] for chain in inst.assignments()]
-    question, answer = _encode(tokenizer, inst.question()), _encode(tokenizer, inst.answer())
+    pieces = [[encode_piece(tokenizer, s) for s in chain] for chain in inst.assignments()]
+    question, answer = encode_piece(tokenizer, inst.question()), encode_piece(tokenizer, inst.answer())
     filler = length - (len(answer) - 1) - sum(len(p) for chain in pieces for p in chain) - len(question)
     if filler < 0:
         raise PosbenchError(f"probe length {length} is too short for {sum(map(len, pieces))} assignments, the "
