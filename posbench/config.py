@@ -41,7 +41,7 @@ NOT_HASHED_TRAIN = ("micro_batch_size", "compile", "preflight", "save_steps", "b
 NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed")
 # train.* keys hashed only when set: at null they mean what a config without them meant, so runs
 # from before the key existed keep their hash (resume, eval and report compare hashes).
-HASHED_UNLESS_NULL_TRAIN = ("random_positions", "init_hash")
+HASHED_UNLESS_NULL_TRAIN = ("random_positions", "init_hash", "pose_target")
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
@@ -151,6 +151,8 @@ class TrainConfig:
     preflight: bool = True
     # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
     random_positions: int | None = None
+    # L_t: PoSE's skip-wise position ids reaching L_t - 1 in training (posbench.data.positions); None: 0..T-1
+    pose_target: int | None = None
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay, posbench.train.optim)
     decay_frac: float = 0.2  # wsd: the last fraction of the steps that cools the learning rate down
     save_steps: list[int] = field(default_factory=list)  # also keep checkpoints/step_<N>.pt at these steps
@@ -187,6 +189,12 @@ class TrainConfig:
         if self.random_positions is not None and not self.random_positions >= self.train_len:
             raise PosbenchError(f"train.random_positions={self.random_positions} is shorter than train.train_len="
                                 f"{self.train_len}; valid: null (positions 0..T-1) or an integer >= {self.train_len}")
+        if self.pose_target is not None and not self.pose_target > self.train_len:
+            raise PosbenchError(f"train.pose_target={self.pose_target} is not valid; valid: null (positions 0..T-1) or "
+                                f"an integer > train.train_len={self.train_len} (the length PoSE's positions reach)")
+        if self.pose_target is not None and self.random_positions is not None:
+            raise PosbenchError(f"train.pose_target={self.pose_target} and train.random_positions="
+                                f"{self.random_positions} both set the training positions; valid: one of them")
 
     def decay_start(self) -> int:
         """The step where the learning rate starts to fall: under ``wsd`` the end of the stable

@@ -53,7 +53,7 @@ from .branch import read_branch_state
 from .finetune import read_parent, set_parent_hash
 from .logger import check_wandb, open_logger
 from .optim import lr_lambda, make_optimizer
-from .workload import Finished, Workload, fit_train_len, make_workload
+from .workload import Finished, Workload, check_pose, fit_train_len, make_workload
 
 
 def seed_everything(seed: int) -> None:
@@ -116,17 +116,22 @@ def stop_on_signal():
 
 
 @torch.no_grad()
-def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.device) -> None:
+def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.device,
+                          pose_target: int | None = None) -> None:
     """One forward pass over ``train_len`` positions before training, in eval mode (no dropout,
     no random numbers drawn): an encoding that cannot represent them (a learned table shorter
-    than train.train_len) fails here, before any file is written, not after the first step."""
+    than train.train_len) fails here, before any file is written, not after the first step.
+    Under ``train.pose_target`` = L_t the positions end at L_t - 1, the largest PoSE draws."""
     model.eval()
+    longest, setting = (train_len, f"train.train_len={train_len}") if pose_target is None else \
+        (pose_target, f"train.pose_target={pose_target}")
     try:
-        model(torch.zeros(1, train_len, dtype=torch.long, device=device))
+        positions = None if pose_target is None else torch.arange(train_len, device=device) + (longest - train_len)
+        model(torch.zeros(1, train_len, dtype=torch.long, device=device), positions=positions)
     except PositionRangeError as e:
-        valid = f"encoding.max_len >= {train_len}" if "max_len" in cfg.encoding else "a shorter train.train_len"
-        raise PosbenchError(f"train.train_len={train_len} is too long for encoding={cfg.encoding.name} "
-                            f"({e}); valid: {valid}") from e
+        shorter = "a shorter train.train_len" if pose_target is None else "a smaller train.pose_target"
+        valid = f"encoding.max_len >= {longest}" if "max_len" in cfg.encoding else shorter
+        raise PosbenchError(f"{setting} is too long for encoding={cfg.encoding.name} ({e}); valid: {valid}") from e
     finally:
         model.train()
 
@@ -225,7 +230,8 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
     workload.check(model, device, dtype)
     longest = max(workload.lengths + [tcfg.train_len])
     check_random_positions(rc.encoding, tcfg.random_positions, longest, ecfg.rope_scaling)
-    check_train_positions(model, cfg, tcfg.train_len, device)
+    check_pose(model.encoding, tcfg.pose_target)
+    check_train_positions(model, cfg, tcfg.train_len, device, tcfg.pose_target)
     if world.active:
         torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
 

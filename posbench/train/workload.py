@@ -26,7 +26,10 @@ from omegaconf import DictConfig, open_dict
 
 from ..config import RunConfig, task_config
 from ..data.corpus import Corpus, load_corpus
-from ..data.windows import OnceSampler, WindowSampler
+from ..data.positions import pose_positions
+from ..data.windows import OnceSampler, WindowSampler, mix
+from ..encodings import PositionEncoding
+from ..encodings.randomized import position_readers
 from ..errors import PosbenchError
 from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute, scored_tokens
 from ..eval.results import backfill, markdown_results, read_results, write_results
@@ -139,10 +142,56 @@ Workload = LanguageModelling | AlgorithmicTask
 
 def make_workload(rc: RunConfig, is_main: bool = True) -> Workload:
     """The run's workload (``task=lm``: the corpus; else the task). Every rank draws the same
-    global batch (same seed) and keeps its shard."""
+    global batch (same seed) and keeps its shard. Under ``train.pose_target`` its sampler's
+    batches get PoSE's position ids (:class:`PoseSampler`)."""
     if rc.task.is_lm:
-        return LanguageModelling(rc, log=print if is_main else (lambda *a, **k: None))
-    return AlgorithmicTask(rc)
+        workload = LanguageModelling(rc, log=print if is_main else (lambda *a, **k: None))
+    else:
+        workload = AlgorithmicTask(rc)
+    if rc.train.pose_target is not None:
+        workload.sampler = PoseSampler(workload.sampler, rc.train.pose_target, rc.seed)
+    return workload
+
+
+POSE_SALT = 2  # PoSE's generator seed is mix(seed, 0, POSE_SALT): a stream apart from the windows'
+
+
+class Streams:
+    """Several generators answering as one, as the trainer asks a sampler's ``generator``
+    (``get_state``/``set_state``, a checkpoint's sampler state): the list of their states."""
+
+    def __init__(self, *generators):
+        self.generators = generators
+
+    def get_state(self) -> list:
+        return [g.get_state() for g in self.generators]
+
+    def set_state(self, state) -> None:
+        if not isinstance(state, list | tuple) or len(state) != len(self.generators):
+            raise PosbenchError("the checkpoint's sampler state is not that of a train.pose_target run (the states "
+                                "of its windows and of its positions); valid: resume with the settings it was "
+                                "trained with")
+        for generator, part in zip(self.generators, state):
+            generator.set_state(part)
+
+
+class PoseSampler:
+    """A workload's sampler with PoSE's position ids (``train.pose_target`` = L_t; Zhu et al. 2024,
+    :func:`posbench.data.positions.pose_positions`): the same windows or instances as without the
+    setting, each batch's positions drawn for its length from a generator of their own.
+
+    One draw serves the whole batch, as for randomized positions: every encoding hook takes one
+    (T,) position vector. The reference draws chunk lengths and skips per example; over a run the
+    draws cover the same range, each step with one of them."""
+
+    def __init__(self, sampler, target: int, seed: int):
+        self.sampler, self.target = sampler, target
+        self.positions = torch.Generator().manual_seed(mix(seed, 0, salt=POSE_SALT))
+        self.generator = Streams(sampler.generator, self.positions)
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, y, _ = self.sampler()
+        return x, y, pose_positions(x.shape[1], self.target, self.positions)
 
 
 def fit_train_len(cfg: DictConfig) -> None:
@@ -172,3 +221,12 @@ def check_later_evaluation(run_config: DictConfig, run_dir) -> None:
                             "language model on its corpus; a task run is evaluated at the end of posbench train: "
                             "re-run its train command (task.eval_multiples / task.eval_instances may change) to "
                             "evaluate again")
+
+
+def check_pose(encoding: PositionEncoding, target: int | None) -> None:
+    """A one-line PosbenchError when ``train.pose_target`` = ``target`` would change nothing: the
+    model's encoding reads no position values (NoPE, FoX without RoPE, ...). Nothing when
+    ``target`` is None."""
+    if target is not None and not encoding.reads_positions:
+        raise PosbenchError(f"train.pose_target={target} has no effect on encoding={encoding.name}, which reads no "
+                            f"positions; valid: encodings that read positions: {', '.join(position_readers())}")
