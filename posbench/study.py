@@ -35,6 +35,21 @@ draws the exported runs.
 
 The hash of a run that starts from another (``train.init_from``) covers its parent's hash, which
 exists only once the parent has trained: such runs are keyed by their run dir alone.
+
+**A stage that starts from another's runs** names it with ``from:``; ``{from}`` in its overrides
+is the run dir of the same grid point (the grid keys both stages have) and seed in that stage::
+
+      - name: long                    # 20M tokens, keeping the shorter budgets' branch points
+        grid: {encoding: [alibi, rope], seed: [0, 1, 2]}
+        overrides: [train.schedule=wsd, "train.save_steps=[977,390]"]
+      - name: steps1221               # its decay from the long run's checkpoint at step 977
+        from: long
+        grid: {encoding: [alibi, rope], seed: [0, 1, 2]}
+        overrides: [train.schedule=wsd, train.steps=1221, "train.branch_from={from}"]
+
+A sweep of such a stage starts only once its parent sweep has ended (and not at all when the
+parent failed): its checkpoints live in the parent's run dirs under ``out``, so a parent and its
+branches train on one machine.
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ from .config import conf_dir, config_hash
 from .errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
-STAGE_KEYS = ("name", "grid", "overrides")
+STAGE_KEYS = ("name", "grid", "overrides", "from")
 REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
 FOLDER = "{stage}/{point}"
 
@@ -69,6 +84,7 @@ class Sweep:
     overrides: tuple[str, ...]  # the grid point's own, then the stage's
     seeds: tuple[int, ...]
     folder: str = ""  # its runs' folder under out and runs: out/<folder>/seed=N
+    parent: str = ""  # the folder of the sweep its runs start from (a stage's ``from``), or none
 
     @property
     def name(self) -> str:
@@ -132,6 +148,7 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
             raise PosbenchError(f"study {study.name}: --only {n!r} is not one of its stages; valid choices: "
                                 f"{', '.join(names)}")
     out, folders = [], {}
+    points: dict[str, list[tuple[dict, str]]] = {}  # stage -> (grid point, folder) of each of its sweeps
     for stage in study.stages:
         grid = {k: (v if isinstance(v, list) else [v]) for k, v in stage["grid"].items()}
         seeds = tuple(int(s) for s in grid.pop("seed", [0]))
@@ -140,6 +157,9 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
             point = tuple(f"{k}={_value(v)}" for k, v in zip(keys, values))
             sweep = Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds)
             sweep = replace(sweep, folder=_folder(study, sweep, dict(zip(keys, values))))
+            points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
+            if stage.get("from"):
+                sweep = _with_parent(study, sweep, stage, dict(zip(keys, values)), points)
             if sweep.folder in folders:  # checked over every stage, so --only cannot hide a clash
                 raise PosbenchError(f"study {study.name}: {folders[sweep.folder]} and {sweep.stage} {sweep.name} "
                                     f"share the folder {sweep.folder!r}; put more grid keys in its folder")
@@ -147,6 +167,23 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
             if not only or stage["name"] in only:
                 out.append(sweep)
     return out
+
+
+def _with_parent(study: Study, sweep: Sweep, stage: dict, point: dict, points: dict) -> Sweep:
+    """``sweep`` with ``{from}`` in its overrides made the run dir of the same grid point's run in
+    the stage it starts from (an earlier stage of the file)."""
+    parent = stage["from"]
+    if parent not in points or parent == stage["name"]:
+        earlier = [n for n in points if n != stage["name"]]
+        raise PosbenchError(f"study {study.name}: stage {stage['name']} has from: {parent!r}, which is not an "
+                            f"earlier stage; valid choices: {', '.join(earlier) or 'none'}")
+    found = [folder for p, folder in points[parent] if all(p[k] == v for k, v in point.items() if k in p)]
+    if len(found) != 1:
+        raise PosbenchError(f"study {study.name}: stage {stage['name']} point {sweep.name} matches {len(found)} "
+                            f"sweeps of stage {parent}; the grid keys they share must name one")
+    run = f"'{study.out / found[0]}/seed=${{seed}}'"  # quoted: Hydra reads '=' in a value only so
+    overrides = tuple(o.replace("{from}", run) for o in sweep.overrides)
+    return replace(sweep, overrides=overrides, parent=found[0])
 
 
 def _folder(study: Study, sweep: Sweep, point: dict) -> str:
@@ -265,17 +302,28 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _pending(sweep: Sweep, waiting: list[Sweep], running: list) -> bool:
+    """Whether the sweep its runs start from is still to train or training."""
+    return bool(sweep.parent) and any(w.folder == sweep.parent for w in waiting + [r[0] for r in running])
+
+
 def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> list[str]:
     """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
     ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
     first seed's run even when the study is cut off before the last), and each sweep as it ends.
     -> the sweeps that failed (their logs' paths)."""
-    waiting, running, failed = list(todo), [], []
+    waiting, running, failed, dead = list(todo), [], [], set()
     last_export = time.monotonic()
     while waiting or running:
         busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
-        while waiting and (not running or busy + min(jobs, len(waiting[0].seeds)) <= jobs):
-            sweep = waiting.pop(0)
+        for sweep in [w for w in waiting if w.parent in dead]:
+            waiting.remove(sweep)  # its parent failed: nothing to start from
+            dead.add(sweep.folder)
+            failed.append(f"{study.out / sweep.folder}.log (not started: {sweep.parent} failed)")
+        ready = [w for w in waiting if not _pending(w, waiting, running)]
+        while ready and (not running or busy + min(jobs, len(ready[0].seeds)) <= jobs):
+            sweep = ready.pop(0)
+            waiting.remove(sweep)
             log = study.out / f"{sweep.folder}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             cmd = train_command(study, sweep, jobs, extra)
@@ -302,6 +350,7 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
             if proc.returncode != 0:
                 failed.append(str(log))
+                dead.add(sweep.folder)
     return failed
 
 

@@ -6,10 +6,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from posbench.errors import PosbenchError
-from posbench.study import load_study, plan, report_command, study_files, sweeps
+from posbench.study import load_study, plan, report_command, study_files, sweep_hash, sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,3 +195,81 @@ def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch):
     start = time.monotonic()
     assert st.train(study, sweeps(study), jobs=1) == []
     assert len(calls) >= 3 and calls[0] - start < 2.5  # during the sweep, then at its end
+
+
+BRANCHED = """out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+folder: "{{stage}}/{{encoding}}"
+common: [experiment=smoke, train.schedule=wsd, train.warmup_steps=1, train.decay_frac=0.5, "eval.multiples=[1,2]"]
+stages:
+  - name: long
+    grid: {{encoding: [alibi, rope], seed: [0, 1]}}
+    overrides: [train.steps=8, "train.save_steps=[2]"]
+  - name: short
+    from: long
+    grid: {{encoding: [alibi, rope], seed: [0, 1]}}
+    overrides: [train.steps=4, "train.branch_from={{from}}"]
+"""
+
+
+def test_a_stage_from_another_names_the_same_points_run_dirs(tmp_path):
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+    short = [s for s in sweeps(study) if s.stage == "short"]
+    assert [s.parent for s in short] == ["long/alibi", "long/rope"]
+    assert f"train.branch_from='{tmp_path}/out/long/rope/seed=${{seed}}'" in short[1].overrides
+    assert all(s.parent == "" for s in sweeps(study) if s.stage == "long")
+    # the branch's hash leaves branch_from out: the same as a run of 4 steps from scratch
+    from dataclasses import replace
+
+    assert sweep_hash(study, short[0]) == sweep_hash(study, replace(short[0], overrides=short[0].overrides[:-1]))
+    bad = BRANCHED.format(tmp=tmp_path).replace("from: long", "from: longer")
+    write_study(tmp_path, bad)
+    with pytest.raises(PosbenchError, match=r"stage short has from: 'longer', which is not an earlier stage; "
+                                            r"valid choices: long"):
+        sweeps(load_study("mini", [tmp_path]))
+
+
+def test_a_branch_starts_after_its_parent_and_not_at_all_when_it_failed(tmp_path, monkeypatch):
+    import posbench.study as st
+
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+    events = []
+
+    def command(study, sweep, jobs, extra=()):
+        fail = sweep.folder == "long/rope"
+        code = f"import time; time.sleep(0.5); raise SystemExit({int(fail)})"
+        events.append(("start", sweep.folder, time.monotonic()))
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(st, "train_command", command)
+    monkeypatch.setattr(st, "export", lambda study, sweep: events.append(("end", sweep.folder, time.monotonic())) or [])
+    failed = st.train(study, sweeps(study), jobs=8)
+    started = {f: t for kind, f, t in events if kind == "start"}
+    ended = {f: t for kind, f, t in events if kind == "end"}
+    assert set(started) == {"long/alibi", "long/rope", "short/alibi"}  # short/rope: its parent failed
+    assert started["short/alibi"] >= ended["long/alibi"]
+    assert any(f.endswith("long/rope.log") for f in failed)
+    assert any("short/rope.log (not started: long/rope failed)" in f for f in failed)
+
+
+@pytest.mark.slow
+def test_a_branched_study_trains_its_branches_from_the_long_runs(tmp_path):
+    """A real two-stage study: the short runs branch off the long runs' step-2 checkpoints and
+    equal a 4-step run from scratch of their config hash (tests/test_branch.py checks the numbers)."""
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path).replace("seed: [0, 1]", "seed: [0]")
+                .replace("encoding: [alibi, rope]", "encoding: [rope]"))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--jobs", "2", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (tmp_path / "out" / "short" / "rope.log").read_text()
+    assert f"train.branch_from='{tmp_path}/out/long/rope/seed=${{seed}}'" in log
+    assert (tmp_path / "runs" / "short" / "rope" / "seed=0" / "blocks.npz").is_file()
+    assert (tmp_path / "runs" / "long" / "rope" / "seed=0" / "blocks.npz").is_file()
+    # the two budgets of the line: the matched table reads it where its ppl at train_len is the target
+    r = posbench("report", str(tmp_path / "runs"), "--matched", "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = pd.read_csv(tmp_path / "rep" / "matched.csv")
+    assert list(table.label) == ["rope"] and table.weight.iloc[0] == pytest.approx(1.0)  # its own final value
+    assert "rope [steps=4]" in (tmp_path / "rep" / "report.md").read_text()  # each budget a line

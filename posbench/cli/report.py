@@ -4,6 +4,7 @@ them), or ``--export-baseline`` to keep what paired intervals need of them."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import PosbenchError
 
@@ -48,6 +49,13 @@ def main(args: list[str]) -> None:
     parser.add_argument("--contrast", action="append", default=[], metavar="A/B",
                         help="a verdict comparing line A's ppl(L) / ppl(train_len) with line B's, both named as the "
                              "table names them (repeatable)")
+    parser.add_argument("--matched", action="store_true",
+                        help="also matched.md/.csv: each line's ppl(16x) / ppl(1x) at the budget where its ppl at "
+                             "train_len reaches a common target (runs of each line at several train.steps; "
+                             "posbench/report/matched.py)")
+    parser.add_argument("--target", type=float, default=None, metavar="PPL",
+                        help="--matched: the ppl at train_len to match (default: the worst line's at its largest "
+                             "budget)")
     parser.add_argument("--export-baseline", metavar="OUT",
                         help="instead of a report, write what paired intervals need of the runs under DIRS "
                              "(results, config, per-block NLL sums: a few KiB per run) to OUT")
@@ -66,8 +74,20 @@ def main(args: list[str]) -> None:
     if bad := [c for c, pair in zip(ns.contrast, contrasts) if len(pair) != 2 or not all(pair)]:
         raise PosbenchError(f"report: --contrast {bad[0]!r} is not valid; valid: A/B, two line names as the table "
                             "names them, e.g. 'p_rope/rope'")
+    if ns.matched and "train.steps" not in by:
+        by.append("train.steps")  # each budget a line of the usual report
+    if ns.target is not None and not (ns.matched and ns.target > 0):
+        raise PosbenchError(f"report: --target {ns.target:g} is not valid; valid: a perplexity > 0, with --matched")
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
                   by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts)
+    if ns.matched:
+        from ..report.matched import write_matched
+        from ..report.tables import collect
+
+        out = Path(done.files[0]).parent
+        written = write_matched(collect(list(ns.dirs) + baselines), out, ns.target)
+        print((out / "matched.md").read_text())
+        done = done._replace(files=done.files + written)
     if done.header:
         print(done.header + "\n")
     if done.table:

@@ -66,6 +66,17 @@ def _decided(iv: Interval) -> str:
     return "<" if iv.high < 0 else ">" if iv.low > 0 else "~"
 
 
+def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
+    """'a 0.950 < b 0.959 ~ c 4.276': the lines by value, lowest first, each neighbour pair's symbol
+    from the interval of their difference (the seeds' term pooled with ``pool``)."""
+    names = sorted(cells, key=lambda n: values[n])
+    out = f"{names[0]} {values[names[0]]:.{digits}f}"
+    for a, b in zip(names, names[1:]):
+        sign = _decided(est.difference(cells[a], cells[b], pools=(pool, pool)))
+        out += f" {'<' if sign == '<' else '~'} {b} {values[b]:.{digits}f}"
+    return out
+
+
 class Verdicts:
     """The verdict lines of one summary (:func:`posbench.report.tables.summarize` with ``cells=True``)."""
 
@@ -108,12 +119,7 @@ class Verdicts:
         return pool_seeds(groups)
 
     def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
-        names = sorted(cells, key=lambda n: values[n])
-        out = f"{names[0]} {values[names[0]]:.{digits}f}"
-        for a, b in zip(names, names[1:]):
-            sign = _decided(self.est.difference(cells[a], cells[b], pools=(pool, pool)))
-            out += f" {'<' if sign == '<' else '~'} {b} {values[b]:.{digits}f}"
-        return out
+        return ordering(self.est, cells, values, pool, digits)
 
     def orderings(self) -> list[str]:
         lines = []

@@ -1,0 +1,165 @@
+"""Length extrapolation at matched in-distribution perplexity (``posbench report --matched``).
+
+Every report warns that its lines differ at train_len beyond their intervals, so a ratio
+ppl(16x) / ppl(1x) compares models at different stages of training. This table compares them
+where they are equally good in distribution: each line is read at the training budget where its
+ppl at train_len reaches a common target (by default the worst line's value at its largest
+budget, so every line reaches it).
+
+**The runs.** Each line trained at several budgets (``train.steps``), each a finished run with its
+own decay: a warmup-stable-decay run at the largest budget keeps its checkpoints at the shorter
+budgets' decay starts (``train.save_steps``) and each shorter budget branches off it
+(``train.branch_from``; a study's ``from:`` stage, conf/study/matched.yaml), which gives the
+numbers a run from scratch gives (tests/test_branch.py). A stable-phase checkpoint is not a
+finished model and is never read.
+
+**Finding the matched budget.** Per line, its budgets B_1 < ... < B_n with their geometric-mean
+ppl at train_len p_1 > ... (the line's seeds, each branch paired with its seed's long run). The
+target is bracketed by the two neighbouring budgets where p crosses it, and the matched budget
+is interpolated linearly in log ppl against log tokens: w = (log p_lo - log target) /
+(log p_lo - log p_hi), log B* = (1 - w) log B_lo + w log B_hi. The matched ratio is the same
+interpolation of the line's log ratios: each seed's (1 - w) log r_lo + w log r_hi, with its
+text's blocks combined alike, so :mod:`posbench.intervals` gives its interval (seeds and text;
+w is taken as known: the interval does not carry the uncertainty of where the target is
+crossed, which the bracketing budgets' spacing bounds). A line whose largest budget does not
+reach the target, or whose smallest already is below it, has no matched value (no
+extrapolation past the budgets trained), and the table says which.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import PosbenchError
+from ..eval.results import with_labels
+from ..intervals import Cell, Estimator, pool_seeds
+from ..runs.rundir import atomic_write_text
+from .verdicts import PREFIX, ordering, ratio_cell
+
+COLUMNS = ["label", "target", "matched_tokens", "budget_lo", "budget_hi", "weight", "ppl_1x_lo", "ppl_1x_hi",
+           "ratio", "ratio_ci_low", "ratio_ci_high", "final_tokens", "final_ppl_1x", "final_ratio", "seeds", "note"]
+
+
+def blend(a: Cell, b: Cell, w: float) -> Cell:
+    """(1 - w) a + w b per seed (the seeds both have) and per text block: a log ratio interpolated
+    between two budgets, paired as its parts are."""
+    common, ia, ib = np.intersect1d(a.seeds, b.seeds, return_indices=True)
+    blocks = sizes = None
+    if a.blocks is not None and b.blocks is not None and np.array_equal(a.sizes, b.sizes):
+        blocks, sizes = (1 - w) * a.blocks[ia] + w * b.blocks[ib], a.sizes
+    return Cell(common, (1 - w) * a.nll[ia] + w * b.nll[ib], blocks, sizes, a.tokens_id if blocks is not None else ())
+
+
+def train_tokens(rows: pd.DataFrame, steps: int) -> int:
+    """Training tokens of a budget: steps x train.batch_size x train_len from its first run's
+    config.yaml (the steps alone where the rows carry no run dir)."""
+    import yaml
+
+    run = rows["run"].iloc[0] if "run" in rows else None
+    config = Path(str(run)) / "config.yaml"
+    if not isinstance(run, str) or not config.is_file():
+        return steps
+    train = (yaml.safe_load(config.read_text()) or {}).get("train", {})
+    return steps * int(train.get("batch_size", 1)) * int(train.get("train_len", rows.train_len.iloc[0]))
+
+
+def budget_cells(df: pd.DataFrame) -> dict[str, dict[int, tuple[Cell, Cell, int]]]:
+    """label -> steps -> (cell at train_len, the line's log-ratio cell at the longest length, tokens a step x steps)."""
+    from .tables import _cells
+
+    df = with_labels(df.assign(variant=""))
+    df = df[(df["mode"] == "nonoverlapping") & (df.rope_scaling == "none") & (df.status == "ok")]
+    out: dict[str, dict[int, tuple[Cell, Cell, int]]] = {}
+    longest = int(df.eval_len.max())
+    for (label, steps), g in df.groupby(["label", "steps"]):
+        tlen = int(g.train_len.iloc[0])
+        lengths = sorted(g.eval_len.unique())
+        cells = dict(zip(lengths, _cells(g)))  # GROUP order: eval_len last
+        if tlen not in cells or longest not in cells:
+            continue
+        tokens = train_tokens(g, int(steps))
+        out.setdefault(label, {})[int(steps)] = (cells[tlen], ratio_cell(cells[longest], cells[tlen]), tokens)
+    return out
+
+
+def matched_table(df: pd.DataFrame, target: float | None = None, estimator: Estimator | None = None):
+    """The matched table (module docstring) and the per-line matched ratio cells (for verdicts)."""
+    est = estimator or Estimator()
+    lines = budget_cells(df)
+    lines = {k: v for k, v in lines.items() if len(v) >= 2}
+    if not lines:
+        raise PosbenchError("report --matched: no line has runs at two or more budgets (train.steps); valid: runs "
+                            "of one line at several budgets, e.g. `posbench study matched`")
+    final = {label: math.exp(b[max(b)][0].mean) for label, b in lines.items()}
+    goal = max(final.values()) if target is None else float(target)
+    pool = pool_seeds(r.nll for b in lines.values() for _, r, _ in b.values())
+    rows, matched = [], {}
+    for label, budgets in sorted(lines.items()):
+        steps = sorted(budgets)
+        ppl = [math.exp(budgets[s][0].mean) for s in steps]
+        last = budgets[steps[-1]]
+        row = {"label": label, "target": goal, "final_tokens": last[2], "final_ppl_1x": ppl[-1],
+               "final_ratio": math.exp(last[1].mean), "seeds": int(last[0].nll.size), "note": ""}
+        crossing = [i for i in range(len(steps) - 1) if ppl[i] >= goal >= ppl[i + 1]]
+        if not crossing:
+            row["note"] = ("not reached: its largest budget ends above the target" if ppl[-1] > goal else
+                           "below the target already at its smallest budget")
+            rows.append(row)
+            continue
+        i = crossing[0]
+        lo, hi = budgets[steps[i]], budgets[steps[i + 1]]
+        span = math.log(ppl[i]) - math.log(ppl[i + 1])
+        w = 0.0 if span == 0 else (math.log(ppl[i]) - math.log(goal)) / span
+        cell = blend(lo[1], hi[1], w)
+        iv = est.cell(cell, pool)
+        matched[label] = cell
+        row.update(matched_tokens=math.exp((1 - w) * math.log(lo[2]) + w * math.log(hi[2])), budget_lo=lo[2],
+                   budget_hi=hi[2], weight=w, ppl_1x_lo=ppl[i], ppl_1x_hi=ppl[i + 1], ratio=math.exp(iv.estimate),
+                   ratio_ci_low=math.exp(iv.low), ratio_ci_high=math.exp(iv.high))
+        rows.append(row)
+    return pd.DataFrame(rows).reindex(columns=COLUMNS), matched, pool
+
+
+def matched_verdict(matched: dict[str, Cell], pool, goal: float, estimator: Estimator | None = None) -> list[str]:
+    """The ordering of the matched ratios, lowest first, as report.md's verdicts write orderings."""
+    if len(matched) < 2:
+        return []
+    values = {n: math.exp(c.mean) for n, c in matched.items()}
+    return [f"{PREFIX}matched at ppl(train_len) = {goal:.2f}, the 16x ratio, lowest first: "
+            + ordering(estimator or Estimator(), matched, values, pool, 3)]
+
+
+def _fmt_tokens(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / 1e6:.2f}M"
+
+
+def matched_markdown(table: pd.DataFrame, verdicts: list[str]) -> str:
+    head = ("| line | seeds | matched budget (bracket) | ppl at 1x there | 16x ratio there [95% interval] | "
+            "at its largest budget: tokens, ppl at 1x, 16x ratio |")
+    rows = [head, "|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        if r.note:
+            there = f"{r.note} | | "
+        else:
+            there = (f"{_fmt_tokens(r.matched_tokens)} ({_fmt_tokens(r.budget_lo)} .. {_fmt_tokens(r.budget_hi)}) | "
+                     f"{r.target:.2f} | {r.ratio:.3f} [{r.ratio_ci_low:.3f}, {r.ratio_ci_high:.3f}]")
+        rows.append(f"| {r.label} | {r.seeds} | {there} | {_fmt_tokens(r.final_tokens)}, {r.final_ppl_1x:.2f}, "
+                    f"{r.final_ratio:.3f} |")
+    return ("# Length extrapolation at matched in-distribution perplexity\n\n"
+            f"Target ppl at train_len: {table.target.iloc[0]:.2f}. How the matched budget is found, and what its "
+            "interval covers: posbench/report/matched.py.\n\n" + "\n".join(rows) + "\n\n"
+            + "".join(f"- {line}\n" for line in verdicts))
+
+
+def write_matched(df: pd.DataFrame, out: Path, target: float | None = None) -> list[Path]:
+    """matched.csv and matched.md in ``out``."""
+    table, matched, pool = matched_table(df, target)
+    verdicts = matched_verdict(matched, pool, float(table.target.iloc[0]))
+    files = [out / "matched.csv", out / "matched.md"]
+    atomic_write_text(files[0], table.to_csv(index=False))
+    atomic_write_text(files[1], matched_markdown(table, verdicts))
+    return files

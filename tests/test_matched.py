@@ -1,0 +1,80 @@
+"""The matched-perplexity table (posbench/report/matched.py) against values computed here by hand."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from posbench.errors import PosbenchError
+from posbench.report.matched import matched_markdown, matched_table, matched_verdict
+
+# line -> steps -> (ppl at 128, ppl at 2048) for seed 0; seeds 1, 2 are 2% and 4% higher at both lengths
+LINES = {
+    "alibi": {1000: (60.0, 57.0), 2000: (52.0, 49.4), 4000: (50.0, 47.5)},
+    "rope": {1000: (62.0, 180.0), 2000: (54.0, 200.0), 4000: (49.0, 210.0)},
+    "t5": {1000: (70.0, 66.0), 2000: (60.0, 58.0), 4000: (53.6, 51.4)},
+    "slow": {1000: (90.0, 90.0), 4000: (80.0, 80.0)},  # never reaches 53.6
+}
+
+
+def rows(lines=("alibi", "rope", "t5")) -> pd.DataFrame:
+    out = []
+    for enc, budgets in ((k, LINES[k]) for k in lines):
+        for steps, (p1, p16) in budgets.items():
+            for seed, up in enumerate((1.0, 1.02, 1.04)):
+                for length, ppl in ((128, p1 * up), (2048, p16 * up * (1 + 0.01 * seed))):
+                    out.append({"encoding": enc, "rope_scaling": "none", "train_len": 128, "eval_len": length,
+                                "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": length,
+                                "ppl": ppl, "nll": math.log(ppl), "tokens": 4096, "status": "ok", "model": "tiny",
+                                "data": "sotu", "steps": steps})
+    return pd.DataFrame(out)
+
+
+def gmean(values) -> float:
+    return math.exp(np.mean(np.log(values)))
+
+
+def test_the_matched_budget_and_ratio_by_hand():
+    table, matched, pool = matched_table(rows())
+    table = table.set_index("label")
+    goal = gmean([53.6 * u for u in (1.0, 1.02, 1.04)])  # t5's final ppl at 128: the worst line's
+    assert table.target.iloc[0] == pytest.approx(goal)
+    # alibi crosses between 1000 (60) and 2000 (52): w in log ppl, the ratio's logs interpolated alike
+    p_lo, p_hi = gmean([60 * u for u in (1, 1.02, 1.04)]), gmean([52 * u for u in (1, 1.02, 1.04)])
+    w = (math.log(p_lo) - math.log(goal)) / (math.log(p_lo) - math.log(p_hi))
+    r_lo = [math.log(57 / 60 * (1 + 0.01 * s)) for s in range(3)]
+    r_hi = [math.log(49.4 / 52 * (1 + 0.01 * s)) for s in range(3)]
+    want = math.exp(np.mean([(1 - w) * a + w * b for a, b in zip(r_lo, r_hi)]))
+    assert table.loc["alibi", "weight"] == pytest.approx(w)
+    assert table.loc["alibi", "ratio"] == pytest.approx(want)
+    assert table.loc["alibi", "matched_tokens"] == pytest.approx(math.exp((1 - w) * math.log(1000) + w * math.log(2000)))
+    assert table.loc["alibi", "ratio_ci_low"] < want < table.loc["alibi", "ratio_ci_high"]
+    # rope: between 2000 (54) and 4000 (49); t5 reaches it at its last budget (w = 1)
+    assert (table.loc["rope", "budget_lo"], table.loc["rope", "budget_hi"]) == (2000, 4000)
+    assert table.loc["t5", "weight"] == pytest.approx(1.0)
+    assert table.loc["t5", "ratio"] == pytest.approx(table.loc["t5", "final_ratio"])
+    slow, _, _ = matched_table(rows(tuple(LINES)), target=goal)
+    slow = slow.set_index("label")
+    assert slow.loc["slow", "note"] == "not reached: its largest budget ends above the target"
+    assert math.isnan(slow.loc["slow", "ratio"]) and slow.loc["alibi", "ratio"] == pytest.approx(want)
+    # by default the worst line's final value: the slow line's, which the others pass below their budgets
+    assert set(matched_table(rows(tuple(LINES)))[0].set_index("label").drop("slow").note) == {
+        "below the target already at its smallest budget"}
+    # final ratios are the usual ones, at the largest budget
+    assert table.loc["rope", "final_ratio"] == pytest.approx(gmean([210 / 49 * (1 + 0.01 * s) for s in range(3)]))
+    lines = matched_verdict(matched, pool, goal)
+    assert lines[0].startswith(f"verdict: matched at ppl(train_len) = {goal:.2f}, the 16x ratio, lowest first: ")
+    assert "alibi" in lines[0] and "rope" in lines[0] and "t5" in lines[0]
+    md = matched_markdown(table.reset_index(), lines)
+    assert "| alibi | 3 | " in md and "| rope | 3 | " in md
+
+
+def test_a_target_below_every_budget_and_runs_of_one_budget():
+    table, _, _ = matched_table(rows(), target=40.0)
+    assert set(table.note) == {"not reached: its largest budget ends above the target"}
+    table, _, _ = matched_table(rows(), target=100.0)
+    assert set(table.note) == {"below the target already at its smallest budget"}
+    one = rows()
+    with pytest.raises(PosbenchError, match=r"no line has runs at two or more budgets"):
+        matched_table(one[one.steps == 4000])
