@@ -82,6 +82,7 @@ import torch.nn.functional as F
 
 from ..errors import PosbenchError
 from ..model.length_scaling import logn_factor
+from .rotation import rotate
 
 METHODS = ("none", "self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca")
 LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Meta's apply_scaling and HF's defaults
@@ -295,18 +296,6 @@ def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_len: int,
     mid = (1 - smooth) * theta / factor + smooth * theta
     out = torch.where(wavelen > original_len / low_freq_factor, theta / factor, mid)
     return torch.where(wavelen < original_len / high_freq_factor, theta, out)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate the last dim of ``x`` by ``angles`` (..., hs/2), half-split pairs (x_k, x_{k+hs/2}),
-    the convention of Llama and of posbench's ``pairing=half``."""
-    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
-    return x * cos + rotate_half(x) * sin
 
 
 def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor, ext: Extension,

@@ -45,6 +45,7 @@ import torch
 from ..config import PAIRINGS, SCALINGS
 from ..errors import PosbenchError
 from .base import REGISTRY, ModelDims, PositionEncoding, register
+from .rotation import apply_rotary
 
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # rotations over train_len bounding the ramp (Peng et al. 2023)
 
@@ -57,21 +58,6 @@ def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
 def rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
     """theta_{p,i} = p * base^(-2i/hs). positions: (T,) -> (T, hs/2)."""
     return positions.float()[:, None] * rope_inv_freq(head_dim, base, positions.device)[None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 pairing: str = "half") -> torch.Tensor:
-    """Rotate each pair (x1, x2) by the angle of its frequency i: (x1 cos - x2 sin, x1 sin + x2 cos).
-    ``half``: pair i is (x_i, x_{i+hs/2}); ``interleaved``: pair i is (x_{2i}, x_{2i+1}).
-    x: (B, H, T, hs); cos, sin: (T, hs/2)."""
-    if pairing == "half":
-        x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    else:
-        pairs = x.float().unflatten(-1, (-1, 2))  # (B, H, T, hs/2, 2)
-        x1, x2 = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    return out.to(x.dtype)
 
 
 def check_pairing(pairing: str) -> str:
