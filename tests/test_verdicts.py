@@ -126,3 +126,11 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     derived = verdict_lines(summarize(df, cells=True), [tuple(c) for c in rep.get("contrasts") or []])
     for line in quoted(readme):
         assert line in derived, f"{readme}: its runs no longer give: {line}"
+
+
+def test_a_line_that_cannot_run_past_train_len_is_named_not_ordered():
+    s = summary_of({"a": (3.0, 0.00, 0.002), "b": (3.0, 0.30, 0.002), "learned": (3.0, 0.1, 0.002)})
+    s = s[~((s.label == "learned") & (s.eval_len == 2048))]
+    ratio = Verdicts(s, Estimator(resamples=400)).orderings()[0]
+    assert ratio.startswith("ppl(L=2048) / ppl(L=128) (16x), lowest first (n/a: learned): a 1.0")
+    assert "learned" not in ratio.split(": ", 1)[1]

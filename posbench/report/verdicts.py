@@ -5,7 +5,9 @@ writes from the runs (report.md's ``## Verdicts``), so a reader can recompute it
 only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three kinds:
 
 * **orderings**, per setup (lines of one model, text, train_len and split): the lines sorted by
-  ppl(L) / ppl(train_len) at the longest length every line reached, and by ppl at train_len;
+  ppl(L) / ppl(train_len) at the longest length every line reached (where one cannot run past
+  train_len, a learned table, at the longest that two or more reached, naming those left out as
+  n/a), and by ppl at train_len;
   between two neighbours ``<`` where the 95% interval of the ratio of their values lies below 1,
   ``~`` where it holds 1 ("cannot be told apart"). A symbol compares its two neighbours only: in
   ``a ~ b ~ c``, a and c may still be apart.
@@ -96,6 +98,18 @@ class Verdicts:
         common = set.intersection(*reached) - {tlen} if reached else set()
         return max(common) if common else None
 
+    def _longest_most(self, g: pd.DataFrame) -> tuple[int | None, list[str]]:
+        """The longest eval length past train_len that at least two lines reached, and the lines
+        that did not reach it."""
+        tlen = int(g.train_len.iloc[0])
+        reached = {label: set(e[e.ratio_mean.notna()].eval_len) - {tlen} for label, e in g.groupby("label")}
+        lengths = sorted({x for r in reached.values() for x in r}, reverse=True)
+        for length in lengths:
+            having = [label for label, r in reached.items() if length in r]
+            if len(having) >= 2:
+                return length, sorted(label for label in reached if label not in having)
+        return None, []
+
     def _ratios(self, g: pd.DataFrame, length: int) -> dict[str, Cell]:
         tlen = int(g.train_len.iloc[0])
         cells = {}
@@ -127,11 +141,14 @@ class Verdicts:
             if g.label.nunique() < 2:
                 continue
             tlen, where = int(setup["train_len"]), _setup_text(setup, self.varied)
-            length = self._longest(g)
+            length, missing = self._longest(g), []
+            if length is None:  # a line that cannot run past train_len (a learned table): order the others
+                length, missing = self._longest_most(g)
             if length is not None:
-                cells = self._ratios(g, length)
+                cells = self._ratios(g[~g.label.isin(missing)], length)
                 values = {n: math.exp(c.mean) for n, c in cells.items()}
-                lines.append(f"{where}ppl(L={length}) / ppl(L={tlen}) ({length / tlen:g}x), lowest first: "
+                without = f" (n/a: {', '.join(missing)})" if missing else ""
+                lines.append(f"{where}ppl(L={length}) / ppl(L={tlen}) ({length / tlen:g}x), lowest first{without}: "
                              + self._order(cells, values, self._pool(length, setup, True), 3))
             at = g[g.eval_len == tlen].set_index("label")
             if len(at) > 1:
