@@ -165,21 +165,16 @@ def probe_pretrained(cfg: DictConfig):
     """``posbench eval pretrained=PATH probe=NAME``: a probe of a pretrained model, its prompts
     built by the model's tokenizer (pieces without the special tokens it adds to whole texts),
     rows merged into the output folder's ``<name>.csv``. -> (probe, rows, output folder)."""
-    from ..encodings.rotary import rope_scaling
     from ..model.pretrained import PieceTokenizer
-    from .probes import Subject, build_probe, probe_rows, write_probe
+    from .probe import Subject, scaling_by_length
+    from .probes import build_probe, probe_rows, write_probe
 
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     probe = build_probe(cfg.probe)
     model, tokenizer, _, device, dtype, precision = open_pretrained(cfg)
     train_len = model.encoding.train_len
-
-    def scaling(length):
-        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
-        return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
-
-    subject = Subject(model, PieceTokenizer(tokenizer), device, dtype, train_len,
-                      ecfg.batch_tokens, scaling)
+    scaling = scaling_by_length(model.encoding, ecfg.rope_scaling, ecfg.rope_factor, train_len)
+    subject = Subject(model, PieceTokenizer(tokenizer), device, dtype, train_len, ecfg.batch_tokens, scaling)
     measured = measured_config(cfg, model, precision)
     ext = extension_of(ecfg, model.encoding.train_len)
     lengths = probe.lengths(train_len)

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from ..config import ladder_lengths
+from ..encodings.rotary import rope_scaling, scaling_factor
 from ..model.build import autocast
 
 RUN_KEY = ["encoding", "rope_scaling", "train_len", "seed"]  # a probe row's run, before the probe's own key
@@ -36,6 +37,18 @@ class Subject:
     def autocast(self) -> AbstractContextManager:
         """The precision the model runs in (bf16 autocast where the run's device has it)."""
         return autocast(self.device, self.dtype)
+
+
+def scaling_by_length(encoding, kind: str, factor: float | None,
+                      train_len: int) -> Callable[[int], AbstractContextManager]:
+    """A subject's ``scaling``: RoPE scaling ``kind`` (``eval.rope_scaling``) of ``encoding`` at each
+    length, with s = ``factor`` (``eval.rope_factor``), or max(1, length / ``train_len``) where null,
+    as the ladder scales each window."""
+
+    def scaling(length: int) -> AbstractContextManager:
+        return rope_scaling(encoding, kind, scaling_factor(kind, factor, length, train_len))
+
+    return scaling
 
 
 def encode_piece(tokenizer, text: str) -> list[int]:

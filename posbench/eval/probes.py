@@ -37,7 +37,7 @@ from ..plugins import META_KEYS, TARGET, Registry
 from ..runs.rundir import RunDir, atomic_write_text
 from .needles import NiahMultiKey, NiahMultiValue
 from .passkey import Passkey
-from .probe import RUN_KEY, TRAILER, Probe, Subject
+from .probe import RUN_KEY, TRAILER, Probe, Subject, scaling_by_length
 from .results import locked, merge_csv
 from .tracking import VariableTracking
 
@@ -62,7 +62,6 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
     """``posbench eval probe=NAME checkpoint=<run>``: the probe's rows, merged into the run's
     ``<name>.csv`` (rows of the same key replaced)."""
     from ..data.corpus import load_corpus
-    from ..encodings.rotary import rope_scaling, scaling_factor
     from .ladder import check_extension, extension_of, load_model, open_run, scaling_label
 
     run, state, train_cfg, ecfg = open_run(cfg)
@@ -77,10 +76,7 @@ def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
     model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
     check_extension(model, ext)
 
-    def scaling(length):  # s = length / train_len when eval.rope_factor is null, as in the ladder
-        factor = scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, train_len)
-        return rope_scaling(model.encoding, ecfg.rope_scaling, factor)
-
+    scaling = scaling_by_length(model.encoding, ecfg.rope_scaling, ecfg.rope_factor, train_len)
     subject = Subject(model, corpus.tokenizer, device, dtype, train_len, ecfg.batch_tokens, scaling)
     with model.encoding.extended(ext):
         found = probe.run(subject, probe.lengths(subject.train_len))
