@@ -70,24 +70,13 @@ def main(args: list[str]) -> None:
     if not 0 <= threshold <= 1:
         raise PosbenchError(f"report: --threshold {threshold:g} is not valid; valid: a score in [0, 1], e.g. 0.5")
     baselines = [str(resolve_baseline(b)) for b in ns.baseline]
-    contrasts = [tuple(c.split("/", 1)) for c in ns.contrast]
-    if bad := [c for c, pair in zip(ns.contrast, contrasts) if len(pair) != 2 or not all(pair)]:
-        raise PosbenchError(f"report: --contrast {bad[0]!r} is not valid; valid: A/B, two line names as the table "
-                            "names them, e.g. 'p_rope/rope'")
+    contrasts = _contrasts(ns)
     if ns.matched and "train.steps" not in by:
         by.append("train.steps")  # each budget a line of the usual report
-    if ns.target is not None and not (ns.matched and ns.target > 0):
-        raise PosbenchError(f"report: --target {ns.target:g} is not valid; valid: a perplexity > 0, with --matched")
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
                   by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts)
     if ns.matched:
-        from ..report.matched import write_matched
-        from ..report.tables import collect
-
-        out = Path(done.files[0]).parent
-        written = write_matched(collect(list(ns.dirs) + baselines), out, ns.target)
-        print((out / "matched.md").read_text())
-        done = done._replace(files=done.files + written)
+        done = _matched(ns, done, baselines)
     if done.header:
         print(done.header + "\n")
     if done.table:
@@ -96,3 +85,25 @@ def main(args: list[str]) -> None:
     if done.tasks is not None:
         print(("\n" if done.table else "") + done.tasks.table)
     print(f"\nwrote {', '.join(map(str, done.files))}")
+
+
+def _contrasts(ns) -> list[tuple[str, str]]:
+    """--contrast A/B pairs, and --target's check (it needs --matched)."""
+    contrasts = [tuple(c.split("/", 1)) for c in ns.contrast]
+    if bad := [c for c, pair in zip(ns.contrast, contrasts) if len(pair) != 2 or not all(pair)]:
+        raise PosbenchError(f"report: --contrast {bad[0]!r} is not valid; valid: A/B, two line names as the table "
+                            "names them, e.g. 'p_rope/rope'")
+    if ns.target is not None and not (ns.matched and ns.target > 0):
+        raise PosbenchError(f"report: --target {ns.target:g} is not valid; valid: a perplexity > 0, with --matched")
+    return contrasts
+
+
+def _matched(ns, done, baselines: list[str]):
+    """matched.md and matched.csv beside the report (posbench.report.matched); -> ``done`` with them."""
+    from ..report.matched import write_matched
+    from ..report.tables import collect
+
+    out = Path(done.files[0]).parent
+    written = write_matched(collect(list(ns.dirs) + baselines), out, ns.target)
+    print((out / "matched.md").read_text())
+    return done._replace(files=done.files + written)
