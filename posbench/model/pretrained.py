@@ -16,6 +16,25 @@ with a 49k vocabulary never holds its logits at once), ``forward(ids) -> logits`
 ladder's multiples are of that context. A model with a learned position table (GPT-2) cannot
 represent positions past it: those lengths are ``n/a``, as for posbench's ``learned``.
 
+A model whose rotary embedding differs by layer type (Gemma 3: sliding-window layers with base
+10k beside global layers with base 1M; transformers keys ``rope_parameters`` by layer type and
+its rotary module holds one ``{layer_type}_inv_freq`` per type) is scaled per layer type as
+transformers' own config applies a ``rope_scaling`` (:func:`scaled_layer_types`): for Gemma 3,
+PI, NTK, dynamic NTK and YaRN set the frequencies of the global (``full_attention``) layers
+only; the local (``sliding_attention``) layers keep their trained frequencies, as in Gemma 3
+checkpoints whose config carries a scaling. A local layer sees distances up to its window (512
+for Gemma 3 270M), inside the trained context at every length, so a scaling would only compress
+distances it was trained on. The training-free extensions, which assume one set of frequencies
+and no sliding mask, are refused on such a model with one line.
+
+``bos`` is the window's beginning-of-sequence policy: ``first`` (default) scores the corpus
+as tokenized, where the tokenizer's BOS (if it adds one) starts each document, so the first
+window begins with it and later windows begin mid-text; ``every`` puts the model's BOS before
+every window that does not begin with it, at position 0 (the window's tokens at positions 1..L;
+its output dropped, so the same targets are scored), as models trained always to see BOS first
+(Gemma) expect. Its rows carry the model name with ``+bos``, so they go to their own output
+folder and never replace the rows of ``first``.
+
 Transformers and its helpers are an optional extra (``pip install "posbench[hf]"``); without
 them one line says what to install.
 """
@@ -61,45 +80,69 @@ class PositionScheme:
     train_len: int
     limit: int | None  # positions a learned table holds; None: any
     rotary: nn.Module | None = None  # the model's rotary embedding module (rope only)
+    window: int | None = None  # the length of the window now running (set by PretrainedLM), BOS excluded
 
     @property
     def dims(self):
         return self
+
+    @property
+    def layer_types(self) -> tuple[str, ...] | None:
+        """The layer types of a rotary module that holds frequencies per type (Gemma 3), else None."""
+        return rope_layer_types(self.rotary.config) if self.rotary is not None else None
+
+    def _buffers(self) -> list[str | None]:
+        """The layer types whose frequencies a scaling sets: [None] (the one ``inv_freq``) for a
+        model with one rotary embedding, else :func:`scaled_layer_types`."""
+        return [None] if self.layer_types is None else list(scaled_layer_types(self.rotary.config))
 
     @contextmanager
     def scaled(self, kind: str, factor: float | None):
         """RoPE scaling ``kind`` through the model's own rotary module and Hugging Face's rope
         functions (:func:`hf_inv_freq`): before each forward pass the module's inverse frequencies
         and attention factor are set for the window's length (s = ``factor``, or max(1, window /
-        train_len) where null, as for posbench's rotary encodings), and restored afterwards."""
+        train_len) where null, as for posbench's rotary encodings), and restored afterwards. Per
+        layer type where the module holds several (module docstring): the types a transformers
+        ``rope_scaling`` acts on are set, the others keep their trained frequencies."""
         rotary = self.rotary
         if rotary is None:
             raise PosbenchError(f"eval.rope_scaling={kind}: this model has no rotary module to scale; "
                                 "valid: eval.rope_scaling=none")
-        saved = rotary.inv_freq.clone(), rotary.attention_scaling
+        types = self._buffers()
+        prefix = {t: "" if t is None else f"{t}_" for t in types}
+        saved = {t: (getattr(rotary, f"{prefix[t]}inv_freq").clone(), getattr(rotary, f"{prefix[t]}attention_scaling"))
+                 for t in types}
 
-        def before(module, args):
-            positions = args[1] if len(args) > 1 else None
-            window = int(positions.max()) + 1 if positions is not None else int(args[0].shape[1])
-            inv_freq, attention = hf_inv_freq(module.config, kind, scaling_factor(kind, factor, window, self.train_len),
-                                              self.train_len, window)
-            module.inv_freq.copy_(inv_freq.to(module.inv_freq.device))
-            module.attention_scaling = attention
+        def before(module, args, kwargs):
+            layer_type = args[2] if len(args) > 2 else kwargs.get("layer_type")
+            if layer_type not in prefix:  # a layer type the scaling leaves as trained
+                return
+            positions = args[1] if len(args) > 1 else kwargs.get("position_ids")
+            window = self.window or (int(positions.max()) + 1 if positions is not None else int(args[0].shape[1]))
+            s = scaling_factor(kind, factor, window, self.train_len)
+            inv_freq, attention = hf_inv_freq(module.config, kind, s, self.train_len, window, layer_type)
+            buffer = getattr(module, f"{prefix[layer_type]}inv_freq")
+            buffer.copy_(inv_freq.to(buffer.device))
+            setattr(module, f"{prefix[layer_type]}attention_scaling", attention)
 
-        hook = rotary.register_forward_pre_hook(before)
+        hook = rotary.register_forward_pre_hook(before, with_kwargs=True)
         try:
             yield self
         finally:
             hook.remove()
-            rotary.inv_freq.copy_(saved[0])
-            rotary.attention_scaling = saved[1]
-
+            for t, (inv_freq, attention) in saved.items():
+                getattr(rotary, f"{prefix[t]}inv_freq").copy_(inv_freq)
+                setattr(rotary, f"{prefix[t]}attention_scaling", attention)
 
     def check_extension(self, ext) -> None:
         """One line unless ``ext`` can run on this model (``none`` runs on any)."""
         if ext.method != "none" and self.rotary is None:
             raise PosbenchError(f"eval.extension={ext.method} works on rotary (RoPE) models; this model's positions "
                                 f"are {self.name!r}; valid: eval.extension=none")
+        if ext.method != "none" and self.layer_types is not None:
+            raise PosbenchError(f"eval.extension={ext.method} assumes one set of rotary frequencies and no sliding "
+                                f"window; this model's differ by layer type ({', '.join(self.layer_types)}); "
+                                "valid: eval.extension=none, or an eval.rope_scaling (pi, ntk, dynamic_ntk, yarn)")
 
     @contextmanager
     def extended(self, ext):
@@ -125,18 +168,53 @@ class PositionScheme:
             extension._ACTIVE.clear()
 
 
-def hf_inv_freq(config, kind: str, factor: float, train_len: int, window: int) -> tuple[torch.Tensor, float]:
+def rope_layer_types(config) -> tuple[str, ...] | None:
+    """The layer types of a config whose ``rope_parameters`` are keyed by layer type (Gemma 3:
+    ``sliding_attention``, ``full_attention``), else None (one set of rope parameters)."""
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or not params:
+        return None
+    nested = getattr(config, "nested_rope_parameter_keys", None)  # transformers' own test, where it has one
+    types = tuple(nested(params)) if nested else tuple(t for t, value in params.items() if isinstance(value, dict))
+    return types or None
+
+
+def scaled_layer_types(config) -> tuple[str, ...]:
+    """The layer types a RoPE scaling acts on, as transformers defines it: those whose parameters
+    a ``rope_scaling`` given to the model's config class lands in (Gemma 3: ``full_attention``;
+    its ``sliding_attention`` layers keep theirs)."""
+    types = rope_layer_types(config) or ()
+    try:
+        probe = type(config)(rope_scaling={"rope_type": "linear", "factor": 2.0})
+        params = probe.rope_parameters
+    except Exception as e:  # a config class that cannot be built from its defaults
+        raise PosbenchError(f"eval.rope_scaling: transformers' {type(config).__name__} cannot say which layer types "
+                            f"a rope_scaling acts on ({type(e).__name__}); valid: eval.rope_scaling=none") from e
+    scaled = tuple(t for t in types if (params.get(t) or {}).get("rope_type") == "linear")
+    if not scaled:
+        raise PosbenchError(f"eval.rope_scaling: transformers' {type(config).__name__} applies a rope_scaling to none "
+                            f"of the layer types {', '.join(types)}; valid: eval.rope_scaling=none")
+    return scaled
+
+
+def hf_inv_freq(config, kind: str, factor: float, train_len: int, window: int,
+                layer_type: str | None = None) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, attention factor) of posbench's scaling ``kind`` at ``factor`` from
     Hugging Face's own rope functions on a copy of the model's config: ``pi`` is HF's linear,
     ``yarn`` its yarn (original context ``train_len``), ``dynamic_ntk`` its dynamic at the window's
     length (factor 1, so the base is b (window / train_len)^(d/(d-2)), posbench's dynamic NTK);
     HF has no static NTK, so ``ntk`` is its default with the NTK-aware base
-    (:func:`posbench.encodings.rotary.ntk_base`). ``tests/test_pretrained.py`` checks each against
-    posbench's rotary functions."""
+    (:func:`posbench.encodings.rotary.ntk_base`). ``layer_type``: the rope parameters of that
+    layer type (a config keyed by layer type, Gemma 3), each type its own base; a type the
+    scaling does not act on (:func:`scaled_layer_types`) keeps its trained frequencies.
+    ``tests/test_pretrained.py`` checks each against posbench's rotary functions,
+    ``tests/test_gemma3.py`` against transformers' Gemma 3 rotary module."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    if layer_type is not None and layer_type not in scaled_layer_types(config):
+        kind = "none"
     config = copy.deepcopy(config)
-    params = dict(config.rope_parameters)
+    params = dict(config.rope_parameters if layer_type is None else config.rope_parameters[layer_type])
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if kind == "ntk":
         params.update(rope_type="default", rope_theta=ntk_base(params["rope_theta"], factor, dim))
@@ -146,11 +224,16 @@ def hf_inv_freq(config, kind: str, factor: float, train_len: int, window: int) -
         params.update(rope_type="dynamic", factor=1.0, original_max_position_embeddings=train_len)
     elif kind == "yarn":
         params.update(rope_type="yarn", factor=factor, original_max_position_embeddings=train_len)
-    config.rope_parameters = params
+    if layer_type is None:
+        config.rope_parameters = params
+    else:
+        config.rope_parameters[layer_type] = params
     if params["rope_type"] == "default":
         base = params["rope_theta"]
         return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim), 1.0
     extra = {"seq_len": window} if kind == "dynamic_ntk" else {}
+    if layer_type is not None:
+        extra["layer_type"] = layer_type
     inv_freq, attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None, **extra)
     return inv_freq, float(attention)
 
@@ -174,42 +257,82 @@ def position_scheme(config) -> PositionScheme:
     return PositionScheme("learned", int(context), int(context))
 
 
-class PretrainedLM(nn.Module):
-    """A transformers causal LM behind posbench's model interface (module docstring)."""
+BOS_POLICIES = ("first", "every")  # where a window gets the model's beginning-of-sequence token (module docstring)
 
-    def __init__(self, model, name: str, source: str):
+
+class PretrainedLM(nn.Module):
+    """A transformers causal LM behind posbench's model interface (module docstring). ``bos``:
+    ``first`` or ``every`` (:data:`BOS_POLICIES`), ``bos_id`` the model's BOS token."""
+
+    def __init__(self, model, name: str, source: str, bos: str = "first", bos_id: int | None = None):
         super().__init__()
-        self.model, self.name, self.source = model, name, source
+        if bos not in BOS_POLICIES:
+            raise PosbenchError(f"bos={bos!r} is not a BOS policy; valid: {', '.join(BOS_POLICIES)}")
+        bos_id = bos_id if bos_id is not None else getattr(model.config, "bos_token_id", None)
+        if bos == "every" and bos_id is None:
+            raise PosbenchError(f"bos=every: {name} names no beginning-of-sequence token; valid: bos=first")
+        self.model, self.source, self.bos, self.bos_id = model, source, bos, bos_id
+        self.name = name + ("+bos" if bos == "every" else "")  # rows of the two policies never replace each other
         self.encoding = position_scheme(model.config)
         if self.encoding.name == "rope":
             self.encoding.rotary = getattr(model.base_model, "rotary_emb", None)
         self.head = model.get_output_embeddings()
 
-    def _check(self, ids: torch.Tensor, positions: torch.Tensor | None) -> None:
+    def _check(self, ids: torch.Tensor, positions: torch.Tensor | None, extra: int = 0) -> None:
+        """Set the window's length for a scaling; PositionRangeError past a learned table
+        (``extra``: the BOS put before the window)."""
         top = ids.shape[-1] if positions is None else int(positions.max()) + 1
-        if self.encoding.limit is not None and top > self.encoding.limit:
-            raise PositionRangeError(f"position {top - 1} is past the {self.encoding.limit}-entry learned position "
-                                     f"table of {self.name}")
+        self.encoding.window = top
+        if self.encoding.limit is not None and top + extra > self.encoding.limit:
+            raise PositionRangeError(f"position {top + extra - 1} is past the {self.encoding.limit}-entry learned "
+                                     f"position table of {self.name}")
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor | None, body: bool) -> torch.Tensor:
+        """Last hidden states (``body``) or logits of ``ids`` (B, T), under the BOS policy: with
+        ``every``, the rows that do not begin with BOS get it at position 0, their tokens at
+        positions + 1, and its output is dropped."""
+        def call(x, pos):
+            kwargs = {} if pos is None else {"position_ids": pos.expand(x.shape[0], -1)}
+            out = (self.model.base_model if body else self.model)(input_ids=x, use_cache=False, **kwargs)
+            return out.last_hidden_state if body else out.logits
+
+        prefix = ids[:, 0] != self.bos_id if self.bos == "every" else None  # (B,) rows that get BOS
+        if prefix is None or not prefix.any():
+            self._check(ids, positions)
+            return call(ids, positions)
+        self._check(ids, positions, extra=1)
+        pos = positions if positions is not None else torch.arange(ids.shape[1], device=ids.device)
+        x = torch.cat([torch.full_like(ids[prefix, :1], self.bos_id), ids[prefix]], 1)  # (b, 1 + T)
+        shifted = call(x, torch.cat([pos.new_zeros(1), pos + 1]))[:, 1:]
+        if prefix.all():
+            return shifted
+        out = shifted.new_empty((ids.shape[0], *shifted.shape[1:]))
+        out[prefix], out[~prefix] = shifted, call(ids[~prefix], positions)
+        return out
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Last hidden states (B, T, D) of the model's body; ``positions`` (T,) its position ids."""
-        self._check(ids, positions)
-        kwargs = {} if positions is None else {"position_ids": positions.expand(ids.shape[0], -1)}
-        return self.model.base_model(input_ids=ids, use_cache=False, **kwargs).last_hidden_state
+        return self._run(ids, positions, body=True)
 
     head_rows = 2048  # tokens whose logits head_nll makes at a time (the preflight reads it)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's logits of ``hidden``, soft-capped as the model's own forward caps them
+        (``final_logit_softcapping``: c tanh(z / c), Gemma 2)."""
+        logits = self.head(hidden)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return logits if not cap else cap * torch.tanh(logits / cap)
 
     def head_nll(self, hidden: torch.Tensor, targets: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """NLL of ``targets`` (...,) in fp32, the logits made ``rows`` tokens at a time."""
         rows = rows or self.head_rows
         h, y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-        nll = [F.cross_entropy(self.head(h[i:i + rows]).float(), y[i:i + rows], reduction="none")
+        nll = [F.cross_entropy(self.logits(h[i:i + rows]).float(), y[i:i + rows], reduction="none")
                for i in range(0, len(y), rows)]
         return torch.cat(nll).view(targets.shape)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        self._check(ids, None)
-        return self.model(input_ids=ids, use_cache=False).logits
+        return self._run(ids, None, body=False)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -245,9 +368,12 @@ def _fast_tokenizer(tokenizer):
     return backend, tokenizer.eos_token
 
 
-def load_pretrained(path: str, device: torch.device, dtype: str = "auto"):
+def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: str = "first"):
     """-> (:class:`PretrainedLM` on ``device`` in eval mode, tokenizers.Tokenizer, end-of-text
-    token). ``dtype``: auto (the checkpoint's own, fp32 on CPU), fp32, bf16."""
+    token). ``dtype``: auto (the checkpoint's own, fp32 on CPU), fp32, bf16; ``bos``: the
+    window's BOS policy, first or every (module docstring)."""
+    if bos not in BOS_POLICIES:
+        raise PosbenchError(f"bos={bos!r} is not a BOS policy; valid: {', '.join(BOS_POLICIES)}")
     transformers = require_transformers()
     source = Path(path).expanduser()
     gguf = source.suffix == ".gguf"
@@ -272,4 +398,5 @@ def load_pretrained(path: str, device: torch.device, dtype: str = "auto"):
         raise PosbenchError(f"pretrained={path}: transformers cannot load it ({type(e).__name__}: {first})") from e
     backend, eos = _fast_tokenizer(tokenizer)
     name = source.stem if gguf else source.name
-    return PretrainedLM(model.eval(), name, str(source)).to(device), backend, eos
+    bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else model.config.bos_token_id
+    return PretrainedLM(model.eval(), name, str(source), bos, bos_id).to(device), backend, eos
