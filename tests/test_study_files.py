@@ -1,0 +1,101 @@
+"""The study files that replaced the shell drivers: each composes the runs its driver trained,
+with the same config hashes (``config.NOT_HASHED`` leaves the launcher, run dirs, compile and the
+branch points out), and where the driver's runs ship, the hashes they carry."""
+
+import itertools
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posbench.study import Sweep, load_study, plan, sweep_hash, sweeps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BUDGET = ["train.schedule=wsd", "train.decay_frac=0.2", "train.warmup_steps=40", "train.compile=true"]
+DROPE = ["experiment=zoo_quick", "encoding=nope", "train.init_from=PARENT", "train.schedule=constant",
+         "train.lr=3e-4", "train.warmup_steps=5"]
+ZOO_QUICK = ("alibi,complex,conv,cope,deberta,dynamic,fire,kerple_log,kerple_power,learned,multiplicative,nope,rnn,"
+             "rope,sandwich,shaw,sinusoidal,t5,tener,xl,xpos")
+
+# Each former driver's `posbench -m train` commands, their hashed overrides and run dirs' parents
+# as the driver passed them (a value with commas is Hydra's sweep over them).
+DRIVERS = {
+    "baseline_zoo_quick": [  # scripts/baseline_zoo_quick.sh
+        ["experiment=zoo_quick", "encoding=alibi,rope,t5,sinusoidal,nope", "seed=0,1,2"]],
+}
+
+
+def expand(command: list[str]) -> list[list[str]]:
+    """A multirun command's runs: the product of its comma-separated values (not inside [...])."""
+    choices = [[f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")] if "[" not in o else [o]
+               for o in command]
+    return [list(run) for run in itertools.product(*choices)]
+
+
+HASHES: dict[tuple[str, ...], str | None] = {}  # overrides -> config hash (the seed is not hashed)
+
+
+def key(study, overrides: list[str], seed: int):
+    """A run's key: its config hash, or (a run that starts from another: unhashed) its overrides
+    without the parent's run dir."""
+    if tuple(overrides) not in HASHES:
+        HASHES[tuple(overrides)] = sweep_hash(study, Sweep("driver", tuple(overrides), (seed,)))
+    digest = HASHES[tuple(overrides)]
+    return (digest, seed) if digest else (tuple(sorted(o for o in overrides if not o.startswith("train.init_from="))),
+                                          seed)
+
+
+def study_runs(study) -> Counter:
+    runs = Counter()
+    for sweep in sweeps(study):
+        bare = replace(study, common=[])
+        for seed in sweep.seeds:
+            runs[key(bare, [*study.common, *sweep.overrides], seed)] += 1
+    return runs
+
+
+def driver_runs(study, commands: list[list[str]]) -> Counter:
+    runs = Counter()
+    bare = replace(study, common=[])
+    for command in commands:
+        for run in expand(command):
+            seed = int(next(o for o in run if o.startswith("seed=")).split("=")[1])
+            runs[key(bare, [o for o in run if not o.startswith("seed=")], seed)] += 1
+    return runs
+
+
+@pytest.mark.parametrize("name", sorted(DRIVERS))
+def test_a_study_composes_the_runs_of_its_former_driver(name):
+    study = load_study(name)
+    assert study_runs(study) == driver_runs(study, DRIVERS[name])
+
+
+def shipped_keys(folder: str) -> set[tuple[str, int]]:
+    keys = set()
+    for results in (ROOT / folder).rglob("results.csv"):
+        rows = pd.read_csv(results, usecols=["config_hash", "seed"])
+        keys |= {(str(h), int(s)) for h, s in zip(rows.config_hash, rows.seed)}
+    return keys
+
+
+# studies whose runs (some of them) ship with their config hashes: (where, how many of the study's runs)
+SHIPPED = {
+    "baseline_zoo_quick": ("results/baselines/zoo_quick", 15),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_a_study_has_the_config_hashes_of_its_shipped_runs(name):
+    folder, count = SHIPPED[name]
+    study = load_study(name)
+    shipped = shipped_keys(folder)
+    ours = {k for k in study_runs(study) if isinstance(k[0], str)}
+    assert len(ours & shipped) == count
+
+
+def test_the_baseline_zoo_quick_study_finds_its_shipped_runs_done():
+    todo, have = plan(load_study("baseline_zoo_quick"))
+    assert (todo, have) == ([], 15)
