@@ -23,6 +23,8 @@ ZOO_QUICK = ("alibi,complex,conv,cope,deberta,dynamic,fire,kerple_log,kerple_pow
 # Each former driver's `posbench -m train` commands, their hashed overrides and run dirs' parents
 # as the driver passed them (a value with commas is Hydra's sweep over them).
 DRIVERS = {
+    "cpu_quick": [  # scripts/reference_comparison.sh
+        ["seed=0,1,2", "encoding=sinusoidal,learned,rope,t5,alibi,nope"]],
     "baseline_zoo_quick": [  # scripts/baseline_zoo_quick.sh
         ["experiment=zoo_quick", "encoding=alibi,rope,t5,sinusoidal,nope", "seed=0,1,2"]],
 }
