@@ -27,6 +27,8 @@ DRIVERS = {
         ["seed=0,1,2", "encoding=sinusoidal,learned,rope,t5,alibi,nope"]],
     "baseline_zoo_quick": [  # scripts/baseline_zoo_quick.sh
         ["experiment=zoo_quick", "encoding=alibi,rope,t5,sinusoidal,nope", "seed=0,1,2"]],
+    "zoo_quick": [  # scripts/zoo_comparison.sh, `posbench encodings` at e3a45e7
+        ["experiment=zoo_quick", f"encoding={ZOO_QUICK}", "seed=0,1"]],
 }
 
 
@@ -86,6 +88,7 @@ def shipped_keys(folder: str) -> set[tuple[str, int]]:
 # studies whose runs (some of them) ship with their config hashes: (where, how many of the study's runs)
 SHIPPED = {
     "baseline_zoo_quick": ("results/baselines/zoo_quick", 15),
+    "zoo_quick": ("results/baselines/zoo_quick", 10),  # alibi, rope, t5, sinusoidal, nope; seeds 0, 1
 }
 
 
