@@ -29,6 +29,12 @@ DRIVERS = {
         ["experiment=zoo_quick", "encoding=alibi,rope,t5,sinusoidal,nope", "seed=0,1,2"]],
     "zoo_quick": [  # scripts/zoo_comparison.sh, `posbench encodings` at e3a45e7
         ["experiment=zoo_quick", f"encoding={ZOO_QUICK}", "seed=0,1"]],
+    "variants": [  # scripts/variant_comparison.sh
+        [*o, "experiment=zoo_quick", "seed=0,1"] for o in (
+            ["encoding=sinusoidal", "encoding.layout=concat"], ["encoding=multiplicative", "encoding.table=learned"],
+            ["encoding=rope", "encoding.pairing=interleaved"], ["encoding=shaw", "encoding.max_distance=2,4,64"],
+            ["encoding=alibi", "encoding.form=symmetric"], ["encoding=alibi", "encoding.learned_slopes=true"],
+            ["encoding=t5", "encoding.per_layer=true"])],
 }
 
 
