@@ -35,6 +35,10 @@ DRIVERS = {
             ["encoding=rope", "encoding.pairing=interleaved"], ["encoding=shaw", "encoding.max_distance=2,4,64"],
             ["encoding=alibi", "encoding.form=symmetric"], ["encoding=alibi", "encoding.learned_slopes=true"],
             ["encoding=t5", "encoding.per_layer=true"])],
+    "ablation_t5": [  # scripts/ablations.sh, t5/
+        ["seed=0,1,2", "encoding=t5", "encoding.bias_scale=none"]],
+    "ablation_embed_scale": [  # scripts/ablations.sh, embed_scale/
+        ["seed=0,1", "encoding=sinusoidal,learned,alibi,rope", "model.embed_scale=none"]],
 }
 
 
