@@ -39,6 +39,9 @@ DRIVERS = {
         ["seed=0,1,2", "encoding=t5", "encoding.bias_scale=none"]],
     "ablation_embed_scale": [  # scripts/ablations.sh, embed_scale/
         ["seed=0,1", "encoding=sinusoidal,learned,alibi,rope", "model.embed_scale=none"]],
+    "drope": [  # scripts/baseline_zoo_quick.sh's rope and nope (the parents), then scripts/drope.sh
+        ["experiment=zoo_quick", "encoding=rope,nope", "seed=0,1,2"],
+        *([*DROPE, f"train.steps={s}", *qk, "seed=0,1,2"] for s in (25, 100) for qk in ([], ["model.qk_norm=true"]))],
 }
 
 
@@ -99,6 +102,7 @@ def shipped_keys(folder: str) -> set[tuple[str, int]]:
 SHIPPED = {
     "baseline_zoo_quick": ("results/baselines/zoo_quick", 15),
     "zoo_quick": ("results/baselines/zoo_quick", 10),  # alibi, rope, t5, sinusoidal, nope; seeds 0, 1
+    "drope": ("results/baselines/zoo_quick", 6),  # the parents, rope and nope; seeds 0-2
 }
 
 
