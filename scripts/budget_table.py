@@ -1,4 +1,4 @@
-"""The budget study's table and figure, from the runs of scripts/budget_study.sh.
+"""The budget study's table and figure, from the runs of `posbench study budget_study` (conf/study/budget_study.yaml).
 
     python scripts/budget_table.py outputs/budget_study --out results/budget_study
 

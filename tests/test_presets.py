@@ -57,16 +57,16 @@ def test_tasks_quick_trains_a_small_model_on_a_task_and_fits_random_positions():
 
 
 def study_budgets() -> list[int]:
-    """The budget study's steps, from scripts/budget_study.sh's default BUDGETS."""
-    text = (ROOT / "scripts/budget_study.sh").read_text()
-    return [int(s) for s in re.search(r'BUDGETS:-([\d ]+)\}', text).group(1).split()]
+    """The budget study's steps, from its stages' train.steps in conf/study/budget_study.yaml."""
+    text = (ROOT / "conf/study/budget_study.yaml").read_text()
+    return sorted({int(s) for s in re.findall(r"train\.steps=(\d+)", text)})
 
 
 def test_reference_is_a_budget_of_the_study_and_pools_with_its_runs():
     ref = compose("experiment=reference", "encoding=alibi")
     assert ref.train.steps in study_budgets()
     assert (ref.model, ref.data, ref.eval) == (compose().model, compose().data, compose().eval)
-    # a study run at that budget, as scripts/budget_study.sh starts it: branched, compiled, another seed
+    # a study run at that budget, as conf/study/budget_study.yaml starts it: branched, compiled, another seed
     study = compose("encoding=alibi", "seed=1", "train.schedule=wsd", "train.decay_frac=0.2", "train.warmup_steps=40",
                     "train.compile=true", f"train.steps={ref.train.steps}", "train.branch_from=outputs/long")
     assert config_hash(ref) == config_hash(study)

@@ -39,7 +39,7 @@ DRIVERS = {
         ["seed=0,1,2", "encoding=t5", "encoding.bias_scale=none"]],
     "ablation_embed_scale": [  # scripts/ablations.sh, embed_scale/
         ["seed=0,1", "encoding=sinusoidal,learned,alibi,rope", "model.embed_scale=none"]],
-    "budget_study": [  # scripts/budget_study.sh: each line's 4883-step run, then its branches
+    "budget_study": [  # the former scripts/budget_study.sh: each line's 4883-step run, then its branches
         [*line, "seed=0,1", *BUDGET, *steps] for line in (["encoding=alibi,rope,nope,t5,sinusoidal"],
                                                            ["encoding=t5", "encoding.bias_scale=none"])
         for steps in (["train.steps=4883", "train.save_steps=[977,390,98]"],

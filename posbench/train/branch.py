@@ -7,7 +7,7 @@ shorter run's state at its decay start *is* the longer run's state at that step.
 ``train.branch_from=<longer run dir>`` loads that state from the longer run's
 ``checkpoints/step_<N>.pt`` (kept by its ``train.save_steps``) instead of training the first N
 steps again; ``tests/test_branch.py`` checks that the branch ends bit for bit where a run from
-scratch ends. A budget study (``scripts/budget_study.sh``) then costs its longest run plus the
+scratch ends. A budget study (``posbench study budget_study``) then costs its longest run plus the
 decays of the shorter budgets.
 
 Only the start is borrowed: the branch writes its own last.pt, and once it has one it resumes
