@@ -4,8 +4,10 @@ They share what sets a Hydra app apart from the other commands: the checks of th
 before Hydra composes it (:mod:`.validate`), the help templates' ``choices`` resolver, the
 failure policy of a run or a sweep job (:mod:`.failures`), the torch threads of a job, and
 :func:`run_hydra`, which starts either. Each task only unpacks the config and calls its stage:
-:func:`posbench.train.loop.train`, :func:`posbench.eval.ladder.evaluate`, a probe, or a
-pretrained model's ladder, then draws the run's figures.
+:func:`posbench.train.loop.train`, or for ``eval`` the one evaluation of a trained run or a
+pretrained model (:func:`posbench.eval.subject.open_subject`, then
+:func:`posbench.eval.ladder.evaluate_subject` or :func:`posbench.eval.probes.probe_subject`),
+then draws the run's figures.
 """
 
 from __future__ import annotations
@@ -88,40 +90,51 @@ def _eval_lock(cfg):
     from ..runs.lock import hold
     from ..runs.rundir import RunDir
 
-    if not cfg.get("checkpoint"):
-        return nullcontext()  # evaluate() names what is missing
+    if cfg.get("pretrained") or not cfg.get("checkpoint"):
+        return nullcontext()  # a pretrained model's folder has no training; open_subject names what is missing
     return hold(RunDir.existing(cfg.checkpoint).path, "eval", shared=True)
 
 
-def _eval_task(cfg) -> None:
+def _check_subject(cfg) -> None:
+    """One model named: ``pretrained=`` resolved to its path, a ``checkpoint=`` a language model's run."""
     from omegaconf import OmegaConf
 
-    from ..eval.ladder import evaluate
-    from ..eval.results import markdown_results
-    from ..report.tables import draw_run
     from ..runs.rundir import RunDir
     from ..train.workload import check_later_evaluation
 
+    if cfg.get("pretrained"):
+        if cfg.get("checkpoint"):
+            fail(f"checkpoint={cfg.checkpoint} and pretrained={cfg.pretrained} both name a model; valid: one of them")
+        resolve_pretrained(cfg)
+    elif cfg.get("checkpoint"):
+        check_later_evaluation(OmegaConf.load(RunDir.existing(cfg.checkpoint).config), cfg.checkpoint)
+
+
+def _eval_task(cfg) -> None:
+    """``posbench eval``: a trained run (``checkpoint=``) or a pretrained model (``pretrained=``)
+    opened once as a subject (:mod:`posbench.eval.subject`), then its ladder or ``probe=``."""
+    from ..eval.ladder import evaluate_subject
+    from ..eval.probes import build_probe, probe_subject
+    from ..eval.results import markdown_results
+    from ..eval.subject import open_subject
+    from ..report.tables import draw_run
+
     _use_threads()
     fill_choice_names(cfg, ("probe",))
-    if cfg.get("pretrained"):
-        return _eval_pretrained(cfg)
     with user_errors(None), _eval_lock(cfg):
-        if cfg.get("checkpoint"):
-            run = RunDir.existing(cfg.checkpoint)
-            check_later_evaluation(OmegaConf.load(run.config), cfg.checkpoint)
-        if cfg.get("probe"):
-            from ..eval.probes import run_probe
-
-            probe, rows = run_probe(cfg)
-            draw_run(cfg.checkpoint)
+        _check_subject(cfg)
+        probe = build_probe(cfg.probe) if cfg.get("probe") else None
+        subject = open_subject(cfg)
+        if probe is not None:
+            rows = probe_subject(subject, probe, cfg.probe)
+            draw_run(subject.out)
             print(probe.markdown(rows))
-            print(f"\nresults merged into {Path(cfg.checkpoint) / f'{probe.name}.csv'} ({probe.name}.png)")
+            print(f"\nresults merged into {subject.out / f'{probe.name}.csv'} ({probe.name}.png)")
             return
-        rows = evaluate(cfg)
-        draw_run(cfg.checkpoint)
+        rows = evaluate_subject(subject)
+        draw_run(subject.out)
         print(markdown_results(rows))
-        print(f"\nresults in {Path(cfg.checkpoint) / 'results.csv'} (binned loss by position: positions.csv)")
+        print(f"\nresults in {subject.out / 'results.csv'} (binned loss by position: positions.csv)")
 
 
 def resolve_pretrained(cfg) -> None:
@@ -141,32 +154,6 @@ def resolve_pretrained(cfg) -> None:
                             "(nothing is downloaded)")
     with open_dict(cfg):
         cfg.pretrained = str(known_model_file(name, default_cache_dir() / "pretrained"))
-
-
-def _eval_pretrained(cfg) -> None:
-    """``posbench eval pretrained=PATH|NAME``: the ladder of a Hugging Face model (posbench.eval.pretrained)."""
-    from ..eval.results import markdown_results
-    from ..report.tables import draw_run
-
-    with user_errors(None):
-        if cfg.get("checkpoint"):
-            fail(f"checkpoint={cfg.checkpoint} and pretrained={cfg.pretrained} both name a model; valid: one of them")
-        resolve_pretrained(cfg)
-        if cfg.get("probe"):
-            from ..eval.pretrained import probe_pretrained
-
-            probe, rows, out = probe_pretrained(cfg)
-            draw_run(out)
-            print(probe.markdown(rows))
-            print(f"\nresults merged into {out / f'{probe.name}.csv'} ({probe.name}.png)")
-            return
-        from ..eval.pretrained import evaluate_pretrained
-
-        out, rows = evaluate_pretrained(cfg)
-        draw_run(out)
-        print(markdown_results(rows))
-        print(f"\nresults in {out / 'results.csv'} (binned loss by position: positions.csv)")
-
 
 
 def model_shape(name: str, path: Path | None) -> tuple[str, int, str]:

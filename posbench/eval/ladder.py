@@ -29,30 +29,32 @@ the row key, so one run's results.csv holds a row per scaling and length.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from ..config import EvalConfig, code_version, config_hash, typed
-from ..data.corpus import load_corpus
+from ..config import EvalConfig, code_version, config_hash
 from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
 from ..encodings.extension import Extension
-from ..encodings.randomized import check_random_positions
-from ..encodings.rotary import check_scalable, rope_scaling, scaling_factor
+from ..encodings.rotary import rope_scaling, scaling_factor
 from ..errors import PosbenchError
-from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
-from ..model.preflight import check_evaluation
+from ..model.build import autocast
 from ..model.transformer import LanguageModel
 from ..runs import threads
-from ..runs.rundir import RunDir, load_checkpoint
+from ..runs.rundir import RunDir
+from .pretrained import stored_ladder
+from .probe import Subject
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
+from .subject import check_extension, extension_of, open_subject, scaling_label
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
 
@@ -164,7 +166,8 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
 @torch.no_grad()
 def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
                       device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None,
-                      random_positions: int | None = None, ext: Extension | None = None) -> list[dict]:
+                      random_positions: int | None = None, ext: Extension | None = None,
+                      text: tuple[int, int] | None = None) -> list[dict]:
     """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
     word_ppl, tokens, bytes, words, status, params and pos_params (the model's parameter counts,
     :meth:`LanguageModel.param_counts`), ``positions`` (the binned NLL by position) and
@@ -174,11 +177,14 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     ``tokenizer`` bytes, words, bpb and word_ppl are None. Under ``ecfg.rope_scaling`` each window
     of L tokens is rotated with factor ``ecfg.rope_factor``, or s = max(1, L / train_len) when null.
     ``random_positions``: the run's ``train.random_positions`` (see :func:`window_nll`). ``ext``: the
-    extension, where the caller has built it already (default: :func:`extension_of` ``ecfg``)."""
+    extension, where the caller has built it already (default: :func:`extension_of` ``ecfg``). ``text``: (bytes,
+    words) of the scored text, where the caller has counted them (default: :func:`text_size`)."""
     n = n_tokens or scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     strides = ecfg.strides(lengths)
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
-    nbytes, words = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
+    if text is None:
+        text = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
+    nbytes, words = text
     kind = ecfg.rope_scaling
     train_len = getattr(model.encoding, "reference_len", model.encoding.dims.train_len)  # what s is relative to
     if ext is None:
@@ -240,67 +246,6 @@ def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame
     return rows
 
 
-def extension_of(ecfg: EvalConfig, train_len: int) -> Extension:
-    """``eval.extension`` with its parameters, log-n relative to ``train_len``, the context the
-    model trained on last; one line if it cannot run beside ``eval.rope_scaling``."""
-    ext = Extension(ecfg.extension, ecfg.extension_window, ecfg.extension_group, int(train_len))
-    ext.check_scaling(ecfg.rope_scaling)
-    return ext
-
-
-def scaling_label(kind: str, ext: Extension) -> str:
-    """A row's ``rope_scaling``: the scaling, the extension (``self_extend(W=512,G=8)``), or both
-    (``yarn+logn``), so no method's rows replace another's."""
-    if ext.method == "none":
-        return kind
-    return ext.label if kind == "none" else f"{kind}+{ext.label}"
-
-
-def check_extension(model: LanguageModel, ext: Extension) -> None:
-    """One line unless ``ext`` runs on this posbench model: the encoding takes it
-    (:meth:`PositionEncoding.check_extension`), and a method that sets positions (Self-Extend,
-    ReRoPE, llama3, STRING, sinks, LM-Infinite, DCA), computing the whole attention itself, meets no
-    sliding window or trained length scaling it would drop."""
-    model.encoding.check_extension(ext)
-    if not ext.sets_positions:
-        return
-    for key, value, valid in (("model.window", model.cfg.window, 0), ("model.length_scaling", model.cfg.length_scaling,
-                                                                      "none")):
-        if value != valid:
-            raise PosbenchError(f"eval.extension={ext.method} computes global attention without {key}; this run "
-                                f"has {key}={value}; valid here: eval.extension=none or logn")
-
-
-def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
-    """A trained run dir -> (run, checkpoint state, its config with ``cfg.eval``, eval config)."""
-    keep_freed_memory()
-    if not cfg.get("checkpoint"):
-        raise PosbenchError("posbench eval needs checkpoint=<run dir> (a directory made by posbench train)")
-    run = RunDir.existing(cfg.checkpoint)
-    state = load_checkpoint(run.checkpoint)
-    train_cfg = OmegaConf.load(run.config)
-    if state.get("config_hash") != config_hash(train_cfg):
-        raise PosbenchError(f"{str(run.config)!r} does not describe the model in {str(run.checkpoint)!r} "
-                            f"(config hash {config_hash(train_cfg)} != {state.get('config_hash')}); "
-                            "was config.yaml edited? restore it or retrain")
-    train_cfg.eval = cfg.eval
-    ecfg = typed(EvalConfig, train_cfg.eval, "eval")
-    check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything
-    return run, state, train_cfg, ecfg
-
-
-def load_model(cfg: DictConfig, run: RunDir, state: dict, train_cfg: DictConfig, vocab_size: int):
-    """-> (model with the checkpoint's weights on the device, device, autocast dtype)."""
-    device = resolve_device(cfg.get("device", "auto"))
-    model = build_model(train_cfg, vocab_size)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise PosbenchError(f"checkpoint {str(run.checkpoint)!r} does not match the model in its config.yaml "
-                            f"({str(e).splitlines()[0]})") from e
-    return model.to(device), device, autocast_dtype(device, str(train_cfg.train.precision))
-
-
 def existing_rows(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, lengths: list[int], n: int,
                   ext: Extension) -> pd.DataFrame:
     """Rows of results.csv that this evaluation would compute again: same key, config hash, rope
@@ -342,23 +287,99 @@ def rows_to_compute(run: RunDir, train_cfg: DictConfig, ecfg: EvalConfig, length
 
 
 def evaluate(cfg: DictConfig) -> pd.DataFrame:
-    """`posbench eval checkpoint=<run dir>`: evaluate a trained run at ``cfg.eval`` lengths. Lengths
-    whose rows results.csv already holds are not recomputed unless ``eval.recompute=true``."""
-    run, state, train_cfg, ecfg = open_run(cfg)
-    ext = extension_of(ecfg, int(train_cfg.train.train_len))  # one line if it cannot run, before loading anything
-    corpus = load_corpus(train_cfg.data)
+    """`posbench eval checkpoint=<run dir>` or `pretrained=PATH`: the ladder of the subject
+    :func:`~posbench.eval.subject.open_subject` opens (:func:`evaluate_subject`)."""
+    return evaluate_subject(open_subject(cfg))
+
+
+@dataclass
+class LadderPlan:
+    """What an evaluation computes: ``todo``, the lengths to compute under the scaling and
+    extension; ``same``, those they leave as trained, whose rows are the unscaled ones
+    (:attr:`Subject.reuses_unscaled`): ``stored`` already (eval_len -> ladder entry) or ``plain``
+    to compute under ``none``."""
+
+    todo: list[int]
+    same: list[int] = field(default_factory=list)
+    stored: dict[int, dict] = field(default_factory=dict)
+    plain: list[int] = field(default_factory=list)
+
+
+def ladder_plan(subject: Subject, label: str, lengths: list[int], n: int) -> LadderPlan:
+    """The lengths to compute: those whose rows ``subject.out`` does not hold already (all with
+    ``eval.recompute=true``), saying on stderr which it keeps. Where the subject reuses unscaled
+    rows, a length that the scaling and extension leave as the model trained (scale factor 1,
+    every distance inside the extension's window, log-n inside the trained context) is the row of
+    ``none``, computed once under ``none`` and stored under both names."""
+    ecfg, ext, out = subject.ecfg, subject.ext, subject.out
+    if not subject.reuses_unscaled:
+        return LadderPlan(rows_to_compute(RunDir(out), subject.rows_config, ecfg, lengths, n, ext)[1])
+    done = {} if ecfg.recompute else stored_ladder(out, subject.rows_config, ecfg, label, lengths, n)
+    same = [length for length in lengths if length not in done and label != "none" and ext.identity_at(length)
+            and scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, subject.train_len) == 1.0]
+    plain_cfg = dataclasses.replace(ecfg, rope_scaling="none", extension="none")
+    plain = {} if ecfg.recompute else stored_ladder(out, subject.rows_config, plain_cfg, "none", same, n)
+    if done:
+        print(f"posbench: {label}: eval_len {', '.join(map(str, sorted(done)))} already in {out / 'results.csv'}: "
+              "not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
+    if same:
+        print(f"posbench: {label}: eval_len {', '.join(map(str, same))} run the model as trained (factor 1, "
+              "every distance inside the window): the rows of rope_scaling none", file=sys.stderr)
+    return LadderPlan([length for length in lengths if length not in done and length not in same], same, plain,
+                      [length for length in same if length not in plain])
+
+
+def evaluate_subject(subject: Subject) -> pd.DataFrame:
+    """The ladder of a trained run or a pretrained model at its lengths (``eval.lengths``, else its
+    default multiples of the trained context), each length's rows written to ``subject.out`` as
+    soon as they exist, so a cut-off evaluation keeps every length it finished. Nothing is computed
+    twice (:func:`ladder_plan`); a trained run's weights load only where a length is computed.
+    -> this evaluation's rows of results.csv."""
+    ecfg, ext = subject.ecfg, subject.ext
+    corpus = subject.corpus()
     tokens = corpus.splits[ecfg.split]
-    lengths = ecfg.resolve_lengths(int(train_cfg.train.train_len))
+    lengths = subject.ladder_lengths()
+    ecfg.strides(lengths)
     n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
-    done, todo = rows_to_compute(run, train_cfg, ecfg, lengths, n, ext)
-    if not todo:
-        return done
-    random_positions = train_cfg.train.get("random_positions")
-    check_random_positions(str(train_cfg.encoding.name), random_positions, max(todo), ecfg.rope_scaling)
-    model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
-    check_evaluation(model, ecfg, todo, device, dtype)
-    ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=corpus.tokenizer, n_tokens=n,
-                               random_positions=random_positions, ext=ext)
-    rows = result_rows(train_cfg, ladder, int(state["step"]))
-    write_results(run, rows)
-    return sort_rows(pd.concat([done, rows], ignore_index=True), KEY) if len(done) else rows
+    label = scaling_label(ecfg.rope_scaling, ext)
+    plan = ladder_plan(subject, label, lengths, n)
+    plain_cfg = dataclasses.replace(ecfg, rope_scaling="none", extension="none")
+    if plan.todo or plan.plain:
+        subject.preflight(ecfg if plan.todo else plain_cfg, plan.todo or plan.plain)
+    subject.prepare_out()  # every check has passed
+    run = RunDir(subject.out)
+    counted = corpus.tokenizer is not None and (plan.todo or plan.plain)  # once, for every length
+    text = text_size(corpus.tokenizer, tokens[1:n + 1]) if counted else None
+
+    def ladder(length: int, cfg: EvalConfig, **extension) -> list[dict]:
+        return perplexity_ladder(subject.model, tokens, [length], cfg, subject.device, subject.dtype,
+                                 tokenizer=corpus.tokenizer, n_tokens=n, random_positions=subject.random_positions,
+                                 text=text, **extension)
+
+    def store(entries: list[dict]) -> None:
+        if entries:
+            write_results(run, result_rows(subject.rows_config, entries, subject.step))
+
+    for length in plan.plain:  # under none, stored under both names
+        row = ladder(length, plain_cfg)[0]
+        store([row, {**row, "rope_scaling": label, "rope_factor": 1.0}])
+    store([{**plan.stored[length], "rope_scaling": label, "rope_factor": 1.0} for length in plan.same
+           if length in plan.stored])
+    for length in plan.todo:  # the row key names the extension, so no method's rows replace another's
+        store(ladder(length, ecfg, ext=ext))
+    return evaluation_rows(subject, label, lengths)
+
+
+def evaluation_rows(subject: Subject, label: str, lengths: list[int]) -> pd.DataFrame:
+    """The rows of ``subject.out``'s results.csv that an evaluation at ``lengths`` under scaling
+    ``label`` made or kept: the subject's own, in the eval config's split, mode and strides."""
+    run, ecfg, meta = RunDir(subject.out), subject.ecfg, subject.rows_config
+    if not run.results.exists():
+        return pd.DataFrame(columns=COLUMNS)
+    rows = backfill(read_results(run.results))
+    strides = ecfg.strides(lengths)
+    mine = ((rows.encoding == meta.encoding.name) & (rows.rope_scaling == label)
+            & (rows.train_len == int(meta.train.train_len)) & (rows.seed == int(meta.seed))
+            & (rows.split == ecfg.split) & (rows["mode"] == ecfg.mode) & rows.eval_len.isin(lengths)
+            & (rows.stride == rows.eval_len.map(strides)))
+    return sort_rows(rows[mine.fillna(False).astype(bool)], KEY)

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -22,21 +23,61 @@ TRAILER = ["config_hash", "code_version", "status"]
 
 @dataclass
 class Subject:
-    """What a probe measures: a causal LM (``model(ids (B, T)) -> logits (B, T, V)``) with its
-    tokenizer (``tokenizer.encode(text).ids``), where and how to run it, and the RoPE scaling
-    of each length (a context manager, as in the ladder)."""
+    """What is evaluated, a trained run or a pretrained model, in the one interface the ladder and
+    the probes run on (:mod:`posbench.eval.subject` opens either). A probe reads the first fields:
+    a causal LM (``model(ids (B, T)) -> logits (B, T, V)``) with its tokenizer
+    (``tokenizer.encode(text).ids``), where and how to run it, its trained context and the RoPE
+    scaling of each length (a context manager, as in the ladder). The others are what the ladder
+    and the rows need: the eval config and extension, the config the rows carry (its identity and
+    config hash), the folder they go to and the training steps of the weights; the methods say
+    what differs between a trained run and a pretrained model."""
 
-    model: torch.nn.Module
+    model: torch.nn.Module | None
     tokenizer: Any
-    device: torch.device
+    device: torch.device | None
     dtype: torch.dtype | None
     train_len: int
     batch_tokens: int = 16384
     scaling: Callable[[int], AbstractContextManager] = lambda length: nullcontext()
+    ecfg: Any = None  # the EvalConfig it is evaluated under
+    ext: Any = None  # eval.extension (posbench.encodings.extension.Extension)
+    rows_config: Any = None  # the config its rows carry: a run's config.yaml, a pretrained model's measured one
+    out: Path | None = None  # the folder its rows go to (a run dir's layout)
+    step: int = 0  # training steps of the weights
+    random_positions: int | None = None  # the run's train.random_positions
+    reuses_unscaled: bool = False  # a length the scaling leaves as trained is the unscaled row, stored twice
 
     def autocast(self) -> AbstractContextManager:
         """The precision the model runs in (bf16 autocast where the run's device has it)."""
         return autocast(self.device, self.dtype)
+
+    def load(self) -> None:
+        """Bring the weights onto the device where they are not yet (a trained run loads them once a
+        length needs them)."""
+
+    def corpus(self):
+        """The corpus the ladder scores, tokenized by this subject's tokenizer."""
+        raise NotImplementedError
+
+    def ladder_lengths(self) -> list[int]:
+        """The ladder's lengths under :attr:`ecfg`."""
+        return self.ecfg.resolve_lengths(self.train_len)
+
+    def check_probe(self, probe) -> None:
+        """One line where ``probe`` cannot measure this subject."""
+
+    def preflight(self, ecfg, lengths: list[int]) -> None:
+        """Load the weights and refuse an evaluation at ``lengths`` that cannot fit (unless
+        eval.preflight=false)."""
+        self.load()
+
+    def probe_preflight(self, lengths: list[int]) -> None:
+        """Load the weights and refuse a probe at ``lengths`` that cannot fit, where the subject
+        has such a check (a pretrained model's)."""
+        self.load()
+
+    def prepare_out(self) -> None:
+        """Make :attr:`out` ready for rows, once every check has passed."""
 
 
 def scaling_by_length(encoding, kind: str, factor: float | None,

@@ -1,9 +1,10 @@
 """Probes: measurements of a trained language model other than the perplexity ladder, one
 registry of them (built-in, entry point ``posbench.probes`` or ``_target_``, as encodings).
 
-``posbench eval probe=NAME checkpoint=<run dir>`` runs one: :func:`run_probe` opens the run,
-loads its corpus (for the tokenizer) and model, builds the probe from ``cfg.probe`` and hands it
-a :class:`Subject` (the model and everything needed to feed it) and the lengths to probe.
+``posbench eval probe=NAME checkpoint=<run dir>`` (or ``pretrained=PATH``) runs one: :func:`run_probe`
+builds the probe from ``cfg.probe``, opens the trained run or pretrained model as a :class:`Subject`
+(:mod:`posbench.eval.subject`: the model and everything needed to feed it) and
+:func:`probe_subject` hands it to the probe with the lengths to probe.
 The probe returns rows; they are merged into the run's ``<name>.csv`` by the run's identity
 (:data:`RUN_KEY`) and the probe's own :attr:`Probe.key`, and ``probes.json`` in the run dir
 records how to import the probe again (a ``_target_`` probe's report in a new process).
@@ -37,11 +38,12 @@ from ..plugins import META_KEYS, TARGET, Registry
 from ..runs.rundir import RunDir, atomic_write_text
 from .needles import NiahMultiKey, NiahMultiValue
 from .passkey import Passkey
-from .probe import RUN_KEY, TRAILER, Probe, Subject, scaling_by_length
+from .probe import RUN_KEY, TRAILER, Probe, Subject
 from .results import locked, merge_csv
+from .subject import open_subject, scaling_label
 from .tracking import VariableTracking
 
-__all__ = ["PROBES", "Probe", "Subject", "build_probe", "run_probe", "probe_files"]
+__all__ = ["PROBES", "Probe", "Subject", "build_probe", "run_probe", "probe_subject", "probe_files"]
 
 def _options(cls: type[Probe]) -> dict:
     return dataclasses.asdict(cls.Options())
@@ -59,30 +61,25 @@ def build_probe(node) -> Probe:
 
 
 def run_probe(cfg: DictConfig) -> tuple[Probe, pd.DataFrame]:
-    """``posbench eval probe=NAME checkpoint=<run>``: the probe's rows, merged into the run's
-    ``<name>.csv`` (rows of the same key replaced)."""
-    from ..data.corpus import load_corpus
-    from .ladder import check_extension, extension_of, load_model, open_run, scaling_label
-
-    run, state, train_cfg, ecfg = open_run(cfg)
-    train_len = int(train_cfg.train.train_len)
-    ext = extension_of(ecfg, train_len)  # one line if it cannot run, before loading anything
+    """``posbench eval probe=NAME checkpoint=<run>`` or ``pretrained=PATH``: the probe's rows of the
+    subject :func:`~posbench.eval.subject.open_subject` opens (:func:`probe_subject`)."""
     probe = build_probe(cfg.probe)
-    if train_cfg.train.get("random_positions") is not None:
-        raise PosbenchError(f"probe={probe.name} runs positions 0..T-1, but {run.path} was trained with "
-                            f"train.random_positions={train_cfg.train.random_positions}; valid: runs trained "
-                            "without train.random_positions (the perplexity ladder evaluates this run)")
-    corpus = load_corpus(train_cfg.data)
-    model, device, dtype = load_model(cfg, run, state, train_cfg, corpus.vocab_size)
-    check_extension(model, ext)
+    return probe, probe_subject(open_subject(cfg), probe, cfg.probe)
 
-    scaling = scaling_by_length(model.encoding, ecfg.rope_scaling, ecfg.rope_factor, train_len)
-    subject = Subject(model, corpus.tokenizer, device, dtype, train_len, ecfg.batch_tokens, scaling)
-    with model.encoding.extended(ext):
-        found = probe.run(subject, probe.lengths(subject.train_len))
-    rows = probe_rows(probe, train_cfg, found, scaling_label(ecfg.rope_scaling, ext))
-    write_probe(run, probe, rows, cfg.probe)
-    return probe, rows
+
+def probe_subject(subject: Subject, probe: Probe, node=None) -> pd.DataFrame:
+    """A probe of a trained run or a pretrained model at the probe's lengths, under the subject's
+    RoPE scaling and extension; the rows merged into ``subject.out``'s ``<name>.csv`` (rows of the
+    same key replaced). -> this evaluation's rows."""
+    subject.check_probe(probe)
+    lengths = probe.lengths(subject.train_len)
+    subject.probe_preflight(lengths)
+    with subject.model.encoding.extended(subject.ext):
+        found = probe.run(subject, lengths)
+    rows = probe_rows(probe, subject.rows_config, found, scaling_label(subject.ecfg.rope_scaling, subject.ext))
+    subject.prepare_out()  # once there is something to write
+    write_probe(RunDir(subject.out), probe, rows, node)
+    return rows
 
 
 def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict], label: str) -> pd.DataFrame:

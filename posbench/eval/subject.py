@@ -1,0 +1,202 @@
+"""What is evaluated, opened once: a trained run (``checkpoint=<run dir>``) or a pretrained model
+(``pretrained=PATH``) becomes one :class:`~posbench.eval.probe.Subject`, and the ladder
+(:func:`posbench.eval.ladder.evaluate_subject`) and the probes
+(:func:`posbench.eval.probes.probe_subject`) run on it without asking which it is.
+
+:func:`open_subject` checks what can be checked before anything heavy is loaded (the run dir and
+its config hash, the RoPE scaling and the extension) and fills what both kinds share: the eval
+config, the extension, the RoPE scaling of each length (:func:`~posbench.eval.probe.scaling_by_length`),
+the config the rows carry and the folder they go to. What differs is in two small classes:
+
+* :class:`TrainedRun`: its corpus is the run's own (its tokenizer tokenizes the probes' prompts);
+  its weights load when a length needs them, so a ladder whose rows all exist loads nothing;
+  lengths default to ``eval.multiples`` x train_len; the rows carry the run's config.yaml and go
+  to its run dir.
+* :class:`PretrainedModel`: loaded at once (its tokenizer tokenizes the corpus, cached under a
+  key of that tokenizer); lengths default to :data:`posbench.eval.pretrained.MULTIPLES` x its
+  context; the rows carry its measured config (:func:`~posbench.eval.pretrained.measured_config`)
+  and go to ``out=``; a length that the scaling and extension leave as trained is the unscaled
+  row, computed once (:attr:`~posbench.eval.probe.Subject.reuses_unscaled`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import EvalConfig, config_hash, typed
+from ..data.corpus import load_corpus
+from ..encodings.extension import Extension
+from ..encodings.randomized import check_random_positions
+from ..encodings.rotary import check_scalable
+from ..errors import PosbenchError
+from ..model.build import autocast_dtype, build_model, keep_freed_memory, resolve_device
+from ..model.preflight import check_evaluation, check_pretrained
+from ..model.transformer import LanguageModel
+from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint
+from .pretrained import measured_config, output_dir, pretrained_lengths
+from .probe import Subject, scaling_by_length
+
+
+def extension_of(ecfg: EvalConfig, train_len: int) -> Extension:
+    """``eval.extension`` with its parameters, log-n relative to ``train_len``, the context the
+    model trained on last; one line if it cannot run beside ``eval.rope_scaling``."""
+    ext = Extension(ecfg.extension, ecfg.extension_window, ecfg.extension_group, int(train_len))
+    ext.check_scaling(ecfg.rope_scaling)
+    return ext
+
+
+def scaling_label(kind: str, ext: Extension) -> str:
+    """A row's ``rope_scaling``: the scaling, the extension (``self_extend(W=512,G=8)``), or both
+    (``yarn+logn``), so no method's rows replace another's."""
+    if ext.method == "none":
+        return kind
+    return ext.label if kind == "none" else f"{kind}+{ext.label}"
+
+
+def check_extension(model: LanguageModel, ext: Extension) -> None:
+    """One line unless ``ext`` runs on this posbench model: the encoding takes it
+    (:meth:`PositionEncoding.check_extension`), and a method that sets positions (Self-Extend,
+    ReRoPE, llama3, STRING, sinks, LM-Infinite, DCA), computing the whole attention itself, meets no
+    sliding window or trained length scaling it would drop."""
+    model.encoding.check_extension(ext)
+    if not ext.sets_positions:
+        return
+    for key, value, valid in (("model.window", model.cfg.window, 0), ("model.length_scaling", model.cfg.length_scaling,
+                                                                      "none")):
+        if value != valid:
+            raise PosbenchError(f"eval.extension={ext.method} computes global attention without {key}; this run "
+                                f"has {key}={value}; valid here: eval.extension=none or logn")
+
+
+def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
+    """A trained run dir -> (run, checkpoint state, its config with ``cfg.eval``, eval config)."""
+    keep_freed_memory()
+    if not cfg.get("checkpoint"):
+        raise PosbenchError("posbench eval needs checkpoint=<run dir> (a directory made by posbench train)")
+    run = RunDir.existing(cfg.checkpoint)
+    state = load_checkpoint(run.checkpoint)
+    train_cfg = OmegaConf.load(run.config)
+    if state.get("config_hash") != config_hash(train_cfg):
+        raise PosbenchError(f"{str(run.config)!r} does not describe the model in {str(run.checkpoint)!r} "
+                            f"(config hash {config_hash(train_cfg)} != {state.get('config_hash')}); "
+                            "was config.yaml edited? restore it or retrain")
+    train_cfg.eval = cfg.eval
+    ecfg = typed(EvalConfig, train_cfg.eval, "eval")
+    check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything
+    return run, state, train_cfg, ecfg
+
+
+def load_model(cfg: DictConfig, run: RunDir, state: dict, train_cfg: DictConfig, vocab_size: int):
+    """-> (model with the checkpoint's weights on the device, device, autocast dtype)."""
+    device = resolve_device(cfg.get("device", "auto"))
+    model = build_model(train_cfg, vocab_size)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise PosbenchError(f"checkpoint {str(run.checkpoint)!r} does not match the model in its config.yaml "
+                            f"({str(e).splitlines()[0]})") from e
+    return model.to(device), device, autocast_dtype(device, str(train_cfg.train.precision))
+
+
+@dataclass
+class TrainedRun(Subject):
+    """A posbench run dir (module docstring)."""
+
+    run: RunDir | None = None
+    state: dict | None = None
+    command: DictConfig | None = None  # the eval command's config (``device``)
+    source: Any = None  # the run's corpus
+
+    def corpus(self):
+        return self.source
+
+    def load(self) -> None:
+        if self.model is not None:
+            return
+        model, self.device, self.dtype = load_model(self.command, self.run, self.state, self.rows_config,
+                                                    self.source.vocab_size)
+        check_extension(model, self.ext)
+        self.model = model
+        self.scaling = scaling_by_length(model.encoding, self.ecfg.rope_scaling, self.ecfg.rope_factor, self.train_len)
+
+    def check_probe(self, probe) -> None:
+        if self.random_positions is not None:
+            raise PosbenchError(f"probe={probe.name} runs positions 0..T-1, but {self.run.path} was trained with "
+                                f"train.random_positions={self.random_positions}; valid: runs trained "
+                                "without train.random_positions (the perplexity ladder evaluates this run)")
+
+    def preflight(self, ecfg, lengths: list[int]) -> None:
+        check_random_positions(str(self.rows_config.encoding.name), self.random_positions, max(lengths),
+                               ecfg.rope_scaling)
+        self.load()
+        check_evaluation(self.model, ecfg, lengths, self.device, self.dtype)
+
+
+@dataclass
+class PretrainedModel(Subject):
+    """A Hugging Face model or a .gguf file (module docstring)."""
+
+    command: DictConfig | None = None  # the eval command's config (``data``)
+    fast_tokenizer: Any = None  # the tokenizer itself (``tokenizer`` leaves out the special tokens it adds)
+    eos: str | None = None
+    source: Any = None  # the corpus, once tokenized
+
+    def corpus(self):
+        if self.source is None:
+            self.source = load_corpus(self.command.data, tokenizer=self.fast_tokenizer, eos_token=self.eos)
+        return self.source
+
+    def ladder_lengths(self) -> list[int]:
+        return pretrained_lengths(self.ecfg, self.train_len)
+
+    def preflight(self, ecfg, lengths: list[int]) -> None:
+        check_pretrained(self.model, ecfg, lengths, self.device)
+
+    def probe_preflight(self, lengths: list[int]) -> None:
+        check_pretrained(self.model, self.ecfg, lengths, self.device)
+
+    def prepare_out(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out / "config.yaml", OmegaConf.to_yaml(self.rows_config))
+
+
+def open_subject(cfg: DictConfig) -> Subject:
+    """``checkpoint=<run dir>`` or ``pretrained=PATH`` -> its :class:`Subject` (module docstring)."""
+    return open_pretrained(cfg) if cfg.get("pretrained") else open_trained(cfg)
+
+
+def open_trained(cfg: DictConfig) -> TrainedRun:
+    """A trained run with its corpus; its weights load when a length needs them."""
+    run, state, train_cfg, ecfg = open_run(cfg)
+    train_len = int(train_cfg.train.train_len)
+    ext = extension_of(ecfg, train_len)  # one line if it cannot run, before loading anything
+    corpus = load_corpus(train_cfg.data)
+    return TrainedRun(None, corpus.tokenizer, None, None, train_len, ecfg.batch_tokens, ecfg=ecfg, ext=ext,
+                      rows_config=train_cfg, out=run.path, step=int(state["step"]),
+                      random_positions=train_cfg.train.get("random_positions"), run=run, state=state, command=cfg,
+                      source=corpus)
+
+
+def open_pretrained(cfg: DictConfig) -> PretrainedModel:
+    """``cfg.pretrained`` loaded on ``cfg.device`` (precision ``cfg.precision``, default auto)."""
+    from ..model.pretrained import PieceTokenizer, load_pretrained
+
+    ecfg = typed(EvalConfig, cfg.eval, "eval")
+    keep_freed_memory()  # as for posbench's own runs: a window's large activations reuse the heap
+    device = resolve_device(str(cfg.device))
+    precision = str(cfg.get("precision") or "auto")
+    model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
+    dtype = next(model.parameters()).dtype
+    train_len = model.encoding.train_len
+    ext = extension_of(ecfg, train_len)
+    check_scalable(model.encoding.name, ecfg.rope_scaling)
+    model.encoding.check_extension(ext)
+    scaling = scaling_by_length(model.encoding, ecfg.rope_scaling, ecfg.rope_factor, train_len)
+    return PretrainedModel(model, PieceTokenizer(tokenizer), device, None if dtype == torch.float32 else dtype,
+                           train_len, ecfg.batch_tokens, scaling, ecfg=ecfg, ext=ext,
+                           rows_config=measured_config(cfg, model, precision), out=output_dir(cfg, model, make=False),
+                           reuses_unscaled=True, command=cfg, fast_tokenizer=tokenizer, eos=eos)
