@@ -32,7 +32,8 @@ def direct_swan_layer(q, k, v, layer, window, nope_every=4):
     for b in range(B):
         for h in range(H):
             def turned(x, p):
-                return [complex(x[d], x[d + PAIRS]) * (1 if nope else cmath.exp(1j * p * theta[d])) for d in range(PAIRS)]
+                return [complex(x[d], x[d + PAIRS]) * (1 if nope else cmath.exp(1j * p * theta[d]))
+                        for d in range(PAIRS)]
             rq = [turned(q[b, h, t].tolist(), t) for t in range(T)]
             rk = [turned(k[b, h, t].tolist(), t) for t in range(T)]
             for i in range(T):
