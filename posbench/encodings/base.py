@@ -32,6 +32,11 @@ hook           what it changes                                 examples
 ``normalize``  attention weights from the logits in place of   stickbreaking
                softmax; weights may sum to less than 1, the
                rest going to the query's own value
+``features``   position features e (B, H, T, F) carried from   tape
+               layer to layer beside the residual stream: q
+               and k transformed by the layer's e, e averaged
+               with the weights of v, then updated from the
+               block's MLP output
 =============  ==============================================  ===================
 
 ``bias`` is written with broadcasting element-wise ops on position tensors, so
@@ -58,7 +63,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 
-HOOKS = ("embed", "rotate", "bias", "score", "value", "decay", "normalize")
+HOOKS = ("embed", "rotate", "bias", "score", "value", "decay", "normalize", "features")
 
 REGISTRY: dict[str, type["PositionEncoding"]] = {}
 
@@ -147,6 +152,31 @@ class PositionEncoding(nn.Module):
         where hidden. Replaces softmax; 1 minus a query's weights goes to its own value."""
         raise NotImplementedError
 
+    # The ``features`` hook's e between the layers of one forward pass, set by the model
+    # (:func:`posbench.model.transformer.carried_features`): made at layer 0, None after the last.
+    carried = None
+
+    def features(self, positions: torch.Tensor, batch: int) -> torch.Tensor:
+        """positions: (T,) -> the position features e (B, H, T, F) of the first layer. An encoding
+        that overrides it carries e through the model beside the residual stream
+        (:mod:`posbench.model.transformer`): each layer transforms q and k by its e
+        (:meth:`rotate_features`, after ``rotate``), attends e with the weights of v (e rides as F
+        more value dims, so every kernel computes sum_j A_ij e_j with the values), and
+        :meth:`update_features` makes the next layer's e (not called after the last layer).
+        ``value`` cannot be combined with it."""
+        raise NotImplementedError
+
+    def rotate_features(self, q: torch.Tensor, k: torch.Tensor, e: torch.Tensor, layer: int):
+        """q, k: (B, H, T, hs), e: (B, H, T, F) the layer's position features -> transformed (q, k)
+        in q's dtype."""
+        raise NotImplementedError
+
+    def update_features(self, e: torch.Tensor, attended: torch.Tensor, h: torch.Tensor, layer: int) -> torch.Tensor:
+        """e: (B, H, T, F) the layer's features; attended: (B, H, T, F) sum_j A_ij e_j under the layer's
+        attention weights A; h: (B, T, D) the block's MLP output (before the residual) -> the next
+        layer's features (B, H, T, F)."""
+        raise NotImplementedError
+
     def attention_window(self, layer: int) -> int:
         """A sliding window this encoding puts on ``layer``'s attention (the query at i sees keys
         i - window < j <= i), 0 for none (the default): e.g. RoPE layers with a window and global
@@ -226,9 +256,9 @@ class PositionEncoding(nn.Module):
 
     @classmethod
     def hook_kind(cls) -> str:
-        """One word for tables: embed, rotate, bias, score, decay, normalize, or none."""
+        """One word for tables: embed, rotate, bias, score, decay, normalize, features, or none."""
         hooks = cls.hooks()
-        for kind in ("decay", "normalize"):  # they decide the kernel whatever else is overridden
+        for kind in ("decay", "normalize", "features"):  # the first two decide the kernel, the last the model's flow
             if kind in hooks:
                 return kind
         if "score" in hooks or "value" in hooks:

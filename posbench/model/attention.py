@@ -299,9 +299,13 @@ def _toeplitz_slice(table: torch.Tensor, T: int, s: int, e: int) -> torch.Tensor
 
 def fused_causal(q, k, v, scale):
     """SDPA's causal kernel. Where an encoding widens q and k past the values' head dim (PoPE's
-    2d), the values are padded with zeros to it and the output cut back: SDPA's fused kernels take
-    one head dim, and would otherwise fall back to a (T, T) matrix."""
+    2d), the values are padded with zeros to it and the output cut back; where the values are the
+    wider (position features carried with them, the ``features`` hook), q and k are padded, which
+    changes no logit: SDPA's fused kernels take one head dim, and would otherwise fall back to a
+    (T, T) matrix."""
     pad = q.shape[-1] - v.shape[-1]
+    if pad < 0:
+        q, k = F.pad(q, (0, -pad)), F.pad(k, (0, -pad))
     if pad <= 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     return F.scaled_dot_product_attention(q, k, F.pad(v, (0, pad)), is_causal=True, scale=scale)[..., :v.shape[-1]]

@@ -18,7 +18,8 @@ check                  what it asserts
 ``reads_positions``    the claim ``reads_positions``: gapped positions change the output
                        exactly when the encoding says it reads them
 ``bf16``               under bf16 autocast the loss is finite and every parameter of the
-                       encoding gets a finite, non-zero gradient (it can learn)
+                       encoding gets a finite, non-zero gradient (it can learn), at its init or
+                       after one step where a factor starts at zero
 ``long``               a forward at 16x the training length is finite (or the encoding refuses
                        with a PositionRangeError, as a learned table must), and no tensor any
                        op makes exceeds the chunked kernels' bound: the larger of pair_cost x
@@ -176,15 +177,27 @@ def check_reads_positions(cls, options, model=None) -> None:
 
 
 def check_bf16(cls, options, model=None) -> None:
+    """Where a parameter gets no gradient at its init because it is multiplied by one that starts at
+    zero (TAPE's reference zeroes W_up, so W_x and W_down see none until it moves), the gradients are
+    taken again after one sign step of every parameter."""
     net = _model(cls, options, model=model).train()
     x = _tokens(2, 17, 4)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = net(x[:, :-1], targets=x[:, 1:])
-    loss.backward()
-    if not torch.isfinite(loss):
-        _fail("bf16", cls, f"the loss under bf16 autocast is {loss.item()}")
     scaling = net.length_scaling.named_parameters("length_scaling") if net.length_scaling is not None else []
-    for name, param in [*net.encoding.named_parameters(), *scaling]:
+    params = [*net.encoding.named_parameters(), *scaling]
+    for step in range(2):
+        net.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = net(x[:, :-1], targets=x[:, 1:])
+        loss.backward()
+        if not torch.isfinite(loss):
+            _fail("bf16", cls, f"the loss under bf16 autocast is {loss.item()}")
+        if step or all(p.grad is None or p.grad.abs().sum() > 0 for _, p in params):
+            break
+        with torch.no_grad():  # an Adam-sized first step: a factor at zero moves and lets gradients through
+            for p in net.parameters():
+                if p.grad is not None:
+                    p -= 1e-2 * p.grad.sign()
+    for name, param in params:
         if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0:
             _fail("bf16", cls, f"parameter {name!r} gets no finite non-zero gradient: it cannot learn")
 

@@ -16,6 +16,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..encodings import ModelDims, PositionEncoding
 from ..encodings.randomized import check_positions
+from ..errors import PosbenchError
 from .attention import causal_attention, cumulative_decay, layer_window
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
@@ -52,13 +53,33 @@ class Attention(nn.Module):
             y = enc.extended_attention(q, k, v, positions, layer)
         else:
             q, k = enc.rotate(q, k, positions, layer)  # (B, nh, T, hs)
+            feats = carried_features(enc, positions, layer, B)  # the features hook (TAPE), else None
+            if feats is not None:  # q, k by the layer's features; the features ride along as more value dims
+                q, k = enc.rotate_features(q, k, feats, layer)
+                v = torch.cat((v, feats.to(v.dtype)), dim=-1)
             if "length_scaling" in cache:  # model.length_scaling: q times a factor of the keys it sees
                 q = cache["length_scaling"](q, cache["key_counts"], layer)
             if ext is not None and ext.method == "logn":
                 q = q * ext.query_scale(positions)[:, None].to(q.dtype)
             y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, cumulative_decay(enc, x, layer),
                                  layer_window(enc, layer, self.window))
+            if feats is not None:  # sum_j A_ij e_j, for the block's update_features
+                y, cache["attended"] = y.split((D // self.n_heads, feats.shape[-1]), dim=-1)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
+
+
+def carried_features(enc: PositionEncoding, positions: torch.Tensor, layer: int, batch: int) -> torch.Tensor | None:
+    """The position features (B, H, T, F) of ``layer`` for an encoding with the ``features`` hook, else
+    None: made by ``enc.features`` at layer 0, then the ones each block left on ``enc.carried``. They
+    live on the encoding, not in the per-forward cache, so any walk through the blocks in order
+    (the conformance checks', the tests' own) carries them as the model does."""
+    if "features" not in enc.hooks():
+        return None
+    if layer == 0:
+        enc.carried = enc.features(positions, batch)
+    if enc.carried is None:
+        raise PosbenchError(f"layer {layer} of {enc.name!r} has no position features: the blocks run from layer 0")
+    return enc.carried
 
 
 class Block(nn.Module):
@@ -71,7 +92,12 @@ class Block(nn.Module):
 
     def forward(self, x, enc, positions, layer, cache):
         x = x + self.attn(self.ln1(x), enc, positions, layer, cache)
-        return x + self.mlp(self.ln2(x))
+        h = self.mlp(self.ln2(x))
+        attended = cache.pop("attended", None)
+        if attended is not None:  # the next layer's position features (none after the last layer)
+            last = layer == enc.dims.n_layers - 1
+            enc.carried = None if last else enc.update_features(enc.carried, attended, h, layer)
+        return x + h
 
 
 class LanguageModel(nn.Module):
