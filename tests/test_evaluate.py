@@ -299,3 +299,30 @@ def test_bad_eval_protocol_values_are_one_line_errors(smoke_run, args, message):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"posbench: error: {message}" or \
         proc.stderr.strip().splitlines()[-1].startswith(f"posbench: error: {message}")
+
+
+def test_a_trained_run_is_one_subject_whose_weights_load_only_for_a_length_to_compute(smoke_run_copy):
+    """posbench eval opens a run as a Subject (posbench.eval.subject), as it opens a pretrained
+    model, and runs the one ladder on it: where results.csv holds every length nothing is loaded,
+    and the rows it returns are those of this evaluation, kept or computed."""
+    from omegaconf import OmegaConf
+
+    from posbench.config import conf_dir
+    from posbench.eval.ladder import evaluate_subject
+    from posbench.eval.subject import TrainedRun, open_subject
+
+    ecfg = OmegaConf.load(conf_dir() / "eval" / "default.yaml")
+    ecfg.max_tokens = 2048
+
+    def opened(**changes):
+        return open_subject(OmegaConf.create({"checkpoint": str(smoke_run_copy), "device": "cpu",
+                                              "eval": OmegaConf.merge(ecfg, changes)}))
+
+    subject = opened()
+    assert isinstance(subject, TrainedRun) and subject.model is None and subject.out == smoke_run_copy
+    kept = evaluate_subject(subject)
+    assert subject.model is None and kept.eval_len.tolist() == [32, 64, 128, 256, 512]
+    subject = opened(lengths=[16, 32])
+    rows = evaluate_subject(subject)
+    assert subject.model is not None and rows.eval_len.tolist() == [16, 32] and (rows.status == "ok").all()
+    assert rows.ppl.iloc[1] == kept.ppl.iloc[0]  # 32 kept, as stored

@@ -25,6 +25,10 @@ A rotary model can be evaluated under a RoPE scaling (``eval.rope_scaling``, see
 :mod:`posbench.encodings.rotary`) with factor ``eval.rope_factor`` or, when null, s =
 max(1, L / train_len) at each length L; rows record both, and ``rope_scaling`` is part of
 the row key, so one run's results.csv holds a row per scaling and length.
+
+One function runs the ladder on whatever is evaluated, :func:`evaluate_subject`: a trained run
+or a pretrained model opened as a :class:`~posbench.eval.probe.Subject`
+(:mod:`posbench.eval.subject`); :func:`evaluate` is it as a plain function of the config.
 """
 
 from __future__ import annotations
