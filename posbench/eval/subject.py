@@ -182,14 +182,15 @@ def open_trained(cfg: DictConfig) -> TrainedRun:
 
 
 def open_pretrained(cfg: DictConfig) -> PretrainedModel:
-    """``cfg.pretrained`` loaded on ``cfg.device`` (precision ``cfg.precision``, default auto)."""
+    """``cfg.pretrained`` loaded on ``cfg.device`` (precision ``cfg.precision``, default auto; BOS
+    policy ``cfg.bos``, default first: :func:`posbench.model.pretrained.load_pretrained`)."""
     from ..model.pretrained import PieceTokenizer, load_pretrained
 
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     keep_freed_memory()  # as for posbench's own runs: a window's large activations reuse the heap
     device = resolve_device(str(cfg.device))
     precision = str(cfg.get("precision") or "auto")
-    model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision)
+    model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision, str(cfg.get("bos") or "first"))
     dtype = next(model.parameters()).dtype
     train_len = model.encoding.train_len
     ext = extension_of(ecfg, train_len)
