@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import PosbenchError, fail
-from . import bench, check, convert, encodings, hydra_apps, report, study
+from . import bench, check, convert, encodings, hydra_apps, longppl, report, study
 from .failures import quiet_broken_pipe
 from .validate import encoding_options_callback  # the Hydra callback conf/app_train.yaml names
 
@@ -46,6 +46,7 @@ COMMANDS = {
     "convert": (convert.HELP, convert.main),
     "bench": (bench.HELP, bench.main),
     "study": (study.HELP, study.main),
+    "longppl": (longppl.HELP, longppl.main),
 }
 
 

@@ -1,0 +1,163 @@
+"""LongPPL (posbench.eval.longppl): the key tokens chosen from two ladder rows of an evaluator equal
+those of the reference implementation (``longppl`` 0.3.0's ``find_key_token``, run here on the same
+tiny random Llama models, nothing downloaded), and LongPPL equals its ``compute_longppl``; the
+context of each scored token follows the window protocol; ``posbench longppl`` writes longppl.csv
+from run dirs."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from posbench.config import EvalConfig
+from posbench.errors import PosbenchError
+from posbench.eval.ladder import perplexity_ladder, result_rows
+from posbench.eval.longppl import context_lengths, key_tokens, longppl, select_key_tokens, study_longppl
+from posbench.eval.results import write_results
+from posbench.runs.rundir import RunDir
+
+transformers = pytest.importorskip("transformers")
+reference = pytest.importorskip("longppl.longppl")
+
+CPU = torch.device("cpu")
+TRUNC, WINDOW = 16, 8  # the reference's trunc_len and sliding_window
+SHORT_LEN, SHORT_STRIDE = TRUNC + WINDOW - 1, WINDOW  # the sliding row with the same contexts, 16 .. 23
+
+
+def naive_contexts(n, length, stride):
+    """Context of each target 1..n, window by window as the ladder scores them."""
+    context, start = {}, 0
+    while start + length <= n:
+        for pos in range(0 if start == 0 else length - stride, length):
+            context[start + pos + 1] = pos + 1
+        start += stride
+    return [context[t] for t in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("length, stride", [(8, 8), (12, 5), (23, 8), (16, 1)])
+def test_context_lengths_follow_the_window_protocol(length, stride):
+    n = length + 7 * stride
+    assert context_lengths(n, length, stride).tolist() == naive_contexts(n, length, stride)
+
+
+@pytest.fixture(scope="module")
+def setting():
+    """A fast tokenizer (byte-level BPE, no special tokens added), an ASCII text of N tokens with
+    N - TRUNC a multiple of WINDOW (the reference's last short window then keeps its full width),
+    and two tiny random Llama models: the evaluator and the evaluated."""
+    from posbench.data.corpus import sotu_files, train_tokenizer
+    from posbench.model.pretrained import PretrainedLM
+
+    texts = [p.read_text().encode("ascii", "ignore").decode() for p in sotu_files()[:3]]
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(texts, 300, 2))
+    words = texts[0].split(" ")
+    for k in range(60, len(words)):
+        text = " ".join(words[:k])
+        ids = fast(text)["input_ids"]
+        if len(ids) >= 240 and (len(ids) - TRUNC) % WINDOW == 0:
+            break
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        config = transformers.LlamaConfig(vocab_size=fast.vocab_size, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=64)
+        hf = transformers.LlamaForCausalLM(config).eval()
+        models.append((hf, PretrainedLM(hf, f"llama{seed}", "memory")))
+    return fast, text, np.array(ids, dtype=np.int32), models
+
+
+def ladder_row(model, tokens, length, stride=None):
+    """The ladder row of ``model`` over targets 1 .. N-1: non-overlapping (stride None) or sliding."""
+    n = tokens.size - 1
+    ecfg = EvalConfig(lengths=[length], max_tokens=n, mode="sliding" if stride else "nonoverlapping", stride=stride)
+    return perplexity_ladder(model, tokens, [length], ecfg, CPU, None, n_tokens=n)[0]
+
+
+def between(values, lo, hi):
+    """A threshold halfway across the widest gap between neighbouring sorted ``values`` whose ranks
+    lie between quantiles ``lo`` and ``hi``, and that gap."""
+    v = np.sort(values)
+    gaps = np.diff(v)[int(lo * v.size):int(hi * v.size)]
+    k = int(lo * v.size) + int(np.argmax(gaps))
+    return float((v[k] + v[k + 1]) / 2), float(gaps.max())
+
+
+def test_key_tokens_and_longppl_agree_with_the_reference(setting):
+    fast, text, tokens, ((evaluator, wrapped), (model, evaluated)) = setting
+    n = tokens.size - 1
+    long, short = ladder_row(wrapped, tokens, n)["token_nll"], ladder_row(wrapped, tokens, SHORT_LEN, SHORT_STRIDE)
+    short = short["token_nll"]
+    # the rows are the reference's losses: its full forward, and its short windows token for token
+    with torch.no_grad():
+        logits = evaluator(torch.from_numpy(tokens.astype(np.int64))[None]).logits[0]
+    full = F.cross_entropy(logits[:-1], torch.from_numpy(tokens[1:].astype(np.int64)), reduction="none").numpy()
+    np.testing.assert_allclose(long, full, rtol=0, atol=1e-6)
+    long_context, short_context = context_lengths(n, n, n), context_lengths(n, SHORT_LEN, SHORT_STRIDE)
+    candidates = long_context > short_context
+    assert np.flatnonzero(candidates)[0] == TRUNC + WINDOW - 1  # the reference's second short window on
+    # alpha and beta lowered into a random model's range, each halfway between two neighbouring values
+    alpha, alpha_gap = between((short - long)[candidates], 0.5, 0.8)
+    beta, beta_gap = between(-long[candidates], 0.1, 0.4)
+    assert min(alpha_gap, beta_gap) > 1e-4  # far wider than the two computations' 1e-6
+    mask = key_tokens(long, short, long_context, short_context, alpha, beta)
+    assert 5 < mask.sum() < candidates.sum()
+
+    found = reference.find_key_token(text, evaluator, fast, TRUNC, WINDOW, None, alpha, beta)
+    encoded = fast(text, return_tensors="pt", add_special_tokens=False, return_offsets_mapping=True)
+    assert encoded["input_ids"][0].tolist() == tokens.tolist()
+    expected = reference.cal_overlap(encoded["offset_mapping"][0], found)  # target index t - 1, as compute_longppl
+    assert np.flatnonzero(mask).tolist() == sorted(expected)
+
+    nll = ladder_row(evaluated, tokens, n)["token_nll"]
+    value, count = longppl(nll, mask)
+    result = reference.compute_longppl(text, model, evaluator, fast, fast, trunc_len=TRUNC, sliding_window=WINDOW,
+                                       alpha=alpha, beta=beta)
+    assert count == result["n_key_token"]
+    assert value == pytest.approx(float(result["longppl"]), rel=1e-6)
+
+
+def write_run(path, rows, train_len, name):
+    """A run dir holding ladder ``rows`` (results.csv, token_nll.npz) and its config.yaml."""
+    cfg = OmegaConf.create({"encoding": {"name": "rope"}, "model": {"name": name}, "data": {"name": "text"},
+                            "train": {"train_len": train_len}, "seed": 0, "eval": {"split": "validation"}})
+    path.mkdir(parents=True)
+    OmegaConf.save(cfg, path / "config.yaml")
+    write_results(RunDir(path), result_rows(cfg, rows, 0))
+
+
+def test_posbench_longppl_reads_run_dirs_and_names_a_missing_row(setting, tmp_path, capsys):
+    from posbench.cli import main
+
+    _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
+    n = tokens.size - 1
+    judge, run = tmp_path / "judge", tmp_path / "runs" / "small"
+    write_run(judge, [ladder_row(wrapped, tokens, n), ladder_row(wrapped, tokens, SHORT_LEN, SHORT_STRIDE)], n,
+              "judge")
+    prefix = tokens[:257]  # the run scored fewer tokens, 1 .. 256: every row averages over the key tokens in them
+    write_run(run, [ladder_row(evaluated, prefix, 256), ladder_row(evaluated, prefix, 8)], 8, "small")
+    with pytest.raises(PosbenchError, match=r"no sliding row at eval_len 8, stride 2; run: posbench eval "
+                                            r".* eval.mode=sliding eval.lengths=\[8\] eval.stride=2"):
+        study_longppl(judge, [run])  # the default short window: the run's train_len 8, stride 8 // 4
+    keys = select_key_tokens(judge, SHORT_LEN, SHORT_STRIDE, alpha=0.01, beta=-10.0)
+    assert keys.long_len == n and keys.mask.sum() > 0
+    main(["longppl", "--evaluator", str(judge), "--short", str(SHORT_LEN), "--short-stride", str(SHORT_STRIDE),
+          "--alpha", "0.01", "--beta", "-10", "--out", str(tmp_path / "longppl.csv"), str(tmp_path / "runs")])
+    assert "wrote" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "longppl.csv").set_index("eval_len")
+    assert table.index.tolist() == [8, 256] and (table.key_tokens == keys.mask[:256].sum()).all()
+    assert (table.tokens == 256).all()
+    stored = {length: ladder_row(evaluated, prefix, length)["token_nll"] for length in (8, 256)}
+    for length, nll in stored.items():
+        assert table.loc[length, "longppl"] == pytest.approx(longppl(nll, keys.mask[:256])[0], rel=1e-6)
+        assert table.loc[length, "ppl"] == pytest.approx(math.exp(nll.astype(np.float64).mean()), rel=1e-6)
+    other = tmp_path / "other"
+    write_run(other, [ladder_row(evaluated, prefix, 256)], 8, "other")
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(other / "config.yaml"), {"data": {"name": "sotu"}}),
+                   other / "config.yaml")
+    with pytest.raises(PosbenchError, match="differ in data"):
+        study_longppl(judge, [other], SHORT_LEN, SHORT_STRIDE)
