@@ -50,6 +50,36 @@ is the run dir of the same grid point (the grid keys both stages have) and seed 
 A sweep of such a stage starts only once its parent sweep has ended (and not at all when the
 parent failed): its checkpoints live in the parent's run dirs under ``out``, so a parent and its
 branches train on one machine.
+
+**An eval stage** (``eval: true``, with ``from:``) trains nothing: it runs ``posbench eval`` on each
+run of the stage its ``from:`` names (the same grid point and seed), as
+``posbench -m eval checkpoint=<run dir>,... <overrides>``. Its grid keys that the parent's grid has
+pick the parent's point; its other grid keys (``eval.rope_scaling: [pi, yarn]``) and its overrides
+are the evaluation's (``eval.*``, and of ``--extra`` only ``device``, ``eval.*`` and ``precision``)::
+
+      - name: sliding
+        eval: true
+        from: headline
+        grid: {encoding: [alibi, rope], seed: [0, 1, 2]}
+        overrides: [eval.mode=sliding, eval.stride=64, "eval.lengths=[256,512,1024,2048]"]
+
+Its runs are its parent's: the rows go to the parent's run dirs (``out/<folder>/seed=N``) and the
+run is exported, with every row it holds, to the parent's ``runs/<folder>/seed=N``. An evaluation
+is done (:func:`evaluated`) when its run dir holds the rows ``posbench eval`` would otherwise
+compute, by the eval's own test (``posbench.eval.ladder.ladder_plan``: rows of results.csv with the
+evaluation's key (split, mode, stride, rope_scaling, eval_len), the run's config hash and scored
+token count, status ok, and their per-token NLL kept); where only the export is left, when its
+results.csv has an ok row of the run's config hash under that key at every length. An eval sweep
+starts once its parent's sweep and every earlier sweep on the same run dirs has ended (``posbench
+eval`` holds the run dir), and an export is written again when its run's results.csv holds a row
+(key and config hash) the export lacks; a training run's export is written once, when it ends.
+To evaluate another study's runs, an eval study names that study's stage as its own first stage,
+with the same config, ``out`` and ``folder`` (conf/study/rope_scaling.yaml, headline_sliding.yaml):
+the runs are then done in both, and trained by whichever runs first (an evaluation needs the run
+dir's checkpoint: a run whose only copy is an export is done for training, not for a new
+evaluation). Probes (``probe=``) are not
+an eval stage's yet: ``posbench eval probe=...`` computes its rows again each time, so there is no
+reuse of them to test for.
 """
 
 from __future__ import annotations
@@ -71,7 +101,7 @@ from .config import conf_dir, config_hash
 from .errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
-STAGE_KEYS = ("name", "grid", "overrides", "from")
+STAGE_KEYS = ("name", "grid", "overrides", "from", "eval")
 REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
 FOLDER = "{stage}/{point}"
 
@@ -85,6 +115,7 @@ class Sweep:
     seeds: tuple[int, ...]
     folder: str = ""  # its runs' folder under out and runs: out/<folder>/seed=N
     parent: str = ""  # the folder of the sweep its runs start from (a stage's ``from``), or none
+    evaluates: bool = False  # an eval stage's: ``posbench eval`` on the parent's runs (folder == parent)
 
     @property
     def name(self) -> str:
@@ -134,6 +165,13 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
         _unknown(f"{files[name]} stage {i}", stage, STAGE_KEYS)
         if not stage.get("name") or not isinstance(stage.get("grid"), dict):
             raise PosbenchError(f"study: {files[name]} stage {i} needs a name and a grid (key: [values])")
+        if stage.get("eval") and not stage.get("from"):
+            raise PosbenchError(f"study: {files[name]} stage {stage['name']} has eval: true and no from:; an eval "
+                                "stage evaluates the runs of the earlier stage its from: names")
+        if stage.get("eval") and any(str(o).split("=", 1)[0].lstrip("+") == "probe" for o in
+                                     [*(stage.get("overrides") or []), *stage["grid"]]):
+            raise PosbenchError(f"study: {files[name]} stage {stage['name']} runs a probe; valid: an eval stage "
+                                "runs the perplexity ladder (eval.* overrides), whose rows posbench eval skips")
     _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
     return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
                  list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
@@ -154,6 +192,12 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
         seeds = tuple(int(s) for s in grid.pop("seed", [0]))
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
+            if stage.get("eval"):  # no folder of its own: its runs are its parent's
+                sweep = _eval_sweep(study, stage, dict(zip(keys, values)), seeds, points)
+                points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
+                if not only or stage["name"] in only:
+                    out.append(sweep)
+                continue
             point = tuple(f"{k}={_value(v)}" for k, v in zip(keys, values))
             sweep = Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds)
             sweep = replace(sweep, folder=_folder(study, sweep, dict(zip(keys, values))))
@@ -184,6 +228,18 @@ def _with_parent(study: Study, sweep: Sweep, stage: dict, point: dict, points: d
     run = f"'{study.out / found[0]}/seed=${{seed}}'"  # quoted: Hydra reads '=' in a value only so
     overrides = tuple(o.replace("{from}", run) for o in sweep.overrides)
     return replace(sweep, overrides=overrides, parent=found[0])
+
+
+def _eval_sweep(study: Study, stage: dict, point: dict, seeds: tuple[int, ...], points: dict) -> Sweep:
+    """An eval stage's grid point: the grid keys its parent stage has pick the parent's sweep (its
+    folder, run dirs and exports are this sweep's); the other keys (``eval.rope_scaling``, ...) and
+    the stage's overrides are the ``posbench eval`` overrides."""
+    parent = next((s for s in study.stages if s["name"] == stage["from"]), None)
+    shared = set(parent["grid"]) - {"seed"} if parent else set()
+    own = tuple(f"{k}={_value(v)}" for k, v in point.items() if k not in shared)
+    sweep = Sweep(stage["name"], own + tuple(stage.get("overrides") or []), seeds, evaluates=True)
+    sweep = _with_parent(study, sweep, stage, {k: v for k, v in point.items() if k in shared}, points)
+    return replace(sweep, folder=sweep.parent)
 
 
 def _folder(study: Study, sweep: Sweep, point: dict) -> str:
@@ -247,16 +303,86 @@ def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
 
 
 def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], int]:
-    """The sweeps still to train (each with only its missing seeds), and how many runs are done."""
+    """The sweeps still to train or evaluate (each with only its missing seeds), and how many runs
+    are done (an eval stage's: :func:`evaluated`)."""
     done = _finished_keys(study.runs, False) | _finished_keys(study.out, True)
     todo, have = [], 0
     for sweep in sweeps(study, only):
-        digest = sweep_hash(study, sweep, extra)
-        missing = [seed for seed in sweep.seeds if digest is None or (digest, seed) not in done]
+        if sweep.evaluates:
+            missing = [seed for seed in sweep.seeds if not evaluated(study, sweep, seed, extra)]
+        else:
+            digest = sweep_hash(study, sweep, extra)
+            missing = [seed for seed in sweep.seeds if digest is None or (digest, seed) not in done]
         have += len(sweep.seeds) - len(missing)
         if missing:
             todo.append(replace(sweep, seeds=tuple(missing)))
     return todo, have
+
+
+def _eval_config(study: Study, sweep: Sweep, run: Path, extra: list[str] = ()):
+    """The ``posbench eval checkpoint=<run>`` config of an eval sweep, composed as the command would."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [f"checkpoint='{run}'", *sweep.overrides, *eval_extra(extra)]
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return compose("app_eval", overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def eval_extra(extra: list[str]) -> list[str]:
+    """The ``--extra`` overrides ``posbench eval`` takes (device=, eval.*); train.* are training's."""
+    return [o for o in extra if o.split("=", 1)[0].lstrip("+").split(".")[0] in EVAL_EXTRA]
+
+
+EVAL_EXTRA = ("device", "eval", "precision")
+
+
+def evaluated(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> bool:
+    """Whether an eval sweep's run ``seed`` holds its rows: in its run dir, where ``posbench eval``
+    would compute no length (:func:`posbench.eval.ladder.ladder_plan`, which keeps the rows of
+    results.csv with the evaluation's key, config hash, scored token count and per-token NLL:
+    ``existing_rows``); where only its export is left (no checkpoint to evaluate), where the
+    export's results.csv has an ok row of the run's config hash at every length under the
+    evaluation's key (:func:`posbench.eval.ladder.evaluation_rows`)."""
+    import contextlib
+    import io
+
+    from omegaconf import OmegaConf
+
+    from .config import EvalConfig, typed
+    from .eval.ladder import evaluation_rows, ladder_plan, scored_tokens
+    from .eval.probe import Subject
+    from .eval.subject import extension_of, open_subject, scaling_label
+
+    run, export_dir = study.out / sweep.folder / f"seed={seed}", study.runs / sweep.folder / f"seed={seed}"
+    cfg = _eval_config(study, sweep, run, extra)
+    if (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file():
+        with contextlib.redirect_stderr(io.StringIO()):  # the ladder's "already in results.csv" lines
+            subject = open_subject(cfg)
+            lengths = subject.ladder_lengths()
+            tokens = subject.corpus().splits[subject.ecfg.split]
+            n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
+            todo = ladder_plan(subject, scaling_label(subject.ecfg.rope_scaling, subject.ext), lengths, n)
+        return not todo.todo and not todo.plain
+    if not (export_dir / "results.csv").is_file() or not (export_dir / "config.yaml").is_file():
+        return False
+    train_cfg = OmegaConf.load(export_dir / "config.yaml")
+    ecfg = typed(EvalConfig, cfg.eval, "eval")
+    train_len = int(train_cfg.train.train_len)
+    ext = extension_of(ecfg, train_len)
+    lengths = ecfg.resolve_lengths(train_len)
+    subject = Subject(None, None, None, None, train_len, ecfg=ecfg, ext=ext, rows_config=train_cfg, out=export_dir)
+    rows = evaluation_rows(subject, scaling_label(ecfg.rope_scaling, ext), lengths)
+    rows = rows[(rows.status == "ok") & (rows.config_hash.astype(str) == config_hash(train_cfg))]
+    return set(lengths) <= set(rows.eval_len)
 
 
 def _posbench() -> list[str]:
@@ -272,11 +398,31 @@ def train_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) 
             f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir='seed=${seed}'"]
 
 
+def eval_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    """``posbench -m eval`` on the sweep's runs (its parent's run dirs), ``jobs`` side by side."""
+    runs = ",".join(f"'{study.out / sweep.folder}/seed={seed}'" for seed in sweep.seeds)
+    dirs = [f"--config-dir={d}" for d in study.config_dirs]
+    return [*_posbench(), "-m", "eval", *dirs, f"checkpoint={runs}", *sweep.overrides, *eval_extra(extra),
+            "hydra/launcher=local_parallel", f"hydra.launcher.n_jobs={max(1, min(jobs, len(sweep.seeds)))}",
+            f"hydra.sweep.dir={study.out / sweep.folder}/.eval/{sweep.stage}"]
+
+
+def command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    return (eval_command if sweep.evaluates else train_command)(study, sweep, jobs, extra)
+
+
+def log_path(study: Study, sweep: Sweep) -> Path:
+    """A sweep's log: ``out/<folder>.log``; an eval sweep's, beside its runs: ``out/<folder>/eval,<name>.log``."""
+    return study.out / sweep.folder / f"eval,{sweep.name}.log" if sweep.evaluates else study.out / f"{sweep.folder}.log"
+
+
 EXPORT_EVERY = 60.0  # seconds between looks for finished runs in the sweeps still running
 
 
 def export(study: Study, sweep: Sweep) -> list[Path]:
-    """Export the finished runs of one sweep to ``runs/<folder>/seed=N``; -> those written."""
+    """Export the finished runs of one sweep to ``runs/<folder>/seed=N``; -> those written. A
+    training run's export is written once; an eval sweep's run is exported again where its
+    results.csv holds rows its export lacks (:func:`_gained_rows`)."""
     from .report.baselines import export_baseline
 
     written = []
@@ -284,16 +430,31 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
     for seed in sweep.seeds:
         run = sweep_dir / f"seed={seed}"
         dest = study.runs / sweep.folder / run.name
-        if not (run / "ppl_vs_length.png").is_file() or (dest / "blocks.npz").is_file():
+        if not (run / "ppl_vs_length.png").is_file():
+            continue
+        if (dest / "blocks.npz").is_file() and not (sweep.evaluates and _gained_rows(run, dest)):
             continue
         tmp = study.runs / ".export"
+        _remove_tree(tmp)
         for path in export_baseline([run], tmp):
             dest.parent.mkdir(parents=True, exist_ok=True)
-            _remove_tree(dest)  # an export without its blocks (cut off): written anew
+            _remove_tree(dest)  # an export without its blocks (cut off), or one an evaluation added rows to
             path.rename(dest)
             written.append(dest)
         _remove_tree(tmp)
     return written
+
+
+def _gained_rows(run: Path, dest: Path) -> bool:
+    """Whether the run's results.csv holds a row (by its key and config hash) its export's lacks."""
+    from .eval.token_nll import row_key
+
+    def keys(path: Path) -> set:
+        if not path.is_file():
+            return set()
+        return {(row_key(r), str(r["config_hash"])) for r in pd.read_csv(path).to_dict("records")}
+
+    return bool(keys(run / "results.csv") - keys(dest / "results.csv"))
 
 
 def _remove_tree(path: Path) -> None:
@@ -303,8 +464,10 @@ def _remove_tree(path: Path) -> None:
 
 
 def _pending(sweep: Sweep, waiting: list[Sweep], running: list) -> bool:
-    """Whether the sweep its runs start from is still to train or training."""
-    return bool(sweep.parent) and any(w.folder == sweep.parent for w in waiting + [r[0] for r in running])
+    """Whether the sweep its runs start from is still to train or training, or (an eval sweep) an
+    earlier sweep on the same run dirs is still waiting or running (``posbench eval`` holds a run dir)."""
+    ahead = waiting[:waiting.index(sweep)] if sweep in waiting else waiting
+    return bool(sweep.parent) and any(w.folder == sweep.parent for w in ahead + [r[0] for r in running])
 
 
 def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> list[str]:
@@ -319,15 +482,16 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
         for sweep in [w for w in waiting if w.parent in dead]:
             waiting.remove(sweep)  # its parent failed: nothing to start from
             dead.add(sweep.folder)
-            failed.append(f"{study.out / sweep.folder}.log (not started: {sweep.parent} failed)")
+            failed.append(f"{log_path(study, sweep)} (not started: {sweep.parent} failed)")
         ready = [w for w in waiting if not _pending(w, waiting, running)]
         while ready and (not running or busy + min(jobs, len(ready[0].seeds)) <= jobs):
             sweep = ready.pop(0)
             waiting.remove(sweep)
-            log = study.out / f"{sweep.folder}.log"
+            log = log_path(study, sweep)
             log.parent.mkdir(parents=True, exist_ok=True)
-            cmd = train_command(study, sweep, jobs, extra)
-            print(f"study {study.name}: training {sweep.stage} {sweep.name} seed={','.join(map(str, sweep.seeds))} "
+            cmd = command(study, sweep, jobs, extra)
+            verb = "evaluating" if sweep.evaluates else "training"
+            print(f"study {study.name}: {verb} {sweep.stage} {sweep.name} seed={','.join(map(str, sweep.seeds))} "
                   f"(log: {log})", flush=True)
             with open(log, "a") as f:
                 f.write("$ " + shlex.join(cmd) + "\n")
@@ -350,7 +514,8 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
             if proc.returncode != 0:
                 failed.append(str(log))
-                dead.add(sweep.folder)
+                if not sweep.evaluates:  # the runs themselves are fine: their other evaluations go on
+                    dead.add(sweep.folder)
     return failed
 
 
@@ -397,10 +562,12 @@ def main(args: list[str]) -> None:
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra)
         total = have + sum(len(s.seeds) for s in todo)
-        print(f"study {study.name}: {have} of {total} runs done; {total - have} to train")
+        evals = sum(len(s.seeds) for s in todo if s.evaluates)
+        print(f"study {study.name}: {have} of {total} runs done; {total - have - evals} to train"
+              + (f", {evals} to evaluate" if evals else ""))
         if ns.step == "plan":
             for s in todo:
-                print("  " + shlex.join(train_command(study, s, ns.jobs, ns.extra)))
+                print("  " + shlex.join(command(study, s, ns.jobs, ns.extra)))
             return
         failed = train(study, todo, ns.jobs, ns.extra)
         if failed:

@@ -273,3 +273,120 @@ def test_a_branched_study_trains_its_branches_from_the_long_runs(tmp_path):
     table = pd.read_csv(tmp_path / "rep" / "matched.csv")
     assert list(table.label) == ["rope"] and table.weight.iloc[0] == pytest.approx(1.0)  # its own final value
     assert "rope [steps=4]" in (tmp_path / "rep" / "report.md").read_text()  # each budget a line
+
+
+EVALUATED = """out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+folder: "{{stage}}/{{encoding}}"
+common: [experiment=smoke, train.steps=4, "eval.multiples=[1,2]"]
+stages:
+  - name: a
+    grid: {{encoding: [rope], seed: [0]}}
+  - name: scaled
+    eval: true
+    from: a
+    grid: {{encoding: [rope], eval.rope_scaling: [pi], seed: [0]}}
+    overrides: ["eval.lengths=[32,64]"]
+"""
+
+
+def test_an_eval_stage_evaluates_its_parents_runs(tmp_path):
+    """An eval stage's sweeps are its parent's runs (folder, run dirs, exports); its own grid keys
+    and overrides go to ``posbench -m eval``, without the study's common (training) overrides and
+    with only the --extra overrides posbench eval takes."""
+    from dataclasses import replace
+
+    from posbench.study import eval_command
+
+    write_study(tmp_path, EVALUATED.format(tmp=tmp_path).replace("[pi]", "[pi, yarn]"))
+    study = load_study("mini", [tmp_path])
+    scaled = [s for s in sweeps(study) if s.stage == "scaled"]
+    assert [(s.folder, s.parent, s.evaluates) for s in scaled] == [("a/rope", "a/rope", True)] * 2
+    assert [s.overrides for s in scaled] == [("eval.rope_scaling=pi", "eval.lengths=[32,64]"),
+                                             ("eval.rope_scaling=yarn", "eval.lengths=[32,64]")]
+    command = eval_command(study, replace(scaled[0], seeds=(0, 1)), 4, ["train.compile=false", "device=cuda"])
+    assert command[3:5] == ["-m", "eval"]
+    assert f"checkpoint='{tmp_path}/out/a/rope/seed=0','{tmp_path}/out/a/rope/seed=1'" in command
+    assert "device=cuda" in command and "train.compile=false" not in command and "experiment=smoke" not in command
+    assert "hydra.launcher.n_jobs=2" in command
+    todo, have = plan(study)
+    assert have == 0 and [(s.stage, s.seeds) for s in todo] == [("a", (0,)), ("scaled", (0,)), ("scaled", (0,))]
+    for body, message in [(EVALUATED.replace("    from: a\n", ""), "eval: true and no from:"),
+                          (EVALUATED.replace('"eval.lengths=[32,64]"', "probe=passkey"), "runs a probe")]:
+        write_study(tmp_path, body.format(tmp=tmp_path))
+        with pytest.raises(PosbenchError, match=message):
+            load_study("mini", [tmp_path])
+
+
+def test_evaluations_of_one_run_dir_run_one_after_another(tmp_path, monkeypatch):
+    """``posbench eval`` holds the run dir: two eval sweeps on the same runs never overlap, and
+    neither starts before the runs have trained."""
+    import posbench.study as st
+
+    write_study(tmp_path, EVALUATED.format(tmp=tmp_path).replace("[pi]", "[pi, yarn]"))
+    study = load_study("mini", [tmp_path])
+    spans = {}
+
+    def command(study, sweep, jobs, extra=()):
+        spans.setdefault(sweep.name, [time.monotonic()])
+        return [sys.executable, "-c", "import time; time.sleep(0.5)"]
+
+    monkeypatch.setattr(st, "train_command", command)
+    monkeypatch.setattr(st, "eval_command", command)
+    monkeypatch.setattr(st, "export", lambda study, sweep: spans[sweep.name].append(time.monotonic()) or [])
+    assert st.train(study, sweeps(study), jobs=8) == []
+    (start_a, end_a), (start_pi, end_pi), (start_yarn, _) = spans.values()
+    assert start_pi >= end_a and start_yarn >= end_pi
+
+
+@pytest.mark.slow
+def test_an_eval_stage_is_done_by_its_rows_and_exported_with_them(tmp_path):
+    """A real smoke run and its evaluation under pi: the plan then finds the evaluation done (its
+    rows in the run dir), the export holds the run's rows of both evaluations with their blocks; a
+    second scaling adds rows and the export is written again with them; with the run dir gone the
+    export alone says which evaluations are done."""
+    import numpy as np
+
+    from posbench.study import evaluated
+
+    write_study(tmp_path, EVALUATED.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--jobs", "2", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 to train, 1 to evaluate" in r.stdout
+    study = load_study("mini", [tmp_path])
+    scaled = [s for s in sweeps(study) if s.stage == "scaled"]
+    assert evaluated(study, scaled[0], 0) and plan(study) == ([], 2)
+    export = tmp_path / "runs" / "a" / "rope" / "seed=0"
+    rows = pd.read_csv(export / "results.csv")
+    assert sorted(zip(rows.rope_scaling, rows.eval_len)) == [("none", 32), ("none", 64), ("pi", 32), ("pi", 64)]
+    assert len(np.load(export / "blocks.npz").files) == 4
+    # another scaling: planned, evaluated, and the export written again with its rows
+    write_study(tmp_path, EVALUATED.format(tmp=tmp_path).replace("[pi]", "[pi, ntk]"))
+    todo, have = plan(load_study("mini", [tmp_path]))
+    assert have == 2 and [s.overrides[0] for s in todo] == ["eval.rope_scaling=ntk"]
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = pd.read_csv(export / "results.csv")
+    assert set(rows.rope_scaling) == {"none", "pi", "ntk"} and len(np.load(export / "blocks.npz").files) == 6
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    study = load_study("mini", [tmp_path])
+    assert plan(study) == ([], 3)
+    write_study(tmp_path, EVALUATED.format(tmp=tmp_path).replace("[pi]", "[yarn]"))
+    todo, have = plan(load_study("mini", [tmp_path]))
+    assert have == 1 and [s.overrides[0] for s in todo] == ["eval.rope_scaling=yarn"]
+
+
+@pytest.mark.parametrize("name, parent", [("rope_scaling", "cpu_quick"), ("headline_sliding", "headline")])
+def test_an_eval_study_shares_its_parent_studys_runs(name, parent):
+    """The studies that replaced scripts/rope_scaling.sh and scripts/headline_sliding.sh train
+    nothing of their own: their first stage is runs of the parent study, with its config hashes,
+    out and folders, so the eval stage reads the parent's run dirs."""
+    study, base = load_study(name), load_study(parent)
+    own = {s.folder: sweep_hash(study, s) for s in sweeps(study) if not s.evaluates}
+    theirs = {s.folder: sweep_hash(base, s) for s in sweeps(base)}
+    assert study.out == base.out and own and all(theirs[f] == h for f, h in own.items())
+    evals = [s for s in sweeps(study) if s.evaluates]
+    assert {s.folder for s in evals} == set(own) and all(s.seeds == (0, 1, 2) for s in evals)
