@@ -26,6 +26,8 @@ A run is keyed by its config hash and seed, not by its path: ``posbench study`` 
 run's config as ``posbench train`` would, and trains only the runs whose (hash, seed) neither an
 exported run under ``runs`` nor a finished run dir under ``out`` holds. Re-running resumes: an
 unfinished run trains on in the same run dir (``posbench train`` resumes from its checkpoint).
+An algorithmic task's run (``task=copy``, ...) writes tasks.csv instead of results.csv: it is
+keyed by that file's hash and seed, and exported as its tasks.csv and config.yaml.
 
 The runs of one grid point that differ only in seed go to Hydra's ``local_parallel`` launcher as
 one sweep (``posbench -m train ... seed=0,1,2``); several such sweeps run side by side until
@@ -97,7 +99,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from .config import conf_dir, config_hash
+from .config import conf_dir, config_hash, task_config
 from .errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
@@ -282,17 +284,22 @@ def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
         raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
     finally:
         GlobalHydra.instance().clear()
+    if not task_config(cfg.get("task")).is_lm:  # a task run's train_len is its longest training sequence
+        from .train.workload import fit_train_len
+
+        fit_train_len(cfg)
     return config_hash(cfg)
 
 
 def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
     """(config hash, seed) of every run under ``root`` with a results.csv (and, for run dirs, its
-    figure, which ``posbench train`` draws last)."""
+    figure, which ``posbench train`` draws last) or a tasks.csv (an algorithmic task's run, which
+    writes it when it ends)."""
     keys = set()
     if not root.is_dir():
         return keys
-    for results in root.rglob("results.csv"):
-        if finished_only and not (results.parent / "ppl_vs_length.png").is_file():
+    for results in [*root.rglob("results.csv"), *root.rglob("tasks.csv")]:
+        if finished_only and results.name == "results.csv" and not (results.parent / "ppl_vs_length.png").is_file():
             continue
         try:
             rows = pd.read_csv(results, usecols=["config_hash", "seed"])
@@ -300,6 +307,11 @@ def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
             continue
         keys |= {(str(h), int(s)) for h, s in zip(rows.config_hash, rows.seed)}
     return keys
+
+
+def finished(run: Path) -> bool:
+    """Whether a run dir's run has ended: its figure drawn (the LM ladder) or its tasks.csv written."""
+    return (run / "ppl_vs_length.png").is_file() or (run / "tasks.csv").is_file()
 
 
 def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], int]:
@@ -430,7 +442,10 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
     for seed in sweep.seeds:
         run = sweep_dir / f"seed={seed}"
         dest = study.runs / sweep.folder / run.name
-        if not (run / "ppl_vs_length.png").is_file():
+        if not finished(run):
+            continue
+        if (run / "tasks.csv").is_file():  # a task run: its rows and config are all the report reads
+            written += _export_task(run, dest, study.runs / ".export")
             continue
         if (dest / "blocks.npz").is_file() and not (sweep.evaluates and _gained_rows(run, dest)):
             continue
@@ -443,6 +458,22 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
             written.append(dest)
         _remove_tree(tmp)
     return written
+
+
+def _export_task(run: Path, dest: Path, tmp: Path) -> list[Path]:
+    """An algorithmic task's run exported once: its tasks.csv and config.yaml (no per-token NLL)."""
+    import shutil
+
+    if (dest / "tasks.csv").is_file():
+        return []
+    _remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    for name in ("config.yaml", "tasks.csv"):
+        shutil.copyfile(run / name, tmp / name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_tree(dest)
+    tmp.rename(dest)
+    return [dest]
 
 
 def _gained_rows(run: Path, dest: Path) -> bool:

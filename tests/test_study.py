@@ -390,3 +390,48 @@ def test_an_eval_study_shares_its_parent_studys_runs(name, parent):
     assert study.out == base.out and own and all(theirs[f] == h for f, h in own.items())
     evals = [s for s in sweeps(study) if s.evaluates]
     assert {s.folder for s in evals} == set(own) and all(s.seeds == (0, 1, 2) for s in evals)
+
+
+TASKS = """out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+folder: "{{stage}}/{{task}}/{{encoding}}"
+common: [experiment=tasks_quick, train.steps=4, train.warmup_steps=1, "task.eval_multiples=[1,2]",
+         task.eval_instances=8]
+stages:
+  - name: plain
+    grid: {{task: [copy], encoding: [rope], seed: [0]}}
+  - name: random
+    grid: {{task: [copy], encoding: [rope], seed: [0]}}
+    overrides: [train.random_positions=64]
+"""
+
+
+@pytest.mark.slow
+def test_a_task_study_is_keyed_by_its_tasks_csv(tmp_path):
+    """Task runs write tasks.csv, not results.csv: the study hashes them with the train_len the
+    task sets (posbench train does before hashing), exports their tasks.csv and config.yaml, reports
+    them, and finds them done by the export alone."""
+    import shutil
+
+    write_study(tmp_path, TASKS.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--jobs", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 of 2 runs done; 2 to train" in r.stdout
+    export = tmp_path / "runs" / "random" / "copy" / "rope" / "seed=0"
+    assert {p.name for p in export.iterdir()} == {"tasks.csv", "config.yaml"}
+    assert (tmp_path / "results" / "tasks_report.md").is_file()
+    study = load_study("mini", [tmp_path])
+    digest = sweep_hash(study, sweeps(study)[1])
+    assert set(pd.read_csv(export / "tasks.csv").config_hash.astype(str)) == {digest}
+    shutil.rmtree(tmp_path / "out")
+    assert plan(study) == ([], 2)
+
+
+def test_the_tasks_study_is_the_former_drivers_84_runs():
+    """scripts/tasks_comparison.sh: five encodings on four tasks, and sinusoidal and rope with
+    train.random_positions=256, three seeds each."""
+    runs = {(s.overrides, seed) for s in sweeps(load_study("tasks_quick")) for seed in s.seeds}
+    assert len(runs) == 84
+    random = {o for o, _ in runs if "train.random_positions=256" in o}
+    assert {o[1] for o in random} == {"encoding=sinusoidal", "encoding=rope"} and len(random) == 8
