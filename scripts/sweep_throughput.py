@@ -12,7 +12,7 @@ other, so the ratios compare like with like; absolute figures differ between mac
 
 `--default-job` runs the default job itself (its 400 steps and its whole-split evaluation) instead
 of a short one, and prints beside each setting the wall time of the default comparison's sweep
-(6 encodings x 3 seeds = 18 jobs, scripts/reference_comparison.sh) that it implies: the measured
+(6 encodings x 3 seeds = 18 jobs, `posbench study cpu_quick`) that it implies: the measured
 sweep's wall time x 9, as the two jobs here (alibi and rope) stand for a pair of its jobs.
 
 Settings: `basic` (Hydra's sequential launcher, each job with all cores' torch threads),
