@@ -314,14 +314,21 @@ class PretrainedLM(nn.Module):
         """Last hidden states (B, T, D) of the model's body; ``positions`` (T,) its position ids."""
         return self._run(ids, positions, body=True)
 
-    head_rows = 2048  # tokens whose logits head_nll makes at a time (the preflight reads it)
+    HEAD_BYTES = 2 ** 30  # the most one slice of fp32 logits may take: head_rows x vocabulary x 4 bytes
+
+    @property
+    def head_rows(self) -> int:
+        """Tokens whose logits head_nll makes at a time (the preflight reads it): 2,048, fewer where
+        the vocabulary would make that slice more than :attr:`HEAD_BYTES` (Gemma 3's 262k: 1,024)."""
+        return int(min(2048, max(64, self.HEAD_BYTES // (4 * self.head.weight.shape[0]))))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head's logits of ``hidden``, soft-capped as the model's own forward caps them
-        (``final_logit_softcapping``: c tanh(z / c), Gemma 2)."""
+        (``final_logit_softcapping``: c tanh(z / c), Gemma 2 and 3), in place: one (rows, vocab)
+        tensor, not four."""
         logits = self.head(hidden)
         cap = getattr(self.model.config, "final_logit_softcapping", None)
-        return logits if not cap else cap * torch.tanh(logits / cap)
+        return logits if not cap else logits.div_(cap).tanh_().mul_(cap)
 
     def head_nll(self, hidden: torch.Tensor, targets: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """NLL of ``targets`` (...,) in fp32, the logits made ``rows`` tokens at a time."""
