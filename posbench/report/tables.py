@@ -93,6 +93,7 @@ from .verdicts import verdict_lines, verdicts_markdown
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
+CELL_COLUMNS = ("cell", "cell_pool", "ratio_pool")  # summarize(cells=True) only: Cell objects and SeedPools
 COMPARED = ["train_len", "eval_len", "data", "split"]  # the lines one bold / vs_best comparison ranks
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 TABLE_NOTE = ("geometric mean ± std over seeds [95% interval covering the seeds' spread and the text's (a "
@@ -321,7 +322,8 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     parameter counts ``params`` and ``pos_params`` (NaN where the rows predate them) and the
     interval columns of :func:`add_intervals` (bootstrap intervals where rows carry their ``run``
     dir and it holds token_nll.npz); ``cells``: keep each row's :class:`Cell` in a ``cell`` column
-    (what :mod:`posbench.report.verdicts` compares)."""
+    and its column's pooled seed variances in ``cell_pool`` and ``ratio_pool`` (:func:`add_intervals`;
+    what :mod:`posbench.report.verdicts` compares)."""
     df = with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
     stats = ok.assign(log_ppl=np.log(ok.ppl)).groupby(GROUP, dropna=False).agg(
@@ -333,7 +335,7 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
     out = with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
     out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator())
-    out = out if cells else out.drop(columns="cell")
+    out = out if cells else out.drop(columns=list(CELL_COLUMNS))
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
@@ -380,7 +382,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
 
     A line of fewer than 3 seeds takes at least the seeds' variance pooled over its column's lines
     (:func:`posbench.intervals.seed_term`): of their mean NLLs for its cells, of their per-seed
-    log ratios for its ratios."""
+    log ratios for its ratios; those pools are the ``cell_pool`` and ``ratio_pool`` columns."""
     column = [tuple(r) for r in summary[COMPARED].astype(str).itertuples(index=False)]
     cell_pool = {key: pool_seeds(c.nll for c, k in zip(summary.cell, column) if k == key) for key in set(column)}
     cell_ci = [estimator.cell(c, cell_pool[k]) for c, k in zip(summary.cell, column)]
@@ -425,7 +427,8 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
             ratio["vs_best"][row] = math.exp(cell.mean - best.mean)
             ratio["vs_best_ci_low"][row], ratio["vs_best_ci_high"][row] = math.exp(low), math.exp(high)
             tied[row] = pd.NA if math.isnan(low) else bool(low <= 0)
-    return out.assign(**ratio, tied_best=pd.array(tied, dtype="boolean"))
+    return out.assign(**ratio, tied_best=pd.array(tied, dtype="boolean"), cell_pool=[cell_pool[k] for k in column],
+                      ratio_pool=[ratio_pool[k] for k in column])
 
 
 def _fmt(mean: float, std: float, pm: str = " ± ", low: float = math.nan, high: float = math.nan) -> str:
@@ -870,7 +873,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
 
     summary = summarize(df, cells=True)
     verdicts = verdict_lines(summary, contrasts)
-    summary = summary.drop(columns="cell")
+    summary = summary.drop(columns=list(CELL_COLUMNS))
     text = extrapolation_summary(summary)
     table = markdown_table(summary)
     setup = run_setup(df)

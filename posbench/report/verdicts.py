@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ..eval.results import LINE
-from ..intervals import Cell, Estimator, Interval, pool_seeds
+from ..intervals import Cell, Estimator, Interval
 
 SETUP = [c for c in LINE if c != "label"]  # one setup: lines compared with each other
 PREFIX = "verdict: "
@@ -118,19 +118,11 @@ class Verdicts:
             cells[label] = ratio_cell(e.cell[length], e.cell[tlen])
         return cells
 
-    def _pool(self, length: int, setup: dict, ratio: bool):
-        """The seeds' pooled variance of the column (text, train_len, length) across the summary, as
-        the table's intervals pool it."""
-        same = self.s[(self.s.train_len == setup["train_len"]) & (self.s.data.astype(str) == str(setup["data"]))
-                      & (self.s.split.astype(str) == str(setup["split"]))]
-        if not ratio:
-            return pool_seeds(c.nll for c in same[same.eval_len == length].cell)
-        groups = []
-        for _, e in same.groupby(LINE, dropna=False):
-            e = e.set_index("eval_len")
-            if length in e.index and setup["train_len"] in e.index:
-                groups.append(ratio_cell(e.cell[length], e.cell[setup["train_len"]]).nll)
-        return pool_seeds(groups)
+    @staticmethod
+    def _pool(g: pd.DataFrame, length: int, ratio: bool):
+        """The seeds' pooled variance of the column (text, train_len, ``length``) that the table's
+        intervals used (:func:`posbench.report.tables.add_intervals`), of the cells or the ratios."""
+        return g[g.eval_len == length]["ratio_pool" if ratio else "cell_pool"].iloc[0]
 
     def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
         return ordering(self.est, cells, values, pool, digits)
@@ -149,13 +141,13 @@ class Verdicts:
                 values = {n: math.exp(c.mean) for n, c in cells.items()}
                 without = f" (n/a: {', '.join(missing)})" if missing else ""
                 lines.append(f"{where}ppl(L={length}) / ppl(L={tlen}) ({length / tlen:g}x), lowest first{without}: "
-                             + self._order(cells, values, self._pool(length, setup, True), 3))
+                             + self._order(cells, values, self._pool(g, length, True), 3))
             at = g[g.eval_len == tlen].set_index("label")
             if len(at) > 1:
                 cells = dict(at.cell)
                 values = {n: math.exp(c.mean) for n, c in cells.items()}
                 lines.append(f"{where}ppl(L={tlen}), lowest first: "
-                             + self._order(cells, values, self._pool(tlen, setup, False), 2))
+                             + self._order(cells, values, self._pool(g, tlen, False), 2))
         return lines
 
     def contrasts(self, pairs) -> list[str]:
@@ -170,7 +162,7 @@ class Verdicts:
                 if length is None:
                     continue
                 cells = self._ratios(g[g.label.isin([a, b])], length)
-                iv = self.est.difference(cells[a], cells[b], pools=(self._pool(length, setup, True),) * 2)
+                iv = self.est.difference(cells[a], cells[b], pools=(self._pool(g, length, True),) * 2)
                 word = {"<": "below", ">": "above", "~": "cannot be told apart"}[_decided(iv)]
                 ci = "[no interval]" if math.isnan(iv.low) else f"[{math.exp(iv.low):.3f}, {math.exp(iv.high):.3f}]"
                 tlen = int(setup["train_len"])
@@ -187,7 +179,7 @@ class Verdicts:
             length = self._longest(g)
             if length is None:
                 continue
-            cells, pool = self._ratios(g, length), self._pool(length, setup, True)
+            cells, pool = self._ratios(g, length), self._pool(g, length, True)
             out.append((setup, {(a, b): _decided(self.est.difference(cells[a], cells[b], pools=(pool, pool)))
                                 for a, b in combinations(sorted(cells), 2)}))
         return out
