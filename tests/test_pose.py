@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import SMOKE, compose, posbench
 
-from posbench.config import TrainConfig, config_hash, hashed_part
+from posbench.config import TrainConfig
 from posbench.data.positions import pose_positions
 from posbench.data.windows import mix
 from posbench.errors import PosbenchError
@@ -67,17 +67,6 @@ def test_train_pose_target_names_its_valid_range_in_one_line():
     with pytest.raises(PosbenchError, match=r"^train.pose_target=2048 and train.random_positions=2048 both set the "
                                             r"training positions; valid: one of them$"):
         TrainConfig(train_len=128, pose_target=2048, random_positions=2048)
-
-
-def test_a_null_pose_target_keeps_every_config_hash():
-    from omegaconf import OmegaConf
-
-    cfg = compose()
-    assert cfg.train.pose_target is None
-    data = OmegaConf.to_container(cfg, resolve=True)
-    before = {**data, "train": {k: v for k, v in data["train"].items() if k != "pose_target"}}
-    assert hashed_part(before) == hashed_part(data)
-    assert config_hash(compose("train.pose_target=2048")) != config_hash(cfg)
 
 
 def test_the_sampler_state_holds_the_windows_and_the_positions():

@@ -150,15 +150,17 @@ def test_train_random_positions_must_cover_the_training_window():
         TrainConfig(train_len=128, random_positions=64)
 
 
-def test_a_null_random_positions_keeps_the_config_hash_of_runs_made_before_it():
+@pytest.mark.parametrize("key", ["random_positions", "pose_target"])
+def test_a_null_position_option_keeps_the_config_hash_of_runs_made_before_it(key):
+    """train.random_positions and train.pose_target (PoSE) are hashed only when set."""
     from omegaconf import OmegaConf
 
     cfg = compose()
-    assert cfg.train.random_positions is None
+    assert cfg.train[key] is None
     data = OmegaConf.to_container(cfg, resolve=True)
-    before = {**data, "train": {k: v for k, v in data["train"].items() if k != "random_positions"}}
+    before = {**data, "train": {k: v for k, v in data["train"].items() if k != key}}
     assert hashed_part(before) == hashed_part(data)
-    assert config_hash(compose("train.random_positions=2048")) != config_hash(cfg)
+    assert config_hash(compose(f"train.{key}=2048")) != config_hash(cfg)
 
 
 def test_check_random_positions_names_what_is_wrong():
