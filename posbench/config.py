@@ -503,27 +503,33 @@ def task_config(node) -> TaskConfig:
 @dataclass
 class RunConfig:
     """A training run's config, typed and validated once where the run starts (:func:`run_config`),
-    so the trainer reads checked values instead of the raw Hydra tree."""
+    so the trainer reads checked values instead of the raw Hydra tree; ``posbench train`` builds it
+    with :func:`posbench.train.configure.train_config`, which first fills in what the train stage
+    works out. ``tree`` is the config it was typed from, for what needs the tree itself: the
+    encoding's options (:mod:`posbench.model.build`), config.yaml, the logger's config, a parent's
+    shape."""
     seed: int
     train: TrainConfig
     eval: EvalConfig
     data: DataConfig
     model: ModelConfig
-    encoding: str  # the encoding's name; its options stay in the Hydra tree (posbench.model.build)
+    encoding: str  # the encoding's name; its options stay in ``tree`` (posbench.model.build)
     device: str
     config_hash: str
     task: TaskConfig = field(default_factory=TaskConfig)
+    tree: DictConfig | None = field(default=None, repr=False, compare=False)
 
 
 def run_config(cfg: DictConfig) -> RunConfig:
-    """Every section a training run reads, checked in the order a user meets them."""
+    """Every section a training run reads, checked in the order a user meets them; ``cfg`` is
+    kept as the result's ``tree``."""
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise PosbenchError(f"seed must be an integer, got {cfg.seed!r}; valid: e.g. seed=0 (seed=0,1,2 with -m)")
     tcfg, ecfg, dcfg = typed(TrainConfig, cfg.train, "train"), typed(EvalConfig, cfg.eval, "eval"), \
         typed(DataConfig, cfg.data, "data")
     task = task_config(cfg.get("task"))
     return RunConfig(cfg.seed, tcfg, ecfg, dcfg, model_config(cfg.model), str(cfg.encoding.name), str(cfg.device),
-                     config_hash(cfg), task)
+                     config_hash(cfg), task, tree=cfg)
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -285,9 +285,9 @@ def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
     finally:
         GlobalHydra.instance().clear()
     if not task_config(cfg.get("task")).is_lm:  # a task run's train_len is its longest training sequence
-        from .train.workload import fit_train_len
+        from .train.configure import fitted  # posbench train's fitting (torch: a task's runs only)
 
-        fit_train_len(cfg)
+        cfg = fitted(cfg)
     return config_hash(cfg)
 
 

@@ -10,8 +10,9 @@ import torch
 from conftest import SMOKE, compose, posbench
 from posbench.config import TrainConfig, config_hash
 from posbench.errors import PosbenchError
-from posbench.train.optim import lr_lambda
+from posbench.train.configure import train_config
 from posbench.train.loop import train
+from posbench.train.optim import lr_lambda
 
 
 def test_wsd_holds_the_peak_then_cools_down_along_one_minus_sqrt():
@@ -57,10 +58,11 @@ def test_bad_schedule_settings_are_refused(overrides, message):
 def test_a_branch_ends_bit_for_bit_where_the_run_from_scratch_ends(tmp_path):
     wsd = [*SMOKE, "encoding=alibi", "train.schedule=wsd", "train.decay_frac=0.25", "train.ckpt_every=100"]
     # the short run (20 steps) decays from step 15; the long one (30 steps) keeps step 15
-    long = train(compose(*wsd, "train.steps=30", "train.save_steps=[15]"), tmp_path / "long")
+    long = train(train_config(compose(*wsd, "train.steps=30", "train.save_steps=[15]")), tmp_path / "long")
     assert (tmp_path / "long/checkpoints/step_15.pt").is_file() and long.rows is not None
-    scratch = train(compose(*wsd, "train.steps=20"), tmp_path / "scratch")
-    branch = train(compose(*wsd, "train.steps=20", f"train.branch_from={tmp_path / 'long'}"), tmp_path / "branch")
+    scratch = train(train_config(compose(*wsd, "train.steps=20")), tmp_path / "scratch")
+    branch = train(train_config(compose(*wsd, "train.steps=20", f"train.branch_from={tmp_path / 'long'}")),
+                   tmp_path / "branch")
     a = torch.load(tmp_path / "scratch/checkpoints/last.pt", weights_only=False)
     b = torch.load(tmp_path / "branch/checkpoints/last.pt", weights_only=False)
     assert a["step"] == b["step"] == 20 and a["config_hash"] == b["config_hash"]

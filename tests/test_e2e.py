@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from conftest import SMOKE, compose, posbench
 from posbench.train import loop as train_module
+from posbench.train.configure import train_config
 from posbench.train.loop import train
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,7 @@ def test_learned_is_not_applicable_past_its_table_and_eval_merges(tmp_path):
 
 def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
     cfg = compose(*SMOKE, "encoding=rope", "train.steps=20", "train.ckpt_every=5")
-    full = train(cfg, tmp_path / "full")
+    full = train(train_config(cfg), tmp_path / "full")
 
     real_save = train_module.save_checkpoint
 
@@ -61,10 +62,10 @@ def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_module, "save_checkpoint", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tmp_path / "resumed")
+        train(train_config(cfg), tmp_path / "resumed")
     monkeypatch.setattr(train_module, "save_checkpoint", real_save)
     assert torch.load(tmp_path / "resumed/checkpoints/last.pt", weights_only=False)["step"] == 10
-    resumed = train(cfg, tmp_path / "resumed")
+    resumed = train(train_config(cfg), tmp_path / "resumed")
 
     a = torch.load(tmp_path / "full/checkpoints/last.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "resumed/checkpoints/last.pt", weights_only=False)["model"]

@@ -93,6 +93,7 @@ def test_every_training_step_gets_the_pose_positions_and_evaluation_ordinary_one
     run without the setting; the ladder afterwards calls the model with positions 0..T-1 (None),
     after the check before training, at positions ending at pose_target - 1."""
     import posbench.train.loop as loop
+    from posbench.train.configure import train_config
     from posbench.model.transformer import LanguageModel
     from posbench.train.workload import POSE_SALT
 
@@ -111,7 +112,7 @@ def test_every_training_step_gets_the_pose_positions_and_evaluation_ordinary_one
     monkeypatch.setattr(loop, "train_step", recording_step)
     monkeypatch.setattr(LanguageModel, "hidden", recording_hidden)
     common = [*SMOKE, "encoding=rope", "train.steps=3", "eval.lengths=[32,64]", "train.compile=false"]
-    loop.train(compose(*common, "train.pose_target=512"), tmp_path / "pose")
+    loop.train(train_config(compose(*common, "train.pose_target=512")), tmp_path / "pose")
     generator = torch.Generator().manual_seed(mix(0, 0, salt=POSE_SALT))
     assert len(steps) == 3
     for x, positions in steps:
@@ -123,7 +124,7 @@ def test_every_training_step_gets_the_pose_positions_and_evaluation_ordinary_one
 
     windows = [x for x, _ in steps]
     steps.clear()
-    loop.train(compose(*common), tmp_path / "plain")
+    loop.train(train_config(compose(*common)), tmp_path / "plain")
     assert all(torch.equal(a, b) for a, (b, p) in zip(windows, steps)) and all(p is None for _, p in steps)
 
 

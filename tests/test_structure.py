@@ -14,6 +14,22 @@ def test_config_imports_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_run_config_is_typed_where_torch_cannot_be_imported():
+    """With torch unimportable, posbench.config still types and hashes a composed train config."""
+    code = """import sys
+sys.modules["torch"] = None  # any import of torch fails
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+import posbench.config as c
+OmegaConf.register_new_resolver("run_name", c.run_name)
+with initialize_config_dir(config_dir=str(c.conf_dir()), version_base=None):
+    cfg = compose("app_train", overrides=["encoding=rope", "task=copy"])
+rc = c.run_config(cfg)
+assert rc.encoding == "rope" and rc.task.name == "copy" and rc.tree is cfg and len(rc.config_hash) == 12
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

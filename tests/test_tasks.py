@@ -232,10 +232,11 @@ def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch
     """A task run killed right after its step-5 checkpoint resumes to the same weights and accuracies
     (with randomized positions too: their draws are part of the sampler's saved state)."""
     import posbench.train.loop as train_module
+    from posbench.train.configure import train_config
 
     extra = [] if random_positions is None else [f"train.random_positions={random_positions}"]
     cfg = compose("task=reverse", "encoding=rope", *TINY_TASK, "train.steps=10", "train.ckpt_every=5", *extra)
-    full = train_module.train(cfg, tmp_path / "full")
+    full = train_module.train(train_config(cfg), tmp_path / "full")
     real_save = train_module.save_checkpoint
 
     def save_then_crash(path, state):
@@ -245,9 +246,9 @@ def test_task_run_writes_tasks_csv_and_resumes_identically(tmp_path, monkeypatch
 
     monkeypatch.setattr(train_module, "save_checkpoint", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        train_module.train(cfg, tmp_path / "resumed")
+        train_module.train(train_config(cfg), tmp_path / "resumed")
     monkeypatch.setattr(train_module, "save_checkpoint", real_save)
-    resumed = train_module.train(cfg, tmp_path / "resumed")
+    resumed = train_module.train(train_config(cfg), tmp_path / "resumed")
 
     a = torch.load(tmp_path / "full/checkpoints/last.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "resumed/checkpoints/last.pt", weights_only=False)["model"]

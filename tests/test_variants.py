@@ -239,6 +239,7 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
     from posbench.convert import convert_run
     from posbench.eval.ladder import evaluate
     from posbench.eval.token_nll import read_token_nll
+    from posbench.train.configure import train_config
     from posbench.train.loop import train
 
     common = [*SMOKE, "encoding=rope", "train.steps=12", "train.ckpt_every=6", "eval.lengths=[32,128]"]  # SMOKE: narrow
@@ -253,7 +254,7 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
 
     monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, run)
+        train(train_config(cfg), run)
     monkeypatch.setattr(train_module, "save_checkpoint", real_save)
 
     main(["convert", str(run), "--pairing", "interleaved", "--out", str(out)])
@@ -286,8 +287,8 @@ def test_convert_command_gives_the_same_perplexities_and_training_resumes_alike(
     for key in b:
         assert np.abs(a[key] - b[key]).mean() * 10 < np.abs(w[key] - b[key]).mean()
     # both runs resume from step 6 (the converted one under its own config) and end alike
-    finished = train(cfg, run).rows.ppl.tolist()
-    assert train(cfg_interleaved, out).rows.ppl.tolist() == pytest.approx(finished, rel=1e-5)
+    finished = train(train_config(cfg), run).rows.ppl.tolist()
+    assert train(train_config(cfg_interleaved), out).rows.ppl.tolist() == pytest.approx(finished, rel=1e-5)
     # errors: an existing out dir, a non-rotary run
     with pytest.raises(PosbenchError, match="exists and is not empty"):
         convert_run(run, "interleaved", out)

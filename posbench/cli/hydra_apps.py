@@ -4,6 +4,7 @@ They share what sets a Hydra app apart from the other commands: the checks of th
 before Hydra composes it (:mod:`.validate`), the help templates' ``choices`` resolver, the
 failure policy of a run or a sweep job (:mod:`.failures`), the torch threads of a job, and
 :func:`run_hydra`, which starts either. Each task only unpacks the config and calls its stage:
+for ``train`` the run config built once (:func:`posbench.train.configure.train_config`), then
 :func:`posbench.train.loop.train`, or for ``eval`` the one evaluation of a trained run or a
 pretrained model (:func:`posbench.eval.subject.open_subject`, then
 :func:`posbench.eval.ladder.evaluate_subject` or :func:`posbench.eval.probes.probe_subject`),
@@ -68,6 +69,7 @@ def _train_task(cfg) -> None:
     from ..report.tables import draw_run
     from ..runs.lock import hold
     from ..runs.output import tee_to
+    from ..train.configure import train_config
     from ..train.loop import train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -76,7 +78,7 @@ def _train_task(cfg) -> None:
     with log, user_errors(run_dir), hold(run_dir, "train"):  # one train per run dir
         fill_choice_names(cfg)  # a sweep job's (a single run's were filled before its run dir existed)
         check_encoding_options(cfg)  # a sweep job's (a single run's was checked before its run dir existed)
-        finished = train(cfg, run_dir)
+        finished = train(train_config(cfg), run_dir)
         if finished.rows is None:  # not rank 0: rank 0 evaluates and reports
             return
         (run_dir / "FAILED").unlink(missing_ok=True)  # an earlier attempt's failure is over

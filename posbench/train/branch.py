@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ..config import RunConfig, flat_items, hashed_part
 from ..errors import PosbenchError
@@ -39,7 +39,7 @@ def _differences(ours: dict, theirs: dict) -> list[str]:
             if ours.get(k) != theirs.get(k)]
 
 
-def read_branch_state(cfg: DictConfig, rc: RunConfig) -> dict:
+def read_branch_state(rc: RunConfig) -> dict:
     """The checkpoint this run starts from: ``train.branch_from``'s kept checkpoint at this run's
     decay start, after checking that the source is a longer wsd run of the same config and seed."""
     tcfg = rc.train
@@ -49,7 +49,7 @@ def read_branch_state(cfg: DictConfig, rc: RunConfig) -> dict:
         raise PosbenchError(f"{where} is not a posbench run dir (no config.yaml inside it); valid: the run dir of "
                             "a longer train.schedule=wsd run of the same config")
     theirs = OmegaConf.to_container(OmegaConf.load(source / "config.yaml"), resolve=True)
-    ours = OmegaConf.to_container(cfg, resolve=True)
+    ours = OmegaConf.to_container(rc.tree, resolve=True)
     differ = _differences(_comparable(ours), _comparable(theirs))
     if differ:
         raise PosbenchError(f"{where} is a run of another config: {', '.join(differ[:3])}; valid: a run that "

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ..config import config_hash, flat_items, hashed_part
+from ..config import RunConfig, config_hash, flat_items, hashed_part
 from ..errors import PosbenchError
 from ..runs.rundir import RunDir, load_checkpoint
 
@@ -51,9 +51,9 @@ def _shape_keys(config: dict) -> dict:
     return {k: v for k, v in flat_items(kept) if not any(k == f"model.{free}" for free in FREE_MODEL_KEYS)}
 
 
-def _parent_dir(cfg: DictConfig) -> tuple[Path, str]:
-    where = f"train.init_from={cfg.train.init_from!r}"
-    source = Path(str(cfg.train.init_from)).expanduser()
+def _parent_dir(init_from: str) -> tuple[Path, str]:
+    where = f"train.init_from={init_from!r}"
+    source = Path(str(init_from)).expanduser()
     if not (source / "config.yaml").is_file() or not RunDir(source).checkpoint.is_file():
         raise PosbenchError(f"{where} is not a trained posbench run dir (it needs config.yaml and "
                             "checkpoints/last.pt); valid: the run dir of a finished posbench train")
@@ -64,28 +64,29 @@ def set_parent_hash(cfg: DictConfig) -> None:
     """Fill in ``train.init_hash``, the parent's config hash, which this run's hash covers in
     place of the path (a hash ignores the seed, so the children of one config's seeds pool in a
     report as its seeds do), and ``train.init_len``, the parent's train_len, which results rows
-    carry beside the run's own (not hashed: the parent's hash covers it)."""
+    carry beside the run's own (not hashed: the parent's hash covers it). Written into ``cfg``:
+    the copy :func:`posbench.train.configure.train_config` makes."""
     if cfg.train.get("init_from") is None:
         for key in ("init_hash", "init_len"):
             if cfg.train.get(key) is not None:
                 raise PosbenchError(f"train.{key}={cfg.train[key]!r} is filled in from train.init_from; "
                                     "valid: train.init_from=<run dir>")
         return
-    source, _ = _parent_dir(cfg)
+    source, _ = _parent_dir(cfg.train.init_from)
     parent = OmegaConf.load(source / "config.yaml")
     with open_dict(cfg):
         cfg.train.init_hash = config_hash(parent)
         cfg.train.init_len = int(parent.train.train_len)
 
 
-def read_parent(cfg: DictConfig, model: torch.nn.Module, corpus_key: str) -> dict:
+def read_parent(rc: RunConfig, model: torch.nn.Module, corpus_key: str) -> dict:
     """Load ``train.init_from``'s final weights into ``model`` -> what the run prints and records
     (parent dir, step, config hash, dropped and added parameter names). One PosbenchError, and
     nothing loaded, where the parent is no finished run of the same network and corpus."""
-    source, where = _parent_dir(cfg)
+    source, where = _parent_dir(rc.train.init_from)
     run = RunDir(source)
     theirs = OmegaConf.to_container(OmegaConf.load(source / "config.yaml"), resolve=True)
-    ours = OmegaConf.to_container(cfg, resolve=True)
+    ours = OmegaConf.to_container(rc.tree, resolve=True)
     a, b = _shape_keys(theirs), _shape_keys(ours)
     differ = [f"{k} ({a.get(k)} there, {b.get(k)} here)" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     if differ:
@@ -93,9 +94,9 @@ def read_parent(cfg: DictConfig, model: torch.nn.Module, corpus_key: str) -> dic
                             "that differs only in the encoding, train.*, eval.* and "
                             f"model.{', model.'.join(FREE_MODEL_KEYS)}")
     state = load_checkpoint(run.checkpoint)
-    if state["config_hash"] != cfg.train.init_hash:
+    if state["config_hash"] != rc.train.init_hash:
         raise PosbenchError(f"{where}: its checkpoint is of config hash {state['config_hash']}, its config.yaml of "
-                            f"{cfg.train.init_hash}; valid: a run dir whose config.yaml was not edited")
+                            f"{rc.train.init_hash}; valid: a run dir whose config.yaml was not edited")
     steps = int(theirs["train"]["steps"])
     if int(state["step"]) < steps:
         raise PosbenchError(f"{where} stopped at step {state['step']} of {steps}; valid: a finished run (re-run its "

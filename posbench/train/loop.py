@@ -1,4 +1,4 @@
-"""train(cfg, run_dir): train on short windows, checkpoint, resume, then evaluate.
+"""train(rc, run_dir): train on short windows, checkpoint, resume, then evaluate.
 
 Re-running the same command in the same run directory resumes from
 ``checkpoints/last.pt``; model, optimizer, scheduler, step and every RNG state are
@@ -14,7 +14,10 @@ The next batch is drawn in a background thread while the current step runs, and
 ``train.compile=true`` runs the model under ``torch.compile``; ``auto`` (the default) where that
 was measured faster (:func:`compile_policy`).
 
-Reading order: :func:`train` calls :func:`setup` (config, corpus, model, checks, resume),
+The run config ``rc`` is built once by :func:`posbench.train.configure.train_config` (typed,
+train_len fitted, a parent's hash filled in); everything here reads it, or its ``tree``.
+
+Reading order: :func:`train` calls :func:`setup` (corpus, model, checks, resume),
 :func:`run_loop` (one :func:`train_step` per step, logging and checkpoints) and
 :func:`finish` (evaluation and results, rank 0).
 """
@@ -35,10 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, code_version, run_config
+from ..config import RunConfig, code_version
 from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
@@ -50,10 +53,10 @@ from ..runs import distributed, threads
 from ..runs.distributed import print0
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from .branch import read_branch_state
-from .finetune import read_parent, set_parent_hash
+from .finetune import read_parent
 from .logger import check_wandb, open_logger
 from .optim import lr_lambda, make_optimizer
-from .workload import Finished, Workload, check_pose, fit_train_len, make_workload
+from .workload import Finished, Workload, check_pose, make_workload
 
 
 def seed_everything(seed: int) -> None:
@@ -116,12 +119,12 @@ def stop_on_signal():
 
 
 @torch.no_grad()
-def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.device,
-                          pose_target: int | None = None) -> None:
-    """One forward pass over ``train_len`` positions before training, in eval mode (no dropout,
-    no random numbers drawn): an encoding that cannot represent them (a learned table shorter
-    than train.train_len) fails here, before any file is written, not after the first step.
+def check_train_positions(model, rc: RunConfig, device: torch.device) -> None:
+    """One forward pass over ``train.train_len`` positions before training, in eval mode (no
+    dropout, no random numbers drawn): an encoding that cannot represent them (a learned table
+    shorter than train.train_len) fails here, before any file is written, not after the first step.
     Under ``train.pose_target`` = L_t the positions end at L_t - 1, the largest PoSE draws."""
+    train_len, pose_target = rc.train.train_len, rc.train.pose_target
     model.eval()
     longest, setting = (train_len, f"train.train_len={train_len}") if pose_target is None else \
         (pose_target, f"train.pose_target={pose_target}")
@@ -130,8 +133,8 @@ def check_train_positions(model, cfg: DictConfig, train_len: int, device: torch.
         model(torch.zeros(1, train_len, dtype=torch.long, device=device), positions=positions)
     except PositionRangeError as e:
         shorter = "a shorter train.train_len" if pose_target is None else "a smaller train.pose_target"
-        valid = f"encoding.max_len >= {longest}" if "max_len" in cfg.encoding else shorter
-        raise PosbenchError(f"{setting} is too long for encoding={cfg.encoding.name} ({e}); valid: {valid}") from e
+        valid = f"encoding.max_len >= {longest}" if "max_len" in rc.tree.encoding else shorter
+        raise PosbenchError(f"{setting} is too long for encoding={rc.encoding} ({e}); valid: {valid}") from e
     finally:
         model.train()
 
@@ -190,8 +193,7 @@ def read_resume_state(run: RunDir, chash: str, world) -> dict | None:
 class Setup:
     """Everything the loop needs, built by :func:`setup` (every check that can fail done first)."""
 
-    cfg: DictConfig
-    rc: RunConfig
+    rc: RunConfig  # its tree: the encoding's options, config.yaml, the logger's config
     world: distributed.World
     device: torch.device
     dtype: torch.dtype | None
@@ -206,9 +208,9 @@ class Setup:
     saved_step: int | None  # the step of the last checkpoint this process knows is on disk
 
 
-def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
+def setup(rc: RunConfig, run_dir) -> Setup:
     """Everything the loop needs, every check that can fail done before the first step: the run
-    config, the process group, the resume state, workload, model, optimizer, batches, memory."""
+    config's, the process group, the resume state, workload, model, optimizer, batches, memory."""
     tcfg, ecfg = rc.train, rc.eval
     check_scalable(rc.encoding, ecfg.rope_scaling)  # before hours of training, not after
     keep_freed_memory()
@@ -217,12 +219,12 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
     run = RunDir(run_dir)
     resume = read_resume_state(run, rc.config_hash, world)
     if resume is None and tcfg.branch_from is not None:
-        resume = read_branch_state(cfg, rc)
+        resume = read_branch_state(rc)
 
     seed_everything(rc.seed)
     workload = make_workload(rc, world.is_main)
-    model = build_model(cfg, workload.vocab_size).to(device)
-    parent = read_parent(cfg, model, workload.key) if resume is None and tcfg.init_from is not None else None
+    model = build_model(rc.tree, workload.vocab_size).to(device)
+    parent = read_parent(rc, model, workload.key) if resume is None and tcfg.init_from is not None else None
     dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
@@ -231,7 +233,7 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
     longest = max(workload.lengths + [tcfg.train_len])
     check_random_positions(rc.encoding, tcfg.random_positions, longest, ecfg.rope_scaling)
     check_pose(model.encoding, tcfg.pose_target)
-    check_train_positions(model, cfg, tcfg.train_len, device, tcfg.pose_target)
+    check_train_positions(model, rc, device)
     if world.active:
         torch.manual_seed(rc.seed + world.rank)  # dropout streams differ by rank
 
@@ -258,7 +260,7 @@ def setup(cfg: DictConfig, rc: RunConfig, run_dir) -> Setup:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if compile_policy(tcfg.compile, device, dtype, tcfg.steps):
         net = torch.compile(net)
-    return Setup(cfg, rc, world, device, dtype, run, workload, micro, accum, model, net, ddp, state,
+    return Setup(rc, world, device, dtype, run, workload, micro, accum, model, net, ddp, state,
                  saved_step=state.step if resume is not None and not branched else None)
 
 
@@ -391,7 +393,7 @@ def announce(s: Setup) -> None:
 def finish(s: Setup, logger) -> pd.DataFrame:
     """Rank 0: the workload's evaluation, its files written and logged (the command that called
     :func:`train` draws the figures)."""
-    return s.workload.evaluate(s.model, s.run, s.cfg, s.state.step, s.device, s.dtype, logger)
+    return s.workload.evaluate(s.model, s.run, s.state.step, s.device, s.dtype, logger)
 
 
 def versions(encoding, workload: Workload) -> dict:
@@ -414,22 +416,20 @@ def versions(encoding, workload: Workload) -> dict:
     return found
 
 
-def train(cfg: DictConfig, run_dir) -> Finished:
-    """Train ``cfg`` in ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results.
+def train(rc: RunConfig, run_dir) -> Finished:
+    """Train ``rc`` (:func:`posbench.train.configure.train_config` of the composed config) in
+    ``run_dir`` (resuming if it holds a checkpoint), evaluate, write results.
 
     Under several processes (torchrun, Slurm tasks) every rank calls this; rank 0 alone
     writes files and evaluates, the others get ``rows=None`` after the last step."""
-    fit_train_len(cfg)
-    set_parent_hash(cfg)  # train.init_from's config hash, which this run's hash covers
-    rc = run_config(cfg)
-    check_wandb(cfg)  # before the run dir gets its first file
+    check_wandb(rc.tree)  # before the run dir gets its first file
     try:
-        s = setup(cfg, rc, run_dir)
+        s = setup(rc, run_dir)
         if s.world.is_main:
-            atomic_write_text(s.run.config, OmegaConf.to_yaml(cfg, resolve=True))
+            atomic_write_text(s.run.config, OmegaConf.to_yaml(rc.tree, resolve=True))
             atomic_write_text(s.run.path / "versions.json",
                               json.dumps(versions(s.model.encoding, s.workload), indent=1) + "\n")
-        logger = open_logger(s.run, cfg, s.state.step, s.world.is_main)
+        logger = open_logger(s.run, rc.tree, s.state.step, s.world.is_main)
         try:
             rows = train_and_finish(s, logger)
         finally:

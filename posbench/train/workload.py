@@ -76,19 +76,19 @@ class LanguageModelling:
         scored_tokens(self.corpus.splits[ecfg.split], self.lengths, ecfg.max_tokens, ecfg.split)
         check_evaluation(model, ecfg, self.lengths, device, dtype)
 
-    def evaluate(self, model, run: RunDir, cfg, step: int, device, dtype, logger) -> pd.DataFrame:
+    def evaluate(self, model, run: RunDir, step: int, device, dtype, logger) -> pd.DataFrame:
         """Perplexity at every length results.csv lacks for this model (a finished run re-run
         computes none, and leaves results.csv as it was) -> results.csv (and positions.csv,
         token_nll.npz), logged. -> every row of results.csv."""
-        ecfg = self.rc.eval
+        ecfg, tree = self.rc.eval, self.rc.tree
         tokens = self.corpus.splits[ecfg.split]
         n = scored_tokens(tokens, self.lengths, ecfg.max_tokens, ecfg.split, ecfg)  # the whole ladder's count
         ext = extension_of(ecfg, self.rc.train.train_len)
-        _, todo = rows_to_compute(run, cfg, ecfg, self.lengths, n, ext, step=step)
+        _, todo = rows_to_compute(run, tree, ecfg, self.lengths, n, ext, step=step)
         if todo:
             ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=self.corpus.tokenizer,
                                        n_tokens=n, random_positions=self.rc.train.random_positions, ext=ext)
-            rows = write_results(run, result_rows(cfg, ladder, step))
+            rows = write_results(run, result_rows(tree, ladder, step))
         else:
             rows = backfill(read_results(run.results))
         logger.finish(rows)
@@ -121,7 +121,7 @@ class AlgorithmicTask:
     def check(self, model, device: torch.device, dtype) -> None:
         pass  # instances are made on the fly; the longest is checked with the model's positions
 
-    def evaluate(self, model, run: RunDir, cfg, step: int, device, dtype, logger) -> pd.DataFrame:
+    def evaluate(self, model, run: RunDir, step: int, device, dtype, logger) -> pd.DataFrame:
         """Exact match and per-token accuracy at every size -> tasks.csv."""
         from ..eval.tasks import evaluate_task
 
@@ -197,7 +197,8 @@ class PoseSampler:
 def fit_train_len(cfg: DictConfig) -> None:
     """A task run's ``train.train_len`` is its longest training sequence, set from the task (the
     encodings size their tables by it) before the config is hashed, so config.yaml and the
-    config hash record it. The language model keeps the train_len it was given."""
+    config hash record it. The language model keeps the train_len it was given. Written into
+    ``cfg``: the copy :func:`posbench.train.configure.fitted` makes."""
     tc = task_config(cfg.get("task"))
     if tc.is_lm:
         return
