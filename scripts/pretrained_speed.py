@@ -15,8 +15,8 @@ other at each length:
   does not (scale factor 1; every distance inside the extension's window; log-n inside the
   trained context), ``posbench eval pretrained=`` reuses the unscaled row, so it costs nothing.
 
-Both run in one process under the allocator setting ``posbench eval`` makes
-(:func:`posbench.model.build.keep_freed_memory`), which speeds the plain forward up as well.
+Both run in one process under the system allocator, as ``posbench eval pretrained=`` runs
+(:func:`posbench.eval.subject.open_pretrained` says why it does not keep freed memory).
 
 Prints, and writes with --out, the seconds per length, the ratio plain / posbench for the
 unscaled model, each method's seconds, and the whole comparison: the methods x lengths of a
@@ -39,11 +39,10 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from posbench.model.build import keep_freed_memory
 from posbench.data.corpus import load_corpus
+from posbench.encodings.extension import Extension
 from posbench.encodings.rotary import rope_scaling, scaling_factor
 from posbench.eval.ladder import window_nll
-from posbench.encodings.extension import Extension
 from posbench.model.pretrained import load_pretrained
 
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
@@ -98,7 +97,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    keep_freed_memory()  # as posbench eval does; the plain forward runs under it too (it only helps it)
     source = args.model or smollm2()
     started = time.perf_counter()
     model, tokenizer, eos = load_pretrained(source, torch.device("cpu"))
