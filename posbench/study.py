@@ -82,6 +82,28 @@ dir's checkpoint: a run whose only copy is an export is done for training, not f
 evaluation). Probes (``probe=``) are not
 an eval stage's yet: ``posbench eval probe=...`` computes its rows again each time, so there is no
 reuse of them to test for.
+
+**A pretrained stage** (``pretrained: NAME``, a model name of ``posbench eval pretrained=`` or a
+path) trains nothing: each grid point is one ``posbench eval pretrained=NAME out=<out/folder>``
+with the point's and the stage's overrides (``eval.*``, ``bos``, ``precision``, ``probe=...``), no
+seeds. Every stage of one model names the same folder (``folder: "{pretrained}"``, ``{pretrained}``
+being the model's name), so a method's lengths that leave the model as trained reuse the unscaled
+rows there, and the sweeps on one folder run one after another::
+
+      - name: ladder
+        pretrained: smollm2-135m
+        grid: {eval.rope_scaling: [none, pi, ntk, dynamic_ntk, yarn]}
+        overrides: ["eval.lengths=[1024,2048,4096,8192,16384,32768]", eval.max_tokens=32768]
+      - name: passkey
+        pretrained: smollm2-135m
+        grid: {}
+        overrides: [probe=passkey, "probe.lengths=[2048,4096,8192,16384]", "probe.depths=[0,0.5,1]"]
+
+What is done is read without the weights (the model's config and tokenizer,
+:func:`pretrained_left`): a ladder sweep is done when ``posbench eval`` would compute no length,
+a probe sweep runs only the lengths whose rows its csv lacks. The folder is exported to
+``runs/<folder>`` (results, per-block sums, every probe's csv) as its rows come, keeping the rows of
+an earlier export that a folder made again lacks; an export alone also counts as done.
 """
 
 from __future__ import annotations
@@ -103,7 +125,7 @@ from .config import conf_dir, config_hash, task_config
 from .errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
-STAGE_KEYS = ("name", "grid", "overrides", "from", "eval")
+STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained")
 REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
 FOLDER = "{stage}/{point}"
 
@@ -118,6 +140,7 @@ class Sweep:
     folder: str = ""  # its runs' folder under out and runs: out/<folder>/seed=N
     parent: str = ""  # the folder of the sweep its runs start from (a stage's ``from``), or none
     evaluates: bool = False  # an eval stage's: ``posbench eval`` on the parent's runs (folder == parent)
+    pretrained: str = ""  # a pretrained stage's model (``posbench eval pretrained=...``; its rows go to out/<folder>)
 
     @property
     def name(self) -> str:
@@ -170,7 +193,9 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
         if stage.get("eval") and not stage.get("from"):
             raise PosbenchError(f"study: {files[name]} stage {stage['name']} has eval: true and no from:; an eval "
                                 "stage evaluates the runs of the earlier stage its from: names")
-        if stage.get("eval") and any(str(o).split("=", 1)[0].lstrip("+") == "probe" for o in
+        if stage.get("pretrained"):
+            _check_pretrained_stage(files[name], stage)
+        elif stage.get("eval") and any(str(o).split("=", 1)[0].lstrip("+") == "probe" for o in
                                      [*(stage.get("overrides") or []), *stage["grid"]]):
             raise PosbenchError(f"study: {files[name]} stage {stage['name']} runs a probe; valid: an eval stage "
                                 "runs the perplexity ladder (eval.* overrides), whose rows posbench eval skips")
@@ -180,6 +205,17 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
                  str(data.get("folder") or FOLDER))
 
 
+def _check_pretrained_stage(path: Path, stage: dict) -> None:
+    """A pretrained stage evaluates one model: no seeds, no parent stage."""
+    for key in ("from", "eval"):
+        if stage.get(key):
+            raise PosbenchError(f"study: {path} stage {stage['name']} has pretrained: and {key}:; valid: a "
+                                "pretrained stage evaluates its model by itself (no from:, no eval:)")
+    if "seed" in stage["grid"]:
+        raise PosbenchError(f"study: {path} stage {stage['name']} has pretrained: and a seed in its grid; valid: "
+                            "grid keys of posbench eval (eval.rope_scaling, bos, ...): a pretrained model has one seed")
+
+
 def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
     """Every grid point of the chosen stages (all by default), in the file's order."""
     names = [s["name"] for s in study.stages]
@@ -187,13 +223,23 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
         if n not in names:
             raise PosbenchError(f"study {study.name}: --only {n!r} is not one of its stages; valid choices: "
                                 f"{', '.join(names)}")
-    out, folders = [], {}
+    out, folders, shared = [], {}, set()  # shared: the pretrained stages' folders
     points: dict[str, list[tuple[dict, str]]] = {}  # stage -> (grid point, folder) of each of its sweeps
     for stage in study.stages:
         grid = {k: (v if isinstance(v, list) else [v]) for k, v in stage["grid"].items()}
         seeds = tuple(int(s) for s in grid.pop("seed", [0]))
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
+            if stage.get("pretrained"):  # its folder may be shared: every method's rows in one run dir
+                sweep = _pretrained_sweep(study, stage, dict(zip(keys, values)))
+                if sweep.folder in folders:
+                    raise PosbenchError(f"study {study.name}: {folders[sweep.folder]} and pretrained stage "
+                                        f"{sweep.stage} share the folder {sweep.folder!r}; put more grid keys in "
+                                        "its folder")
+                shared.add(sweep.folder)
+                if not only or stage["name"] in only:
+                    out.append(sweep)
+                continue
             if stage.get("eval"):  # no folder of its own: its runs are its parent's
                 sweep = _eval_sweep(study, stage, dict(zip(keys, values)), seeds, points)
                 points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
@@ -206,9 +252,10 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
             points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
             if stage.get("from"):
                 sweep = _with_parent(study, sweep, stage, dict(zip(keys, values)), points)
-            if sweep.folder in folders:  # checked over every stage, so --only cannot hide a clash
-                raise PosbenchError(f"study {study.name}: {folders[sweep.folder]} and {sweep.stage} {sweep.name} "
-                                    f"share the folder {sweep.folder!r}; put more grid keys in its folder")
+            if sweep.folder in folders or sweep.folder in shared:  # over every stage: --only hides no clash
+                other = folders.get(sweep.folder, "a pretrained stage")
+                raise PosbenchError(f"study {study.name}: {other} and {sweep.stage} {sweep.name} share the folder "
+                                    f"{sweep.folder!r}; put more grid keys in its folder")
             folders[sweep.folder] = f"{sweep.stage} {sweep.name}"
             if not only or stage["name"] in only:
                 out.append(sweep)
@@ -242,6 +289,17 @@ def _eval_sweep(study: Study, stage: dict, point: dict, seeds: tuple[int, ...], 
     sweep = Sweep(stage["name"], own + tuple(stage.get("overrides") or []), seeds, evaluates=True)
     sweep = _with_parent(study, sweep, stage, {k: v for k, v in point.items() if k in shared}, points)
     return replace(sweep, folder=sweep.parent)
+
+
+def _pretrained_sweep(study: Study, stage: dict, point: dict) -> Sweep:
+    """A pretrained stage's grid point: ``posbench eval pretrained=<model> out=<out/folder>`` with
+    the point's and the stage's overrides; its folder is the study's, with ``{pretrained}`` the
+    model's name (a study gives every method of one model the same folder, so a method's lengths
+    that leave the model as trained reuse the unscaled rows there)."""
+    own = tuple(f"{k}={_value(v)}" for k, v in point.items())
+    model = str(stage["pretrained"])
+    sweep = Sweep(stage["name"], own + tuple(stage.get("overrides") or []), (0,), pretrained=model)
+    return replace(sweep, folder=_folder(study, sweep, {"pretrained": Path(model).stem, **point}))
 
 
 def _folder(study: Study, sweep: Sweep, point: dict) -> str:
@@ -320,6 +378,11 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
     done = _finished_keys(study.runs, False) | _finished_keys(study.out, True)
     todo, have = [], 0
     for sweep in sweeps(study, only):
+        if sweep.pretrained:
+            left = pretrained_left(study, sweep, extra)
+            have += left is None
+            todo += [left] if left is not None else []
+            continue
         if sweep.evaluates:
             missing = [seed for seed in sweep.seeds if not evaluated(study, sweep, seed, extra)]
         else:
@@ -329,6 +392,82 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
         if missing:
             todo.append(replace(sweep, seeds=tuple(missing)))
     return todo, have
+
+
+def _pretrained_config(study: Study, sweep: Sweep, extra: list[str] = ()):
+    """The ``posbench eval pretrained=...`` config of a pretrained sweep, composed as the command
+    would, its model resolved to its file (:func:`posbench.cli.hydra_apps.resolve_pretrained`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .cli.hydra_apps import resolve_pretrained
+
+    overrides = pretrained_overrides(study, sweep, extra)
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose("app_eval", overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    resolve_pretrained(cfg)
+    return cfg
+
+
+def pretrained_overrides(study: Study, sweep: Sweep, extra: list[str] = ()) -> list[str]:
+    return [f"pretrained={sweep.pretrained}", f"out='{study.out / sweep.folder}'", *sweep.overrides,
+            *eval_extra(extra)]
+
+
+def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep | None:
+    """What a pretrained sweep has left to compute, read with the model's config and tokenizer
+    alone (:func:`posbench.eval.subject.open_pretrained` without weights): None when nothing; the
+    sweep itself when ladder rows are missing (``posbench eval`` computes only those,
+    :func:`posbench.eval.ladder.ladder_plan`); for a probe (``probe=``), the sweep with
+    ``probe.lengths`` cut to the lengths whose rows its csv lacks under the method's label and the
+    model's config hash (a probe's rows are written when it ends, so each run skips the lengths
+    that finished). Rows count where the folder under ``out`` holds them, or its export (an ok
+    row of the label, config hash and scored token count at each length)."""
+    import contextlib
+    import io
+
+    from .eval.ladder import ladder_plan, scored_tokens
+    from .eval.probes import build_probe
+    from .eval.subject import open_pretrained, scaling_label
+
+    cfg = _pretrained_config(study, sweep, extra)
+    export = study.runs / sweep.folder
+    with contextlib.redirect_stderr(io.StringIO()):  # the ladder's "already in results.csv" lines
+        subject = open_pretrained(cfg, weights=False)
+        label, digest = scaling_label(subject.ecfg.rope_scaling, subject.ext), config_hash(subject.rows_config)
+        if not cfg.get("probe"):
+            lengths = subject.ladder_lengths()
+            tokens = subject.corpus().splits[subject.ecfg.split]
+            n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
+            todo = ladder_plan(subject, label, lengths, n)
+            if not todo.todo and not todo.plain:
+                return None
+            rows = _rows(export / "results.csv", label, digest)
+            exported = set(rows[(rows.status == "ok") & (rows.tokens == n)].eval_len.astype(int))
+            return None if set(lengths) <= exported else sweep
+    probe = build_probe(cfg.probe)
+    have = {int(n) for where in (subject.out, export) for n in _rows(where / f"{probe.name}.csv", label, digest).length}
+    missing = [n for n in probe.lengths(subject.train_len) if n not in have]
+    if not missing:
+        return None
+    kept = tuple(o for o in sweep.overrides if o.split("=", 1)[0].lstrip("+") != "probe.lengths")
+    return replace(sweep, overrides=(*kept, f"probe.lengths=[{','.join(map(str, missing))}]"))
+
+
+def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:
+    """The rows of a csv of results or a probe under one method ``label`` and config hash."""
+    if not path.is_file():
+        return pd.DataFrame(columns=["rope_scaling", "config_hash", "status", "tokens", "eval_len", "length"])
+    rows = pd.read_csv(path)
+    return rows[(rows.rope_scaling == label) & (rows.config_hash.astype(str) == digest)]
 
 
 def _eval_config(study: Study, sweep: Sweep, run: Path, extra: list[str] = ()):
@@ -419,12 +558,23 @@ def eval_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -
             f"hydra.sweep.dir={study.out / sweep.folder}/.eval/{sweep.stage}"]
 
 
+def pretrained_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    """``posbench eval pretrained=<model> out=<out/folder> ...``: one command, the model once in memory."""
+    dirs = [f"--config-dir={d}" for d in study.config_dirs]
+    return [*_posbench(), "eval", *dirs, *pretrained_overrides(study, sweep, extra)]
+
+
 def command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    if sweep.pretrained:
+        return pretrained_command(study, sweep, jobs, extra)
     return (eval_command if sweep.evaluates else train_command)(study, sweep, jobs, extra)
 
 
 def log_path(study: Study, sweep: Sweep) -> Path:
-    """A sweep's log: ``out/<folder>.log``; an eval sweep's, beside its runs: ``out/<folder>/eval,<name>.log``."""
+    """A sweep's log: ``out/<folder>.log``; an eval or pretrained sweep's, beside its runs:
+    ``out/<folder>/eval,<name>.log`` (a pretrained one's ``<stage>,<name>.log``)."""
+    if sweep.pretrained:
+        return study.out / sweep.folder / f"{sweep.stage},{sweep.name}.log"
     return study.out / sweep.folder / f"eval,{sweep.name}.log" if sweep.evaluates else study.out / f"{sweep.folder}.log"
 
 
@@ -437,6 +587,8 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
     results.csv holds rows its export lacks (:func:`_gained_rows`)."""
     from .report.baselines import export_baseline
 
+    if sweep.pretrained:
+        return export_pretrained(study, sweep)
     written = []
     sweep_dir = study.out / sweep.folder
     for seed in sweep.seeds:
@@ -458,6 +610,62 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
             written.append(dest)
         _remove_tree(tmp)
     return written
+
+
+def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
+    """A pretrained folder exported to ``runs/<folder>`` where its files changed since: results.csv,
+    positions.csv and config.yaml with the per-block sums the report's intervals need (as a
+    trained run's, :func:`posbench.report.baselines.export_baseline`), and every probe's csv with
+    probes.json. -> [the export] when written."""
+    import shutil
+
+    from .report.baselines import export_baseline
+
+    run, dest, tmp = study.out / sweep.folder, study.runs / sweep.folder, study.runs / ".export"
+    files = [p for p in run.glob("*") if p.suffix in (".csv", ".json", ".yaml")] if run.is_dir() else []
+    if not files or (dest.is_dir() and max(p.stat().st_mtime for p in files) <= dest.stat().st_mtime):
+        return []
+    _remove_tree(tmp)
+    if (run / "results.csv").is_file():
+        made = export_baseline([run], tmp)[0]
+    else:  # probes alone
+        made = tmp / "probes"
+        made.mkdir(parents=True)
+        shutil.copyfile(run / "config.yaml", made / "config.yaml")
+    for path in files:
+        if path.name not in ("results.csv", "positions.csv", "config.yaml"):
+            shutil.copyfile(path, made / path.name)
+    if dest.is_dir():
+        _keep_exported(dest, made)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_tree(dest)
+    made.rename(dest)
+    _remove_tree(tmp)
+    return [dest]
+
+
+def _keep_exported(old: Path, new: Path) -> None:
+    """Keep in a new export ``new`` the rows of the export ``old`` that the new one lacks: a folder
+    under ``out`` made again (a fresh machine) holds only what was computed since, and the export
+    is where the earlier rows live. Each csv is merged by its key (the new rows win), and the
+    per-block sums of the kept result rows go with them."""
+    import numpy as np
+
+    from .eval.results import KEY, merge_csv
+    from .eval.token_nll import row_key
+    from .report.baselines import BLOCKS_FILE
+
+    for path in old.glob("*.csv"):
+        mine = pd.read_csv(path)
+        theirs = pd.read_csv(new / path.name) if (new / path.name).is_file() else mine.iloc[:0]
+        key = [c for c in mine.columns if c in KEY or c in ("depth", "bin_start", "length")]
+        merged = merge_csv(new / path.name, theirs, key, old=mine)
+        if path.name == "results.csv" and (old / BLOCKS_FILE).is_file():
+            blocks = dict(np.load(old / BLOCKS_FILE))
+            if (new / BLOCKS_FILE).is_file():
+                blocks.update(dict(np.load(new / BLOCKS_FILE)))
+            keys = {row_key(r) for r in merged.to_dict("records")}
+            np.savez(new / BLOCKS_FILE, **{k: v for k, v in sorted(blocks.items()) if k in keys})
 
 
 def _export_task(run: Path, dest: Path, tmp: Path) -> list[Path]:
@@ -498,6 +706,8 @@ def _pending(sweep: Sweep, waiting: list[Sweep], running: list) -> bool:
     """Whether the sweep its runs start from is still to train or training, or (an eval sweep) an
     earlier sweep on the same run dirs is still waiting or running (``posbench eval`` holds a run dir)."""
     ahead = waiting[:waiting.index(sweep)] if sweep in waiting else waiting
+    if sweep.pretrained:  # one posbench eval at a time writes a pretrained folder (and holds the model)
+        return any(w.folder == sweep.folder for w in ahead + [r[0] for r in running])
     return bool(sweep.parent) and any(w.folder == sweep.parent for w in ahead + [r[0] for r in running])
 
 
@@ -521,9 +731,9 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             log = log_path(study, sweep)
             log.parent.mkdir(parents=True, exist_ok=True)
             cmd = command(study, sweep, jobs, extra)
-            verb = "evaluating" if sweep.evaluates else "training"
-            print(f"study {study.name}: {verb} {sweep.stage} {sweep.name} seed={','.join(map(str, sweep.seeds))} "
-                  f"(log: {log})", flush=True)
+            verb = "evaluating" if sweep.evaluates or sweep.pretrained else "training"
+            seeds = "" if sweep.pretrained else f" seed={','.join(map(str, sweep.seeds))}"
+            print(f"study {study.name}: {verb} {sweep.stage} {sweep.name}{seeds} (log: {log})", flush=True)
             with open(log, "a") as f:
                 f.write("$ " + shlex.join(cmd) + "\n")
                 f.flush()
@@ -545,7 +755,7 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
             if proc.returncode != 0:
                 failed.append(str(log))
-                if not sweep.evaluates:  # the runs themselves are fine: their other evaluations go on
+                if not (sweep.evaluates or sweep.pretrained):  # else the runs are fine: their other evaluations go on
                     dead.add(sweep.folder)
     return failed
 
@@ -593,7 +803,7 @@ def main(args: list[str]) -> None:
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra)
         total = have + sum(len(s.seeds) for s in todo)
-        evals = sum(len(s.seeds) for s in todo if s.evaluates)
+        evals = sum(len(s.seeds) for s in todo if s.evaluates or s.pretrained)
         print(f"study {study.name}: {have} of {total} runs done; {total - have - evals} to train"
               + (f", {evals} to evaluate" if evals else ""))
         if ns.step == "plan":

@@ -20,7 +20,7 @@ def posbench(*args, cwd=ROOT):
 
 
 def write_study(tmp_path: Path, body: str, name: str = "mini") -> Path:
-    (tmp_path / "study").mkdir(exist_ok=True)
+    (tmp_path / "study").mkdir(parents=True, exist_ok=True)
     (tmp_path / "study" / f"{name}.yaml").write_text(body)
     return tmp_path
 

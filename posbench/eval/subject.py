@@ -181,10 +181,12 @@ def open_trained(cfg: DictConfig) -> TrainedRun:
                       source=corpus)
 
 
-def open_pretrained(cfg: DictConfig) -> PretrainedModel:
+def open_pretrained(cfg: DictConfig, weights: bool = True) -> PretrainedModel:
     """``cfg.pretrained`` loaded on ``cfg.device`` (precision ``cfg.precision``, default auto; BOS
-    policy ``cfg.bos``, default first: :func:`posbench.model.pretrained.load_pretrained`)."""
-    from ..model.pretrained import PieceTokenizer, load_pretrained
+    policy ``cfg.bos``, default first: :func:`posbench.model.pretrained.load_pretrained`). Without
+    ``weights``, its config and tokenizer alone (``model`` is None): enough for :func:`ladder_plan`
+    and the probes' rows to say what is left to compute (``posbench study`` plans with it)."""
+    from ..model.pretrained import PieceTokenizer, describe_pretrained, load_pretrained
 
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     # The system allocator, not keep_freed_memory: a Hugging Face forward's blocks of many sizes
@@ -193,14 +195,22 @@ def open_pretrained(cfg: DictConfig) -> PretrainedModel:
     # 23 GB, and takes 4.1 GB without.
     device = resolve_device(str(cfg.device))
     precision = str(cfg.get("precision") or "auto")
-    model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision, str(cfg.get("bos") or "first"))
-    dtype = next(model.parameters()).dtype
-    train_len = model.encoding.train_len
+    bos = str(cfg.get("bos") or "first")
+    if weights:
+        model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision, bos)
+        dtype = next(model.parameters()).dtype
+        described = model
+    else:
+        described, tokenizer, eos = describe_pretrained(str(cfg.pretrained), bos)
+        model, dtype = None, torch.float32
+    train_len = described.encoding.train_len
     ext = extension_of(ecfg, train_len)
-    check_scalable(model.encoding.name, ecfg.rope_scaling)
-    model.encoding.check_extension(ext)
-    scaling = scaling_by_length(model.encoding, ecfg.rope_scaling, ecfg.rope_factor, train_len)
+    check_scalable(described.encoding.name, ecfg.rope_scaling)
+    if model is not None:  # which extensions run reads the rotary module (a description has none)
+        model.encoding.check_extension(ext)
+    scaling = scaling_by_length(described.encoding, ecfg.rope_scaling, ecfg.rope_factor, train_len)
     return PretrainedModel(model, PieceTokenizer(tokenizer), device, None if dtype == torch.float32 else dtype,
                            train_len, ecfg.batch_tokens, scaling, ecfg=ecfg, ext=ext,
-                           rows_config=measured_config(cfg, model, precision), out=output_dir(cfg, model, make=False),
-                           reuses_unscaled=True, command=cfg, fast_tokenizer=tokenizer, eos=eos)
+                           rows_config=measured_config(cfg, described, precision),
+                           out=output_dir(cfg, described, make=False), reuses_unscaled=True, command=cfg,
+                           fast_tokenizer=tokenizer, eos=eos)

@@ -375,10 +375,26 @@ def _fast_tokenizer(tokenizer):
     return backend, tokenizer.eos_token
 
 
-def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: str = "first"):
-    """-> (:class:`PretrainedLM` on ``device`` in eval mode, tokenizers.Tokenizer, end-of-text
-    token). ``dtype``: auto (the checkpoint's own, fp32 on CPU), fp32, bf16; ``bos``: the
-    window's BOS policy, first or every (module docstring)."""
+@dataclass
+class PretrainedDescription:
+    """What the rows of a pretrained model name, read without its weights
+    (:func:`describe_pretrained`): its name under the BOS policy, its file or folder, and its
+    position scheme; :class:`PretrainedLM` answers the same three attributes."""
+
+    name: str
+    source: str
+    encoding: PositionScheme
+
+
+def model_name(source: Path, bos: str) -> str:
+    """A model's name in result rows: the .gguf file's stem or the folder's name, ``+bos`` under
+    ``bos=every`` (rows of the two policies never replace each other)."""
+    return (source.stem if source.suffix == ".gguf" else source.name) + ("+bos" if bos == "every" else "")
+
+
+def _locate(path: str, bos: str):
+    """``pretrained=PATH`` and ``bos`` checked -> (transformers, the path, the folder transformers
+    reads, its keyword arguments: ``gguf_file`` for a .gguf file); one line for what cannot be."""
     if bos not in BOS_POLICIES:
         raise PosbenchError(f"bos={bos!r} is not a BOS policy; valid: {', '.join(BOS_POLICIES)}")
     transformers = require_transformers()
@@ -387,23 +403,50 @@ def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: s
     if not source.exists():
         raise PosbenchError(f"pretrained={path} does not exist; valid: a local model directory (config.json, "
                             "weights, tokenizer.json) or a .gguf file (nothing is downloaded)")
-    where, kwargs = (str(source.parent), {"gguf_file": source.name}) if gguf else (str(source), {})
     if not gguf and not source.is_dir():
         raise PosbenchError(f"pretrained={path} is a file but not a .gguf file; valid: a .gguf file, or a "
                             "directory written by save_pretrained (config.json, weights, tokenizer.json)")
     if not gguf and not (source / "config.json").is_file():
         raise PosbenchError(f"pretrained={path} is a directory without config.json; valid: a directory written "
                             "by save_pretrained, or a .gguf file")
+    return transformers, source, *((str(source.parent), {"gguf_file": source.name}) if gguf else (str(source), {}))
+
+
+def _cannot_load(path: str, e: Exception) -> PosbenchError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return PosbenchError(f"pretrained={path}: transformers cannot load it ({type(e).__name__}: {first})")
+
+
+LOAD_ERRORS = (OSError, ValueError, KeyError, ImportError, struct.error)  # struct.error: a truncated .gguf
+
+
+def describe_pretrained(path: str, bos: str = "first"):
+    """-> (:class:`PretrainedDescription`, tokenizers.Tokenizer, end-of-text token) of ``pretrained=PATH``
+    from its config and tokenizer alone, no weights: what deciding whether its rows exist needs
+    (``posbench study`` plans a pretrained stage with it; a GGUF's header is read, its tensors not)."""
+    transformers, source, where, kwargs = _locate(path, bos)
+    try:
+        config = transformers.AutoConfig.from_pretrained(where, local_files_only=True, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
+    except LOAD_ERRORS as e:
+        raise _cannot_load(path, e) from e
+    backend, eos = _fast_tokenizer(tokenizer)
+    return PretrainedDescription(model_name(source, bos), str(source), position_scheme(config)), backend, eos
+
+
+def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: str = "first"):
+    """-> (:class:`PretrainedLM` on ``device`` in eval mode, tokenizers.Tokenizer, end-of-text
+    token). ``dtype``: auto (the checkpoint's own, fp32 on CPU), fp32, bf16; ``bos``: the
+    window's BOS policy, first or every (module docstring)."""
+    transformers, source, where, kwargs = _locate(path, bos)
     torch_dtype = {"auto": torch.float32 if device.type == "cpu" else "auto", "fp32": torch.float32,
                    "bf16": torch.bfloat16}[dtype]
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, local_files_only=True,
                                                                   **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
-    except (OSError, ValueError, KeyError, ImportError, struct.error) as e:  # struct.error: a truncated .gguf
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise PosbenchError(f"pretrained={path}: transformers cannot load it ({type(e).__name__}: {first})") from e
+    except LOAD_ERRORS as e:
+        raise _cannot_load(path, e) from e
     backend, eos = _fast_tokenizer(tokenizer)
-    name = source.stem if gguf else source.name
     bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else model.config.bos_token_id
-    return PretrainedLM(model.eval(), name, str(source), bos, bos_id).to(device), backend, eos
+    return PretrainedLM(model.eval(), model_name(source, "first"), str(source), bos, bos_id).to(device), backend, eos

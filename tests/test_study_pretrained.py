@@ -1,0 +1,74 @@
+"""``posbench study`` with a pretrained stage: a tiny random Llama (built here, nothing downloaded)
+on the ladder under two scalings and on passkey, planned from its rows, resumed, exported with
+its blocks, the export keeping its rows when the folder under ``out`` is made again."""
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_pretrained import models  # noqa: F401  (the fixture: tiny saved Hugging Face models)
+from test_study import posbench, write_study
+
+from posbench.study import load_study, plan
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+STUDY = """description: a tiny llama's ladder and passkey
+out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+folder: "{{pretrained}}"
+stages:
+  - name: ladder
+    pretrained: {model}
+    grid: {{eval.rope_scaling: [none, yarn]}}
+    overrides: ["eval.lengths=[32,64,128]", eval.max_tokens=256]
+  - name: passkey
+    pretrained: {model}
+    grid: {{}}
+    overrides: [probe=passkey, "probe.lengths=[64,128]", "probe.depths=[0,1]", probe.trials=1]
+report:
+  args: [--no-reference]
+"""
+
+
+def test_a_pretrained_study_plans_from_its_rows_and_resumes(models, tmp_path):  # noqa: F811
+    conf = write_study(tmp_path / "conf", STUDY.format(tmp=tmp_path, model=models / "llama"))
+    study = load_study("mini", [conf])
+    todo, have = plan(study)
+    assert have == 0 and [s.stage for s in todo] == ["ladder", "ladder", "passkey"]
+    r = posbench("study", "--config-dir", str(conf), "mini", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 of 3 runs done; 0 to train, 3 to evaluate" in r.stdout
+    assert plan(study) == ([], 3)
+    export = tmp_path / "runs" / "llama"
+    rows = pd.read_csv(export / "results.csv")
+    assert sorted(zip(rows.rope_scaling, rows.eval_len)) == [(k, n) for k in ("none", "yarn") for n in (32, 64, 128)]
+    assert rows[rows.eval_len <= 64].groupby("eval_len").nll.nunique().eq(1).all()  # yarn at factor 1: none's rows
+    assert len(np.load(export / "blocks.npz").files) == 6
+    assert sorted(set(pd.read_csv(export / "passkey.csv").length)) == [64, 128]
+    # the folder under out gone: the export says what is done
+    shutil.rmtree(tmp_path / "out")
+    assert plan(study) == ([], 3)
+    # a probe length missing from the export: planned alone, run, and the export keeps every other row
+    probe = pd.read_csv(export / "passkey.csv")
+    probe[probe.length != 128].to_csv(export / "passkey.csv", index=False)
+    todo, have = plan(study)
+    assert have == 2 and [s.overrides[-1] for s in todo] == ["probe.lengths=[128]"]
+    r = posbench("study", "--config-dir", str(conf), "mini")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(set(pd.read_csv(export / "passkey.csv").length)) == [64, 128]
+    assert len(pd.read_csv(export / "results.csv")) == 6 and len(np.load(export / "blocks.npz").files) == 6
+    assert plan(study) == ([], 3) and (tmp_path / "results" / "report.csv").is_file()
+
+
+@pytest.mark.parametrize("stage, message", [
+    ("{name: a, pretrained: m, from: b, grid: {}}", "has pretrained: and from:"),
+    ("{name: a, pretrained: m, grid: {seed: [0, 1]}}", "has pretrained: and a seed in its grid"),
+])
+def test_a_bad_pretrained_stage_is_one_line(tmp_path, stage, message):
+    write_study(tmp_path, f"out: o\nruns: r\nresults: s\nstages:\n  - {stage}\n")
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan")
+    assert r.returncode != 0 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
