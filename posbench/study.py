@@ -445,6 +445,8 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
         label, digest = scaling_label(subject.ecfg.rope_scaling, subject.ext), config_hash(subject.rows_config)
         if not cfg.get("probe"):
             lengths = subject.ladder_lengths()
+            key = (str(cfg.pretrained), str(cfg.data))  # a 262k-token vocabulary's digest takes seconds: once
+            subject.source = _CORPORA[key] = _CORPORA.get(key) or subject.corpus()
             tokens = subject.corpus().splits[subject.ecfg.split]
             n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
             todo = ladder_plan(subject, label, lengths, n)
@@ -460,6 +462,9 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
         return None
     kept = tuple(o for o in sweep.overrides if o.split("=", 1)[0].lstrip("+") != "probe.lengths")
     return replace(sweep, overrides=(*kept, f"probe.lengths=[{','.join(map(str, missing))}]"))
+
+
+_CORPORA: dict[tuple[str, str], object] = {}  # (model file, data config) -> its corpus, while a study plans
 
 
 def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:

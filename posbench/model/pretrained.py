@@ -42,6 +42,7 @@ them one line says what to install.
 from __future__ import annotations
 
 import copy
+import functools
 import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -424,14 +425,23 @@ def describe_pretrained(path: str, bos: str = "first"):
     """-> (:class:`PretrainedDescription`, tokenizers.Tokenizer, end-of-text token) of ``pretrained=PATH``
     from its config and tokenizer alone, no weights: what deciding whether its rows exist needs
     (``posbench study`` plans a pretrained stage with it; a GGUF's header is read, its tensors not)."""
-    transformers, source, where, kwargs = _locate(path, bos)
+    source = _locate(path, bos)[1]
+    config, backend, eos = _config_and_tokenizer(path)
+    return PretrainedDescription(model_name(source, bos), str(source), position_scheme(config)), backend, eos
+
+
+@functools.lru_cache(maxsize=4)
+def _config_and_tokenizer(path: str):
+    """A model's transformers config, tokenizers.Tokenizer and end-of-text token, kept per path: a
+    study plans every method and BOS policy of one model with them, and reading a GGUF's header
+    (Gemma 3's 262k-token vocabulary) takes about a minute each time."""
+    transformers, source, where, kwargs = _locate(path, "first")
     try:
         config = transformers.AutoConfig.from_pretrained(where, local_files_only=True, **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
     except LOAD_ERRORS as e:
         raise _cannot_load(path, e) from e
-    backend, eos = _fast_tokenizer(tokenizer)
-    return PretrainedDescription(model_name(source, bos), str(source), position_scheme(config)), backend, eos
+    return (config, *_fast_tokenizer(tokenizer))
 
 
 def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: str = "first"):
