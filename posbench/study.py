@@ -8,7 +8,8 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
                                       # few KiB each: what the report needs, small enough to commit)
     results: results/scale            # where the report goes
     folder: "{stage}/{point}"         # a grid point's runs, under out and runs (optional; the default);
-                                      # {stage}, {point} (its overrides) or any grid key: "{encoding}"
+                                      # {stage}, {point} (its overrides) or any grid key: "{encoding}";
+                                      # a stage's own ``folder:`` replaces it for that stage
     common: [experiment=scale]        # overrides every run shares
     stages:                           # in order; ``--only`` picks some
       - name: small
@@ -79,9 +80,10 @@ To evaluate another study's runs, an eval study names that study's stage as its 
 with the same config, ``out`` and ``folder`` (conf/study/rope_scaling.yaml, headline_sliding.yaml):
 the runs are then done in both, and trained by whichever runs first (an evaluation needs the run
 dir's checkpoint: a run whose only copy is an export is done for training, not for a new
-evaluation). Probes (``probe=``) are not
-an eval stage's yet: ``posbench eval probe=...`` computes its rows again each time, so there is no
-reuse of them to test for.
+evaluation). An eval stage may run a probe (``probe=passkey`` in its overrides): it is done when the
+probe's csv in the run dir or its export holds rows of the run's config hash under the
+evaluation's label at every length the probe runs (:func:`_probed`), and the probe's csv travels
+with the export.
 
 **A pretrained stage** (``pretrained: NAME``, a model name of ``posbench eval pretrained=`` or a
 path) trains nothing: each grid point is one ``posbench eval pretrained=NAME out=<out/folder>``
@@ -125,7 +127,7 @@ from .config import conf_dir, config_hash, task_config
 from .errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
-STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained")
+STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained", "folder")
 REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
 FOLDER = "{stage}/{point}"
 
@@ -195,10 +197,6 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
                                 "stage evaluates the runs of the earlier stage its from: names")
         if stage.get("pretrained"):
             _check_pretrained_stage(files[name], stage)
-        elif stage.get("eval") and any(str(o).split("=", 1)[0].lstrip("+") == "probe" for o in
-                                     [*(stage.get("overrides") or []), *stage["grid"]]):
-            raise PosbenchError(f"study: {files[name]} stage {stage['name']} runs a probe; valid: an eval stage "
-                                "runs the perplexity ladder (eval.* overrides), whose rows posbench eval skips")
     _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
     return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
                  list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
@@ -248,7 +246,7 @@ def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
                 continue
             point = tuple(f"{k}={_value(v)}" for k, v in zip(keys, values))
             sweep = Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds)
-            sweep = replace(sweep, folder=_folder(study, sweep, dict(zip(keys, values))))
+            sweep = replace(sweep, folder=_folder(study, sweep, dict(zip(keys, values)), stage.get("folder")))
             points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
             if stage.get("from"):
                 sweep = _with_parent(study, sweep, stage, dict(zip(keys, values)), points)
@@ -299,17 +297,20 @@ def _pretrained_sweep(study: Study, stage: dict, point: dict) -> Sweep:
     own = tuple(f"{k}={_value(v)}" for k, v in point.items())
     model = str(stage["pretrained"])
     sweep = Sweep(stage["name"], own + tuple(stage.get("overrides") or []), (0,), pretrained=model)
-    return replace(sweep, folder=_folder(study, sweep, {"pretrained": Path(model).stem, **point}))
+    return replace(sweep, folder=_folder(study, sweep, {"pretrained": Path(model).stem, **point}, stage.get("folder")))
 
 
-def _folder(study: Study, sweep: Sweep, point: dict) -> str:
-    """The study's ``folder`` for one grid point: {stage}, {point} and the grid's keys filled in."""
-    values = {"stage": sweep.stage, "point": sweep.name, **{k: _value(v).replace("/", "_") for k, v in point.items()}}
-    folder = study.folder
+def _folder(study: Study, sweep: Sweep, point: dict, own: str | None = None) -> str:
+    """The study's ``folder`` (or the stage's ``own``) for one grid point: {stage}, {point} and the
+    grid's keys filled in."""
+    named = replace(sweep, overrides=tuple(o for o in sweep.overrides if "{from}" not in o))  # a parent's run dir
+    values = {"stage": sweep.stage, "point": named.name, **{k: _value(v).replace("/", "_") for k, v in point.items()}}
+    template = own or study.folder
+    folder = template
     for key, value in values.items():
         folder = folder.replace("{" + key + "}", value)
     if "{" in folder:
-        raise PosbenchError(f"study {study.name}: folder {study.folder!r} names a key stage {sweep.stage} lacks; "
+        raise PosbenchError(f"study {study.name}: folder {template!r} names a key stage {sweep.stage} lacks; "
                             f"valid keys: {', '.join(values)}")
     return folder
 
@@ -520,6 +521,8 @@ def evaluated(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> b
 
     run, export_dir = study.out / sweep.folder / f"seed={seed}", study.runs / sweep.folder / f"seed={seed}"
     cfg = _eval_config(study, sweep, run, extra)
+    if cfg.get("probe"):
+        return _probed(cfg, run, export_dir)
     if (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file():
         with contextlib.redirect_stderr(io.StringIO()):  # the ladder's "already in results.csv" lines
             subject = open_subject(cfg)
@@ -539,6 +542,27 @@ def evaluated(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> b
     rows = evaluation_rows(subject, scaling_label(ecfg.rope_scaling, ext), lengths)
     rows = rows[(rows.status == "ok") & (rows.config_hash.astype(str) == config_hash(train_cfg))]
     return set(lengths) <= set(rows.eval_len)
+
+
+def _probed(cfg, run: Path, export_dir: Path) -> bool:
+    """Whether a probe's csv (``probe=``) in the run dir or its export holds rows of the run's
+    config hash under the evaluation's label at every length the probe runs (its rows are written
+    when it ends; a probe cut off is run again whole)."""
+    from omegaconf import OmegaConf
+
+    from .config import EvalConfig, typed
+    from .eval.probes import build_probe
+    from .eval.subject import extension_of, scaling_label
+
+    where = next((d for d in (run, export_dir) if (d / "config.yaml").is_file()), None)
+    if where is None:
+        return False
+    train_cfg = OmegaConf.load(where / "config.yaml")
+    ecfg, train_len = typed(EvalConfig, cfg.eval, "eval"), int(train_cfg.train.train_len)
+    label, digest = scaling_label(ecfg.rope_scaling, extension_of(ecfg, train_len)), config_hash(train_cfg)
+    probe = build_probe(cfg.probe)
+    have = {int(n) for d in (run, export_dir) for n in _rows(d / f"{probe.name}.csv", label, digest).length}
+    return set(probe.lengths(train_len)) <= have
 
 
 def _posbench() -> list[str]:
@@ -609,6 +633,7 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
         tmp = study.runs / ".export"
         _remove_tree(tmp)
         for path in export_baseline([run], tmp):
+            _copy_probes(run, path)
             dest.parent.mkdir(parents=True, exist_ok=True)
             _remove_tree(dest)  # an export without its blocks (cut off), or one an evaluation added rows to
             path.rename(dest)
@@ -689,8 +714,27 @@ def _export_task(run: Path, dest: Path, tmp: Path) -> list[Path]:
     return [dest]
 
 
+def _copy_probes(run: Path, dest: Path) -> None:
+    """Every probe's csv of a run dir, and probes.json, into its export."""
+    import shutil
+
+    from .eval.probes import probe_files
+
+    for name in probe_files(run):
+        shutil.copyfile(run / f"{name}.csv", dest / f"{name}.csv")
+    if (run / "probes.json").is_file():
+        shutil.copyfile(run / "probes.json", dest / "probes.json")
+
+
 def _gained_rows(run: Path, dest: Path) -> bool:
-    """Whether the run's results.csv holds a row (by its key and config hash) its export's lacks."""
+    """Whether the run's results.csv holds a row (by its key and config hash) its export's lacks,
+    or a probe's csv holds rows its export's does not."""
+    from .eval.probes import probe_files
+
+    for name in probe_files(run):
+        theirs = dest / f"{name}.csv"
+        if not theirs.is_file() or len(pd.read_csv(theirs)) < len(pd.read_csv(run / f"{name}.csv")):
+            return True
     from .eval.token_nll import row_key
 
     def keys(path: Path) -> set:

@@ -312,11 +312,9 @@ def test_an_eval_stage_evaluates_its_parents_runs(tmp_path):
     assert "hydra.launcher.n_jobs=2" in command
     todo, have = plan(study)
     assert have == 0 and [(s.stage, s.seeds) for s in todo] == [("a", (0,)), ("scaled", (0,)), ("scaled", (0,))]
-    for body, message in [(EVALUATED.replace("    from: a\n", ""), "eval: true and no from:"),
-                          (EVALUATED.replace('"eval.lengths=[32,64]"', "probe=passkey"), "runs a probe")]:
-        write_study(tmp_path, body.format(tmp=tmp_path))
-        with pytest.raises(PosbenchError, match=message):
-            load_study("mini", [tmp_path])
+    write_study(tmp_path, EVALUATED.replace("    from: a\n", "").format(tmp=tmp_path))
+    with pytest.raises(PosbenchError, match="eval: true and no from:"):
+        load_study("mini", [tmp_path])
 
 
 def test_evaluations_of_one_run_dir_run_one_after_another(tmp_path, monkeypatch):
@@ -435,3 +433,30 @@ def test_the_tasks_study_is_the_former_drivers_84_runs():
     assert len(runs) == 84
     random = {o for o, _ in runs if "train.random_positions=256" in o}
     assert {o[1] for o in random} == {"encoding=sinusoidal", "encoding=rope"} and len(random) == 8
+
+
+PROBED = EVALUATED.replace("name: scaled", "name: probed").replace('''    grid: {{encoding: [rope], eval.rope_scaling: [pi], seed: [0]}}
+    overrides: ["eval.lengths=[32,64]"]''', '''    grid: {{encoding: [rope], seed: [0]}}
+    overrides: [probe=passkey, "probe.lengths=[64,128]", "probe.depths=[0,1]", probe.trials=1]''')
+
+
+@pytest.mark.slow
+def test_an_eval_stage_runs_a_probe_done_by_its_csv(tmp_path):
+    """A probe as an eval stage: run on the trained run, done once its csv holds rows of every
+    length (in the run dir, or its export alone), the csv exported with the run; a longer length
+    makes it to do again."""
+    write_study(tmp_path, PROBED.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 to train, 1 to evaluate" in r.stdout
+    study = load_study("mini", [tmp_path])
+    assert plan(study) == ([], 2)
+    export = tmp_path / "runs" / "a" / "rope" / "seed=0"
+    assert sorted(set(pd.read_csv(export / "passkey.csv").length)) == [64, 128]
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    assert plan(study) == ([], 2)
+    write_study(tmp_path, PROBED.format(tmp=tmp_path).replace("[64,128]", "[64,128,256]"))
+    todo, have = plan(load_study("mini", [tmp_path]))
+    assert have == 1 and [s.stage for s in todo] == ["probed"]

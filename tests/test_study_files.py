@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = ["train.schedule=wsd", "train.decay_frac=0.2", "train.warmup_steps=40", "train.compile=true"]
 DROPE = ["experiment=zoo_quick", "encoding=nope", "train.init_from=PARENT", "train.schedule=constant",
          "train.lr=3e-4", "train.warmup_steps=5"]
+EXT = ["experiment=reference", "encoding=rope", "train.train_len=512", "eval.lengths=[128,256,512,1024,2048]"]
 ZOO_QUICK = ("alibi,complex,conv,cope,deberta,dynamic,fire,kerple_log,kerple_power,learned,multiplicative,nope,rnn,"
              "rope,sandwich,shaw,sinusoidal,t5,tener,xl,xpos")
 
@@ -44,6 +45,14 @@ DRIVERS = {
                                                            ["encoding=t5", "encoding.bias_scale=none"])
         for steps in (["train.steps=4883", "train.save_steps=[977,390,98]"],
                       *([f"train.steps={s}", "train.branch_from=PARENT"] for s in (1221, 488, 122)))],
+    "extension": [  # scripts/extension_study.sh with SEEDS="0 1 2": parents, baselines, then fine-tunes
+        ["experiment=reference", "encoding=rope,alibi", "seed=0,1,2"],
+        *([*EXT, "train.steps=1538", "train.save_steps=[990]", "seed=0,1,2"],
+          [*EXT, "train.steps=1238", "train.branch_from=PARENT", "seed=0,1,2"]),
+        *([*EXT, "train.init_from=PARENT", f"train.steps={steps}", "train.schedule=constant", "train.lr=1e-4",
+           "train.warmup_steps=10", *scaled, "seed=0,1,2"] for steps in (100, 400)
+          for scaled in ([], *([f"encoding.trained_scaling={k}", "encoding.trained_factor=4", "encoding.original_len=128"]
+                               for k in ("pi", "ntk", "yarn"))))],
     "drope": [  # scripts/baseline_zoo_quick.sh's rope and nope (the parents), then scripts/drope.sh
         ["experiment=zoo_quick", "encoding=rope,nope", "seed=0,1,2"],
         *([*DROPE, f"train.steps={s}", *qk, "seed=0,1,2"] for s in (25, 100) for qk in ([], ["model.qk_norm=true"]))],
@@ -72,7 +81,7 @@ def key(study, overrides: list[str], seed: int):
 
 def study_runs(study) -> Counter:
     runs = Counter()
-    for sweep in sweeps(study):
+    for sweep in (s for s in sweeps(study) if not s.evaluates):  # an evaluation trains no run
         bare = replace(study, common=[])
         for seed in sweep.seeds:
             runs[key(bare, [*study.common, *sweep.overrides], seed)] += 1
