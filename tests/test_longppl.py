@@ -18,7 +18,7 @@ from posbench.errors import PosbenchError
 from posbench.eval.ladder import perplexity_ladder, result_rows
 from posbench.eval.longppl import context_lengths, key_tokens, longppl, select_key_tokens, study_longppl
 from posbench.eval.results import write_results
-from posbench.runs.rundir import RunDir
+from posbench.runs.rundir import RunDir, atomic_write_text
 
 transformers = pytest.importorskip("transformers")
 reference = pytest.importorskip("longppl.longppl")
@@ -161,3 +161,31 @@ def test_posbench_longppl_reads_run_dirs_and_names_a_missing_row(setting, tmp_pa
                    other / "config.yaml")
     with pytest.raises(PosbenchError, match="differ in data"):
         study_longppl(judge, [other], SHORT_LEN, SHORT_STRIDE)
+
+
+def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_differ(setting, tmp_path):
+    """posbench report finds a longppl.csv under its paths: report.md's LongPPL section, the summary
+    (geometric mean over seeds) and longppl.png; two lines that LongPPL and perplexity order
+    oppositely are named."""
+    from posbench.report.longppl import order_changes
+    from posbench.report.tables import report
+
+    _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
+    n = tokens.size - 1
+    judge, runs = tmp_path / "judge", tmp_path / "runs"
+    write_run(judge, [ladder_row(wrapped, tokens, n), ladder_row(wrapped, tokens, SHORT_LEN, SHORT_STRIDE)], n,
+              "judge")
+    prefix = tokens[:257]
+    write_run(runs / "small", [ladder_row(evaluated, prefix, 256), ladder_row(evaluated, prefix, 8)], 8, "small")
+    table = study_longppl(judge, [runs / "small"], SHORT_LEN, SHORT_STRIDE, alpha=0.01, beta=-10.0)
+    atomic_write_text(runs / "longppl.csv", table.to_csv(index=False))
+    done = report([runs], out=tmp_path / "report", reference=None)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## LongPPL" in text and (tmp_path / "report" / "longppl.png") in done.files
+    summary = pd.read_csv(tmp_path / "report" / "longppl.csv").set_index("eval_len")
+    for row in table.itertuples():
+        assert summary.loc[row.eval_len, "longppl"] == pytest.approx(row.longppl, rel=1e-9)
+        assert f"| rope | {row.eval_len} | {row.longppl:.2f} | {row.ppl:.2f} |" in text
+    crossed = pd.DataFrame({"line": ["a", "b", "c"], "eval_len": [64] * 3, "ppl": [10.0, 11.0, 12.0],
+                            "longppl": [30.0, 20.0, 40.0]})
+    assert order_changes(crossed) == ["at 64: a < b by perplexity (10.00 < 11.00), b < a by LongPPL (20.00 < 30.00)"]

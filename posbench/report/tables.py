@@ -86,6 +86,7 @@ from .figures import (
     training_figure,
 )
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
+from .longppl import longppl_part
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
@@ -905,6 +906,8 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         atomic_write_text(files[-1], gain.to_csv(index=False))
         if not keep(gain, "line").empty:
             figures["context"] = context_figure(keep(gain, "line"), palette, setup)
+    long_text, long_files = longppl_part(paths, out)  # where posbench longppl wrote longppl.csv
+    files += long_files
     said = shown.texts(FIGURE_TEXT)
     listed = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{said[name]}\n" if name in said else "")
                      for name in figures)
@@ -915,7 +918,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
                       "\n\n## Length extrapolation\n\n"
                       + "".join(f"- {line.strip()}\n" for line in text)
                       + verdicts_markdown(verdicts)
-                      + probe_text + context_markdown(gain)
+                      + probe_text + context_markdown(gain) + long_text
                       + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in notes if t)
                       + listed)
     if fmt == "latex":
