@@ -184,7 +184,7 @@ def test_a_study_trains_exports_reports_and_resumes_by_hash(tmp_path):
 def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch):
     """A sweep whose seeds run one after another: its finished runs are looked for every
     EXPORT_EVERY seconds, not only when the whole sweep ends."""
-    import posbench.study as st
+    import posbench.study.run as st
 
     write_study(tmp_path, MINI.format(tmp=tmp_path))
     study = load_study("mini", [tmp_path])
@@ -232,7 +232,7 @@ def test_a_stage_from_another_names_the_same_points_run_dirs(tmp_path):
 
 
 def test_a_branch_starts_after_its_parent_and_not_at_all_when_it_failed(tmp_path, monkeypatch):
-    import posbench.study as st
+    import posbench.study.run as st
 
     write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
     study = load_study("mini", [tmp_path])
@@ -320,7 +320,7 @@ def test_an_eval_stage_evaluates_its_parents_runs(tmp_path):
 def test_evaluations_of_one_run_dir_run_one_after_another(tmp_path, monkeypatch):
     """``posbench eval`` holds the run dir: two eval sweeps on the same runs never overlap, and
     neither starts before the runs have trained."""
-    import posbench.study as st
+    import posbench.study.run as st
 
     write_study(tmp_path, EVALUATED.format(tmp=tmp_path).replace("[pi]", "[pi, yarn]"))
     study = load_study("mini", [tmp_path])

@@ -1,0 +1,257 @@
+"""What a study has left to train or evaluate, composed and read without running anything: a
+sweep's config hash as ``posbench train`` composes it, the runs finished under ``out`` or exported
+under ``runs``, the rows an eval stage's runs hold (:func:`evaluated`) and what a pretrained
+stage's model lacks (:func:`pretrained_left`, read without its weights)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import conf_dir, config_hash, task_config
+from ..errors import PosbenchError
+from .spec import Study, Sweep, sweeps
+
+
+def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
+    """The config hash of a sweep's runs, composed as ``posbench train`` composes it, once for all
+    its seeds (the hash leaves the seed out: ``config.NOT_HASHED``); None when the hash depends on
+    a run not yet trained (``train.init_from``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [*study.common, *sweep.overrides, *extra]
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    if any(o.split("=", 1)[0].lstrip("+") == "train.init_from" for o in overrides):
+        return None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose("app_train", overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    if not task_config(cfg.get("task")).is_lm:  # a task run's train_len is its longest training sequence
+        from ..train.configure import fitted  # posbench train's fitting (torch: a task's runs only)
+
+        cfg = fitted(cfg)
+    return config_hash(cfg)
+
+
+def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
+    """(config hash, seed) of every run under ``root`` with a results.csv (and, for run dirs, its
+    figure, which ``posbench train`` draws last) or a tasks.csv (an algorithmic task's run, which
+    writes it when it ends)."""
+    keys = set()
+    if not root.is_dir():
+        return keys
+    for results in [*root.rglob("results.csv"), *root.rglob("tasks.csv")]:
+        if finished_only and results.name == "results.csv" and not (results.parent / "ppl_vs_length.png").is_file():
+            continue
+        try:
+            rows = pd.read_csv(results, usecols=["config_hash", "seed"])
+        except (ValueError, pd.errors.EmptyDataError):
+            continue
+        keys |= {(str(h), int(s)) for h, s in zip(rows.config_hash, rows.seed)}
+    return keys
+
+
+def finished(run: Path) -> bool:
+    """Whether a run dir's run has ended: its figure drawn (the LM ladder) or its tasks.csv written."""
+    return (run / "ppl_vs_length.png").is_file() or (run / "tasks.csv").is_file()
+
+
+def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], int]:
+    """The sweeps still to train or evaluate (each with only its missing seeds), and how many runs
+    are done (an eval stage's: :func:`evaluated`)."""
+    done = _finished_keys(study.runs, False) | _finished_keys(study.out, True)
+    todo, have = [], 0
+    for sweep in sweeps(study, only):
+        if sweep.pretrained:
+            left = pretrained_left(study, sweep, extra)
+            have += left is None
+            todo += [left] if left is not None else []
+            continue
+        if sweep.evaluates:
+            missing = [seed for seed in sweep.seeds if not evaluated(study, sweep, seed, extra)]
+        else:
+            digest = sweep_hash(study, sweep, extra)
+            missing = [seed for seed in sweep.seeds if digest is None or (digest, seed) not in done]
+        have += len(sweep.seeds) - len(missing)
+        if missing:
+            todo.append(replace(sweep, seeds=tuple(missing)))
+    return todo, have
+
+
+def _pretrained_config(study: Study, sweep: Sweep, extra: list[str] = ()):
+    """The ``posbench eval pretrained=...`` config of a pretrained sweep, composed as the command
+    would, its model resolved to its file (:func:`posbench.cli.hydra_apps.resolve_pretrained`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ..cli.hydra_apps import resolve_pretrained
+
+    overrides = pretrained_overrides(study, sweep, extra)
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose("app_eval", overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    resolve_pretrained(cfg)
+    return cfg
+
+
+def pretrained_overrides(study: Study, sweep: Sweep, extra: list[str] = ()) -> list[str]:
+    return [f"pretrained={sweep.pretrained}", f"out='{study.out / sweep.folder}'", *sweep.overrides,
+            *eval_extra(extra)]
+
+
+def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep | None:
+    """What a pretrained sweep has left to compute, read with the model's config and tokenizer
+    alone (:func:`posbench.eval.subject.open_pretrained` without weights): None when nothing; the
+    sweep itself when ladder rows are missing (``posbench eval`` computes only those,
+    :func:`posbench.eval.ladder.ladder_plan`); for a probe (``probe=``), the sweep with
+    ``probe.lengths`` cut to the lengths whose rows its csv lacks under the method's label and the
+    model's config hash (a probe's rows are written when it ends, so each run skips the lengths
+    that finished). Rows count where the folder under ``out`` holds them, or its export (an ok
+    row of the label, config hash and scored token count at each length)."""
+    import contextlib
+    import io
+
+    from ..eval.ladder import ladder_plan, scored_tokens
+    from ..eval.probes import build_probe
+    from ..eval.subject import open_pretrained, scaling_label
+
+    cfg = _pretrained_config(study, sweep, extra)
+    export = study.runs / sweep.folder
+    with contextlib.redirect_stderr(io.StringIO()):  # the ladder's "already in results.csv" lines
+        subject = open_pretrained(cfg, weights=False)
+        label, digest = scaling_label(subject.ecfg.rope_scaling, subject.ext), config_hash(subject.rows_config)
+        if not cfg.get("probe"):
+            lengths = subject.ladder_lengths()
+            key = (str(cfg.pretrained), str(cfg.data))  # a 262k-token vocabulary's digest takes seconds: once
+            subject.source = _CORPORA[key] = _CORPORA.get(key) or subject.corpus()
+            tokens = subject.corpus().splits[subject.ecfg.split]
+            n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
+            todo = ladder_plan(subject, label, lengths, n)
+            if not todo.todo and not todo.plain:
+                return None
+            rows = _rows(export / "results.csv", label, digest)
+            exported = set(rows[(rows.status == "ok") & (rows.tokens == n)].eval_len.astype(int))
+            return None if set(lengths) <= exported else sweep
+    probe = build_probe(cfg.probe)
+    have = {int(n) for where in (subject.out, export) for n in _rows(where / f"{probe.name}.csv", label, digest).length}
+    missing = [n for n in probe.lengths(subject.train_len) if n not in have]
+    if not missing:
+        return None
+    kept = tuple(o for o in sweep.overrides if o.split("=", 1)[0].lstrip("+") != "probe.lengths")
+    return replace(sweep, overrides=(*kept, f"probe.lengths=[{','.join(map(str, missing))}]"))
+
+
+_CORPORA: dict[tuple[str, str], object] = {}  # (model file, data config) -> its corpus, while a study plans
+
+
+def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:
+    """The rows of a csv of results or a probe under one method ``label`` and config hash."""
+    if not path.is_file():
+        return pd.DataFrame(columns=["rope_scaling", "config_hash", "status", "tokens", "eval_len", "length"])
+    rows = pd.read_csv(path)
+    return rows[(rows.rope_scaling == label) & (rows.config_hash.astype(str) == digest)]
+
+
+def _eval_config(study: Study, sweep: Sweep, run: Path, extra: list[str] = ()):
+    """The ``posbench eval checkpoint=<run>`` config of an eval sweep, composed as the command would."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [f"checkpoint='{run}'", *sweep.overrides, *eval_extra(extra)]
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return compose("app_eval", overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def eval_extra(extra: list[str]) -> list[str]:
+    """The ``--extra`` overrides ``posbench eval`` takes (device=, eval.*); train.* are training's."""
+    return [o for o in extra if o.split("=", 1)[0].lstrip("+").split(".")[0] in EVAL_EXTRA]
+
+
+EVAL_EXTRA = ("device", "eval", "precision")
+
+
+def evaluated(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> bool:
+    """Whether an eval sweep's run ``seed`` holds its rows: in its run dir, where ``posbench eval``
+    would compute no length (:func:`posbench.eval.ladder.ladder_plan`, which keeps the rows of
+    results.csv with the evaluation's key, config hash, scored token count and per-token NLL:
+    ``existing_rows``); where only its export is left (no checkpoint to evaluate), where the
+    export's results.csv has an ok row of the run's config hash at every length under the
+    evaluation's key (:func:`posbench.eval.ladder.evaluation_rows`)."""
+    import contextlib
+    import io
+
+    from omegaconf import OmegaConf
+
+    from ..config import EvalConfig, typed
+    from ..eval.ladder import evaluation_rows, ladder_plan, scored_tokens
+    from ..eval.probe import Subject
+    from ..eval.subject import extension_of, open_subject, scaling_label
+
+    run, export_dir = study.out / sweep.folder / f"seed={seed}", study.runs / sweep.folder / f"seed={seed}"
+    cfg = _eval_config(study, sweep, run, extra)
+    if cfg.get("probe"):
+        return _probed(cfg, run, export_dir)
+    if (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file():
+        with contextlib.redirect_stderr(io.StringIO()):  # the ladder's "already in results.csv" lines
+            subject = open_subject(cfg)
+            lengths = subject.ladder_lengths()
+            tokens = subject.corpus().splits[subject.ecfg.split]
+            n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
+            todo = ladder_plan(subject, scaling_label(subject.ecfg.rope_scaling, subject.ext), lengths, n)
+        return not todo.todo and not todo.plain
+    if not (export_dir / "results.csv").is_file() or not (export_dir / "config.yaml").is_file():
+        return False
+    train_cfg = OmegaConf.load(export_dir / "config.yaml")
+    ecfg = typed(EvalConfig, cfg.eval, "eval")
+    train_len = int(train_cfg.train.train_len)
+    ext = extension_of(ecfg, train_len)
+    lengths = ecfg.resolve_lengths(train_len)
+    subject = Subject(None, None, None, None, train_len, ecfg=ecfg, ext=ext, rows_config=train_cfg, out=export_dir)
+    rows = evaluation_rows(subject, scaling_label(ecfg.rope_scaling, ext), lengths)
+    rows = rows[(rows.status == "ok") & (rows.config_hash.astype(str) == config_hash(train_cfg))]
+    return set(lengths) <= set(rows.eval_len)
+
+
+def _probed(cfg, run: Path, export_dir: Path) -> bool:
+    """Whether a probe's csv (``probe=``) in the run dir or its export holds rows of the run's
+    config hash under the evaluation's label at every length the probe runs (its rows are written
+    when it ends; a probe cut off is run again whole)."""
+    from omegaconf import OmegaConf
+
+    from ..config import EvalConfig, typed
+    from ..eval.probes import build_probe
+    from ..eval.subject import extension_of, scaling_label
+
+    where = next((d for d in (run, export_dir) if (d / "config.yaml").is_file()), None)
+    if where is None:
+        return False
+    train_cfg = OmegaConf.load(where / "config.yaml")
+    ecfg, train_len = typed(EvalConfig, cfg.eval, "eval"), int(train_cfg.train.train_len)
+    label, digest = scaling_label(ecfg.rope_scaling, extension_of(ecfg, train_len)), config_hash(train_cfg)
+    probe = build_probe(cfg.probe)
+    have = {int(n) for d in (run, export_dir) for n in _rows(d / f"{probe.name}.csv", label, digest).length}
+    return set(probe.lengths(train_len)) <= have

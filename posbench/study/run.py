@@ -1,0 +1,329 @@
+"""``posbench study NAME``: a study is data, a YAML file; this module trains what it lacks and reports.
+
+That first line is ``posbench study --help``'s description (:func:`main` reads it). Here: the
+command each sweep runs (``posbench -m train``, ``posbench -m eval``, ``posbench eval
+pretrained=``), the scheduler that runs sweeps side by side (:func:`train`), the exports of
+finished runs to ``runs``, and the report. The study file's format is the package's docstring."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from ..errors import PosbenchError
+from .planning import _finished_keys, eval_extra, finished, plan, pretrained_overrides
+from .spec import Study, Sweep, load_study, study_files, sweeps
+
+
+def _posbench() -> list[str]:
+    return [sys.executable, "-m", "posbench.cli"]
+
+
+def train_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    sweep_dir = study.out / sweep.folder
+    dirs = [f"--config-dir={d}" for d in study.config_dirs]
+    return [*_posbench(), "-m", "train", *dirs, *study.common, *sweep.overrides, *extra,
+            "seed=" + ",".join(map(str, sweep.seeds)),
+            "hydra/launcher=local_parallel", f"hydra.launcher.n_jobs={max(1, min(jobs, len(sweep.seeds)))}",
+            f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir='seed=${seed}'"]
+
+
+def eval_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    """``posbench -m eval`` on the sweep's runs (its parent's run dirs), ``jobs`` side by side."""
+    runs = ",".join(f"'{study.out / sweep.folder}/seed={seed}'" for seed in sweep.seeds)
+    dirs = [f"--config-dir={d}" for d in study.config_dirs]
+    return [*_posbench(), "-m", "eval", *dirs, f"checkpoint={runs}", *sweep.overrides, *eval_extra(extra),
+            "hydra/launcher=local_parallel", f"hydra.launcher.n_jobs={max(1, min(jobs, len(sweep.seeds)))}",
+            f"hydra.sweep.dir={study.out / sweep.folder}/.eval/{sweep.stage}"]
+
+
+def pretrained_command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    """``posbench eval pretrained=<model> out=<out/folder> ...``: one command, the model once in memory."""
+    dirs = [f"--config-dir={d}" for d in study.config_dirs]
+    return [*_posbench(), "eval", *dirs, *pretrained_overrides(study, sweep, extra)]
+
+
+def command(study: Study, sweep: Sweep, jobs: int, extra: list[str] = ()) -> list[str]:
+    if sweep.pretrained:
+        return pretrained_command(study, sweep, jobs, extra)
+    return (eval_command if sweep.evaluates else train_command)(study, sweep, jobs, extra)
+
+
+def log_path(study: Study, sweep: Sweep) -> Path:
+    """A sweep's log: ``out/<folder>.log``; an eval or pretrained sweep's, beside its runs:
+    ``out/<folder>/eval,<name>.log`` (a pretrained one's ``<stage>,<name>.log``)."""
+    if sweep.pretrained:
+        return study.out / sweep.folder / f"{sweep.stage},{sweep.name}.log"
+    return study.out / sweep.folder / f"eval,{sweep.name}.log" if sweep.evaluates else study.out / f"{sweep.folder}.log"
+
+
+EXPORT_EVERY = 60.0  # seconds between looks for finished runs in the sweeps still running
+
+
+def export(study: Study, sweep: Sweep) -> list[Path]:
+    """Export the finished runs of one sweep to ``runs/<folder>/seed=N``; -> those written. A
+    training run's export is written once; an eval sweep's run is exported again where its
+    results.csv holds rows its export lacks (:func:`_gained_rows`)."""
+    from ..report.baselines import export_baseline
+
+    if sweep.pretrained:
+        return export_pretrained(study, sweep)
+    written = []
+    sweep_dir = study.out / sweep.folder
+    for seed in sweep.seeds:
+        run = sweep_dir / f"seed={seed}"
+        dest = study.runs / sweep.folder / run.name
+        if not finished(run):
+            continue
+        if (run / "tasks.csv").is_file():  # a task run: its rows and config are all the report reads
+            written += _export_task(run, dest, study.runs / ".export")
+            continue
+        if (dest / "blocks.npz").is_file() and not (sweep.evaluates and _gained_rows(run, dest)):
+            continue
+        tmp = study.runs / ".export"
+        _remove_tree(tmp)
+        for path in export_baseline([run], tmp):
+            _copy_probes(run, path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _remove_tree(dest)  # an export without its blocks (cut off), or one an evaluation added rows to
+            path.rename(dest)
+            written.append(dest)
+        _remove_tree(tmp)
+    return written
+
+
+def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
+    """A pretrained folder exported to ``runs/<folder>`` where its files changed since: results.csv,
+    positions.csv and config.yaml with the per-block sums the report's intervals need (as a
+    trained run's, :func:`posbench.report.baselines.export_baseline`), and every probe's csv with
+    probes.json. -> [the export] when written."""
+    import shutil
+
+    from ..report.baselines import export_baseline
+
+    run, dest, tmp = study.out / sweep.folder, study.runs / sweep.folder, study.runs / ".export"
+    files = [p for p in run.glob("*") if p.suffix in (".csv", ".json", ".yaml")] if run.is_dir() else []
+    if not files or (dest.is_dir() and max(p.stat().st_mtime for p in files) <= dest.stat().st_mtime):
+        return []
+    _remove_tree(tmp)
+    if (run / "results.csv").is_file():
+        made = export_baseline([run], tmp)[0]
+    else:  # probes alone
+        made = tmp / "probes"
+        made.mkdir(parents=True)
+        shutil.copyfile(run / "config.yaml", made / "config.yaml")
+    for path in files:
+        if path.name not in ("results.csv", "positions.csv", "config.yaml"):
+            shutil.copyfile(path, made / path.name)
+    if dest.is_dir():
+        _keep_exported(dest, made)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_tree(dest)
+    made.rename(dest)
+    _remove_tree(tmp)
+    return [dest]
+
+
+def _keep_exported(old: Path, new: Path) -> None:
+    """Keep in a new export ``new`` the rows of the export ``old`` that the new one lacks: a folder
+    under ``out`` made again (a fresh machine) holds only what was computed since, and the export
+    is where the earlier rows live. Each csv is merged by its key (the new rows win), and the
+    per-block sums of the kept result rows go with them."""
+    import numpy as np
+
+    from ..eval.results import KEY, merge_csv
+    from ..eval.token_nll import row_key
+    from ..report.baselines import BLOCKS_FILE
+
+    for path in old.glob("*.csv"):
+        mine = pd.read_csv(path)
+        theirs = pd.read_csv(new / path.name) if (new / path.name).is_file() else mine.iloc[:0]
+        key = [c for c in mine.columns if c in KEY or c in ("depth", "bin_start", "length")]
+        merged = merge_csv(new / path.name, theirs, key, old=mine)
+        if path.name == "results.csv" and (old / BLOCKS_FILE).is_file():
+            blocks = dict(np.load(old / BLOCKS_FILE))
+            if (new / BLOCKS_FILE).is_file():
+                blocks.update(dict(np.load(new / BLOCKS_FILE)))
+            keys = {row_key(r) for r in merged.to_dict("records")}
+            np.savez(new / BLOCKS_FILE, **{k: v for k, v in sorted(blocks.items()) if k in keys})
+
+
+def _export_task(run: Path, dest: Path, tmp: Path) -> list[Path]:
+    """An algorithmic task's run exported once: its tasks.csv and config.yaml (no per-token NLL)."""
+    import shutil
+
+    if (dest / "tasks.csv").is_file():
+        return []
+    _remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    for name in ("config.yaml", "tasks.csv"):
+        shutil.copyfile(run / name, tmp / name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_tree(dest)
+    tmp.rename(dest)
+    return [dest]
+
+
+def _copy_probes(run: Path, dest: Path) -> None:
+    """Every probe's csv of a run dir, and probes.json, into its export."""
+    import shutil
+
+    from ..eval.probes import probe_files
+
+    for name in probe_files(run):
+        shutil.copyfile(run / f"{name}.csv", dest / f"{name}.csv")
+    if (run / "probes.json").is_file():
+        shutil.copyfile(run / "probes.json", dest / "probes.json")
+
+
+def _gained_rows(run: Path, dest: Path) -> bool:
+    """Whether the run's results.csv holds a row (by its key and config hash) its export's lacks,
+    or a probe's csv holds rows its export's does not."""
+    from ..eval.probes import probe_files
+
+    for name in probe_files(run):
+        theirs = dest / f"{name}.csv"
+        if not theirs.is_file() or len(pd.read_csv(theirs)) < len(pd.read_csv(run / f"{name}.csv")):
+            return True
+    from ..eval.token_nll import row_key
+
+    def keys(path: Path) -> set:
+        if not path.is_file():
+            return set()
+        return {(row_key(r), str(r["config_hash"])) for r in pd.read_csv(path).to_dict("records")}
+
+    return bool(keys(run / "results.csv") - keys(dest / "results.csv"))
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _pending(sweep: Sweep, waiting: list[Sweep], running: list) -> bool:
+    """Whether the sweep its runs start from is still to train or training, or (an eval sweep) an
+    earlier sweep on the same run dirs is still waiting or running (``posbench eval`` holds a run dir)."""
+    ahead = waiting[:waiting.index(sweep)] if sweep in waiting else waiting
+    if sweep.pretrained:  # one posbench eval at a time writes a pretrained folder (and holds the model)
+        return any(w.folder == sweep.folder for w in ahead + [r[0] for r in running])
+    return bool(sweep.parent) and any(w.folder == sweep.parent for w in ahead + [r[0] for r in running])
+
+
+def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> list[str]:
+    """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
+    ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
+    first seed's run even when the study is cut off before the last), and each sweep as it ends.
+    -> the sweeps that failed (their logs' paths)."""
+    waiting, running, failed, dead = list(todo), [], [], set()
+    last_export = time.monotonic()
+    while waiting or running:
+        busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
+        for sweep in [w for w in waiting if w.parent in dead]:
+            waiting.remove(sweep)  # its parent failed: nothing to start from
+            dead.add(sweep.folder)
+            failed.append(f"{log_path(study, sweep)} (not started: {sweep.parent} failed)")
+        ready = [w for w in waiting if not _pending(w, waiting, running)]
+        while ready and (not running or busy + min(jobs, len(ready[0].seeds)) <= jobs):
+            sweep = ready.pop(0)
+            waiting.remove(sweep)
+            log = log_path(study, sweep)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            cmd = command(study, sweep, jobs, extra)
+            verb = "evaluating" if sweep.evaluates or sweep.pretrained else "training"
+            seeds = "" if sweep.pretrained else f" seed={','.join(map(str, sweep.seeds))}"
+            print(f"study {study.name}: {verb} {sweep.stage} {sweep.name}{seeds} (log: {log})", flush=True)
+            with open(log, "a") as f:
+                f.write("$ " + shlex.join(cmd) + "\n")
+                f.flush()
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            running.append((sweep, proc, log))
+            busy += min(jobs, len(sweep.seeds))
+        time.sleep(1.0)
+        if time.monotonic() - last_export >= EXPORT_EVERY:  # a sweep's seeds run one after another
+            last_export = time.monotonic()
+            for sweep, _, _ in running:
+                for dest in export(study, sweep):
+                    print(f"study {study.name}: exported {dest}", flush=True)
+        for item in [r for r in running if r[1].poll() is not None]:
+            running.remove(item)
+            sweep, proc, log = item
+            written = export(study, sweep)
+            state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
+            if proc.returncode != 0:
+                failed.append(str(log))
+                if not (sweep.evaluates or sweep.pretrained):  # else the runs are fine: their other evaluations go on
+                    dead.add(sweep.folder)
+    return failed
+
+
+def report_command(study: Study) -> list[str]:
+    rep = study.report
+    by = [f"--by={k}" for k in rep.get("by") or []]
+    contrasts = [f"--contrast={a}/{b}" for a, b in rep.get("contrasts") or []]
+    return [*_posbench(), "report", *map(str, rep.get("dirs") or []), str(study.runs), "--out", str(study.results),
+            *by, *contrasts, *map(str, rep.get("args") or [])]
+
+
+def report(study: Study) -> None:
+    """``posbench report`` on the exported runs (and ``dirs`` beside them), then each of ``tables``."""
+    subprocess.run(report_command(study), check=True)
+    for name, script in (study.report.get("tables") or {}).items():
+        with open(study.results / name, "w") as f:
+            subprocess.run([sys.executable, str(script), str(study.results / "report.csv")], stdout=f, check=True)
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="posbench study", description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", help="the study (conf/study/<name>.yaml); none: list the studies")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="a dir with study/<name>.yaml files (and the configs its runs use); repeatable")
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2: two CPU cores)")
+    parser.add_argument("--only", default=None, metavar="STAGES", help="comma-separated stages to train (default: all)")
+    parser.add_argument("--step", default="all", choices=["all", "plan", "train", "export", "report"],
+                        help="plan: list what would train; train: train (and export) without the report; "
+                             "export: export finished runs; report: draw the exported runs")
+    parser.add_argument("--extra", action="append", default=[], metavar="OVERRIDE",
+                        help="an override added to every run that keeps its hash (train.compile=false, device=cuda)")
+    ns = parser.parse_args(args)
+    dirs = [Path(d) for d in ns.config_dir]
+    if ns.name is None:
+        for name, path in study_files(dirs).items():
+            desc = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+            print(f"{name:<16} {desc}")
+        return
+    if ns.jobs < 1:
+        raise PosbenchError(f"study: --jobs {ns.jobs} is not valid; valid: a count of runs >= 1")
+    study = load_study(ns.name, dirs)
+    only = [s for s in ns.only.split(",") if s] if ns.only else None
+    study.config_dirs = [d.resolve() for d in dirs]
+    if ns.step in ("all", "plan", "train"):
+        todo, have = plan(study, only, ns.extra)
+        total = have + sum(len(s.seeds) for s in todo)
+        evals = sum(len(s.seeds) for s in todo if s.evaluates or s.pretrained)
+        print(f"study {study.name}: {have} of {total} runs done; {total - have - evals} to train"
+              + (f", {evals} to evaluate" if evals else ""))
+        if ns.step == "plan":
+            for s in todo:
+                print("  " + shlex.join(command(study, s, ns.jobs, ns.extra)))
+            return
+        failed = train(study, todo, ns.jobs, ns.extra)
+        if failed:
+            raise PosbenchError(f"study {study.name}: {len(failed)} sweep(s) failed; their logs: {', '.join(failed)}")
+    if ns.step == "export":
+        n = sum(len(export(study, s)) for s in sweeps(study, only))
+        print(f"study {study.name}: exported {n} run(s) to {study.runs}")
+    if ns.step in ("all", "report"):
+        if not _finished_keys(study.runs, False):
+            raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet")
+        report(study)

@@ -1,0 +1,211 @@
+"""A study file read and checked (:class:`Study`), and its stages' grid points as :class:`Sweep` s:
+one a grid point, with its folder under ``out`` and ``runs``, the parent it starts from or
+evaluates, or its pretrained model. The file's format is the package's docstring."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from ..config import conf_dir
+from ..errors import PosbenchError
+
+STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
+STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained", "folder")
+REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
+FOLDER = "{stage}/{point}"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The runs of one grid point of one stage: the same overrides, one seed each."""
+
+    stage: str
+    overrides: tuple[str, ...]  # the grid point's own, then the stage's
+    seeds: tuple[int, ...]
+    folder: str = ""  # its runs' folder under out and runs: out/<folder>/seed=N
+    parent: str = ""  # the folder of the sweep its runs start from (a stage's ``from``), or none
+    evaluates: bool = False  # an eval stage's: ``posbench eval`` on the parent's runs (folder == parent)
+    pretrained: str = ""  # a pretrained stage's model (``posbench eval pretrained=...``; its rows go to out/<folder>)
+
+    @property
+    def name(self) -> str:
+        return ",".join(o for o in self.overrides if "=" in o).replace("/", "_") or "default"
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    out: Path
+    runs: Path
+    results: Path
+    common: list[str]
+    stages: list[dict]
+    report: dict = field(default_factory=dict)
+    folder: str = FOLDER
+    config_dirs: list[Path] = field(default_factory=list)  # --config-dir: passed to every run
+
+
+def study_files(config_dirs: list[Path]) -> dict[str, Path]:
+    """Study name -> file, the user's config dirs first (a user's study of a built-in's name wins)."""
+    found: dict[str, Path] = {}
+    for base in [*config_dirs, conf_dir()]:
+        for path in sorted((Path(base) / "study").glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def _unknown(where: str, data: dict, valid: tuple[str, ...]) -> None:
+    bad = [k for k in data if k not in valid]
+    if bad:
+        raise PosbenchError(f"study: {where} has an unknown key {bad[0]!r}; valid keys: {', '.join(valid)}")
+
+
+def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
+    files = study_files(list(config_dirs))
+    if name not in files:
+        raise PosbenchError(f"study {name!r} is not known; valid choices: {', '.join(sorted(files)) or 'none'} "
+                            "(conf/study/*.yaml, or --config-dir DIR with DIR/study/<name>.yaml)")
+    data = yaml.safe_load(files[name].read_text()) or {}
+    _unknown(str(files[name]), data, STUDY_KEYS)
+    for key in ("out", "runs", "results", "stages"):
+        if not data.get(key):
+            raise PosbenchError(f"study: {files[name]} lacks {key!r}; a study says out, runs, results and stages")
+    for i, stage in enumerate(data["stages"]):
+        _unknown(f"{files[name]} stage {i}", stage, STAGE_KEYS)
+        if not stage.get("name") or not isinstance(stage.get("grid"), dict):
+            raise PosbenchError(f"study: {files[name]} stage {i} needs a name and a grid (key: [values])")
+        if stage.get("eval") and not stage.get("from"):
+            raise PosbenchError(f"study: {files[name]} stage {stage['name']} has eval: true and no from:; an eval "
+                                "stage evaluates the runs of the earlier stage its from: names")
+        if stage.get("pretrained"):
+            _check_pretrained_stage(files[name], stage)
+    _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
+    return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
+                 list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
+                 str(data.get("folder") or FOLDER))
+
+
+def _check_pretrained_stage(path: Path, stage: dict) -> None:
+    """A pretrained stage evaluates one model: no seeds, no parent stage."""
+    for key in ("from", "eval"):
+        if stage.get(key):
+            raise PosbenchError(f"study: {path} stage {stage['name']} has pretrained: and {key}:; valid: a "
+                                "pretrained stage evaluates its model by itself (no from:, no eval:)")
+    if "seed" in stage["grid"]:
+        raise PosbenchError(f"study: {path} stage {stage['name']} has pretrained: and a seed in its grid; valid: "
+                            "grid keys of posbench eval (eval.rope_scaling, bos, ...): a pretrained model has one seed")
+
+
+def sweeps(study: Study, only: list[str] | None = None) -> list[Sweep]:
+    """Every grid point of the chosen stages (all by default), in the file's order."""
+    names = [s["name"] for s in study.stages]
+    for n in only or []:
+        if n not in names:
+            raise PosbenchError(f"study {study.name}: --only {n!r} is not one of its stages; valid choices: "
+                                f"{', '.join(names)}")
+    out, folders, shared = [], {}, set()  # shared: the pretrained stages' folders
+    points: dict[str, list[tuple[dict, str]]] = {}  # stage -> (grid point, folder) of each of its sweeps
+    for stage in study.stages:
+        grid = {k: (v if isinstance(v, list) else [v]) for k, v in stage["grid"].items()}
+        seeds = tuple(int(s) for s in grid.pop("seed", [0]))
+        keys = list(grid)
+        for values in itertools.product(*(grid[k] for k in keys)):
+            if stage.get("pretrained"):  # its folder may be shared: every method's rows in one run dir
+                sweep = _pretrained_sweep(study, stage, dict(zip(keys, values)))
+                if sweep.folder in folders:
+                    raise PosbenchError(f"study {study.name}: {folders[sweep.folder]} and pretrained stage "
+                                        f"{sweep.stage} share the folder {sweep.folder!r}; put more grid keys in "
+                                        "its folder")
+                shared.add(sweep.folder)
+                if not only or stage["name"] in only:
+                    out.append(sweep)
+                continue
+            if stage.get("eval"):  # no folder of its own: its runs are its parent's
+                sweep = _eval_sweep(study, stage, dict(zip(keys, values)), seeds, points)
+                points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
+                if not only or stage["name"] in only:
+                    out.append(sweep)
+                continue
+            point = tuple(f"{k}={_value(v)}" for k, v in zip(keys, values))
+            sweep = Sweep(stage["name"], point + tuple(stage.get("overrides") or []), seeds)
+            sweep = replace(sweep, folder=_folder(study, sweep, dict(zip(keys, values)), stage.get("folder")))
+            points.setdefault(stage["name"], []).append((dict(zip(keys, values)), sweep.folder))
+            if stage.get("from"):
+                sweep = _with_parent(study, sweep, stage, dict(zip(keys, values)), points)
+            if sweep.folder in folders or sweep.folder in shared:  # over every stage: --only hides no clash
+                other = folders.get(sweep.folder, "a pretrained stage")
+                raise PosbenchError(f"study {study.name}: {other} and {sweep.stage} {sweep.name} share the folder "
+                                    f"{sweep.folder!r}; put more grid keys in its folder")
+            folders[sweep.folder] = f"{sweep.stage} {sweep.name}"
+            if not only or stage["name"] in only:
+                out.append(sweep)
+    return out
+
+
+def _with_parent(study: Study, sweep: Sweep, stage: dict, point: dict, points: dict) -> Sweep:
+    """``sweep`` with ``{from}`` in its overrides made the run dir of the same grid point's run in
+    the stage it starts from (an earlier stage of the file)."""
+    parent = stage["from"]
+    if parent not in points or parent == stage["name"]:
+        earlier = [n for n in points if n != stage["name"]]
+        raise PosbenchError(f"study {study.name}: stage {stage['name']} has from: {parent!r}, which is not an "
+                            f"earlier stage; valid choices: {', '.join(earlier) or 'none'}")
+    found = [folder for p, folder in points[parent] if all(p[k] == v for k, v in point.items() if k in p)]
+    if len(found) != 1:
+        raise PosbenchError(f"study {study.name}: stage {stage['name']} point {sweep.name} matches {len(found)} "
+                            f"sweeps of stage {parent}; the grid keys they share must name one")
+    run = f"'{study.out / found[0]}/seed=${{seed}}'"  # quoted: Hydra reads '=' in a value only so
+    overrides = tuple(o.replace("{from}", run) for o in sweep.overrides)
+    return replace(sweep, overrides=overrides, parent=found[0])
+
+
+def _eval_sweep(study: Study, stage: dict, point: dict, seeds: tuple[int, ...], points: dict) -> Sweep:
+    """An eval stage's grid point: the grid keys its parent stage has pick the parent's sweep (its
+    folder, run dirs and exports are this sweep's); the other keys (``eval.rope_scaling``, ...) and
+    the stage's overrides are the ``posbench eval`` overrides."""
+    parent = next((s for s in study.stages if s["name"] == stage["from"]), None)
+    shared = set(parent["grid"]) - {"seed"} if parent else set()
+    own = tuple(f"{k}={_value(v)}" for k, v in point.items() if k not in shared)
+    sweep = Sweep(stage["name"], own + tuple(stage.get("overrides") or []), seeds, evaluates=True)
+    sweep = _with_parent(study, sweep, stage, {k: v for k, v in point.items() if k in shared}, points)
+    return replace(sweep, folder=sweep.parent)
+
+
+def _pretrained_sweep(study: Study, stage: dict, point: dict) -> Sweep:
+    """A pretrained stage's grid point: ``posbench eval pretrained=<model> out=<out/folder>`` with
+    the point's and the stage's overrides; its folder is the study's, with ``{pretrained}`` the
+    model's name (a study gives every method of one model the same folder, so a method's lengths
+    that leave the model as trained reuse the unscaled rows there)."""
+    own = tuple(f"{k}={_value(v)}" for k, v in point.items())
+    model = str(stage["pretrained"])
+    sweep = Sweep(stage["name"], own + tuple(stage.get("overrides") or []), (0,), pretrained=model)
+    return replace(sweep, folder=_folder(study, sweep, {"pretrained": Path(model).stem, **point}, stage.get("folder")))
+
+
+def _folder(study: Study, sweep: Sweep, point: dict, own: str | None = None) -> str:
+    """The study's ``folder`` (or the stage's ``own``) for one grid point: {stage}, {point} and the
+    grid's keys filled in."""
+    named = replace(sweep, overrides=tuple(o for o in sweep.overrides if "{from}" not in o))  # a parent's run dir
+    values = {"stage": sweep.stage, "point": named.name, **{k: _value(v).replace("/", "_") for k, v in point.items()}}
+    template = own or study.folder
+    folder = template
+    for key, value in values.items():
+        folder = folder.replace("{" + key + "}", value)
+    if "{" in folder:
+        raise PosbenchError(f"study {study.name}: folder {template!r} names a key stage {sweep.stage} lacks; "
+                            f"valid keys: {', '.join(values)}")
+    return folder
+
+
+def _value(v) -> str:
+    if isinstance(v, list):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return "null" if v is None else str(v)
+
