@@ -259,6 +259,7 @@ def position_scheme(config) -> PositionScheme:
 
 
 BOS_POLICIES = ("first", "every")  # where a window gets the model's beginning-of-sequence token (module docstring)
+BOS_SUFFIX = {"first": "", "every": "+bos"}  # what each policy adds to the model's name in result rows
 
 
 class PretrainedLM(nn.Module):
@@ -273,7 +274,7 @@ class PretrainedLM(nn.Module):
         if bos == "every" and bos_id is None:
             raise PosbenchError(f"bos=every: {name} names no beginning-of-sequence token; valid: bos=first")
         self.model, self.source, self.bos, self.bos_id = model, source, bos, bos_id
-        self.name = name + ("+bos" if bos == "every" else "")  # rows of the two policies never replace each other
+        self.name = name + BOS_SUFFIX[bos]  # rows of the two policies never replace each other
         self.encoding = position_scheme(model.config)
         if self.encoding.name == "rope":
             self.encoding.rotary = getattr(model.base_model, "rotary_emb", None)
@@ -390,7 +391,7 @@ class PretrainedDescription:
 def model_name(source: Path, bos: str) -> str:
     """A model's name in result rows: the .gguf file's stem or the folder's name, ``+bos`` under
     ``bos=every`` (rows of the two policies never replace each other)."""
-    return (source.stem if source.suffix == ".gguf" else source.name) + ("+bos" if bos == "every" else "")
+    return (source.stem if source.suffix == ".gguf" else source.name) + BOS_SUFFIX[bos]
 
 
 def _locate(path: str, bos: str):

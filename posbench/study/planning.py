@@ -19,27 +19,34 @@ def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
     """The config hash of a sweep's runs, composed as ``posbench train`` composes it, once for all
     its seeds (the hash leaves the seed out: ``config.NOT_HASHED``); None when the hash depends on
     a run not yet trained (``train.init_from``)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     overrides = [*study.common, *sweep.overrides, *extra]
-    if study.config_dirs:
-        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
     if any(o.split("=", 1)[0].lstrip("+") == "train.init_from" for o in overrides):
         return None
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = compose("app_train", overrides=overrides)
-    except Exception as e:  # Hydra's own errors: a bad override in the study file
-        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = _compose(study, sweep, "app_train", overrides)
     if not task_config(cfg.get("task")).is_lm:  # a task run's train_len is its longest training sequence
         from ..train.configure import fitted  # posbench train's fitting (torch: a task's runs only)
 
         cfg = fitted(cfg)
     return config_hash(cfg)
+
+
+def _compose(study: Study, sweep: Sweep, app: str, overrides: list[str]):
+    """``app`` (app_train, app_eval) composed with ``overrides`` as the command would compose it,
+    the study's config dirs searched; a bad override in the study file is one line."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = list(overrides)
+    if study.config_dirs:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return compose(app, overrides=overrides)
+    except Exception as e:  # Hydra's own errors: a bad override in the study file
+        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
@@ -90,22 +97,9 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
 def _pretrained_config(study: Study, sweep: Sweep, extra: list[str] = ()):
     """The ``posbench eval pretrained=...`` config of a pretrained sweep, composed as the command
     would, its model resolved to its file (:func:`posbench.cli.hydra_apps.resolve_pretrained`)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     from ..cli.hydra_apps import resolve_pretrained
 
-    overrides = pretrained_overrides(study, sweep, extra)
-    if study.config_dirs:
-        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = compose("app_eval", overrides=overrides)
-    except Exception as e:  # Hydra's own errors: a bad override in the study file
-        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = _compose(study, sweep, "app_eval", pretrained_overrides(study, sweep, extra))
     resolve_pretrained(cfg)
     return cfg
 
@@ -127,7 +121,6 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
     import contextlib
     import io
 
-    from ..eval.ladder import ladder_plan, scored_tokens
     from ..eval.probes import build_probe
     from ..eval.subject import open_pretrained, scaling_label
 
@@ -137,13 +130,10 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
         subject = open_pretrained(cfg, weights=False)
         label, digest = scaling_label(subject.ecfg.rope_scaling, subject.ext), config_hash(subject.rows_config)
         if not cfg.get("probe"):
-            lengths = subject.ladder_lengths()
             key = (str(cfg.pretrained), str(cfg.data))  # a 262k-token vocabulary's digest takes seconds: once
             subject.source = _CORPORA[key] = _CORPORA.get(key) or subject.corpus()
-            tokens = subject.corpus().splits[subject.ecfg.split]
-            n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
-            todo = ladder_plan(subject, label, lengths, n)
-            if not todo.todo and not todo.plain:
+            lengths, n, done = _ladder_done(subject, label)
+            if done:
                 return None
             rows = _rows(export / "results.csv", label, digest)
             exported = set(rows[(rows.status == "ok") & (rows.tokens == n)].eval_len.astype(int))
@@ -155,6 +145,18 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
         return None
     kept = tuple(o for o in sweep.overrides if o.split("=", 1)[0].lstrip("+") != "probe.lengths")
     return replace(sweep, overrides=(*kept, f"probe.lengths=[{','.join(map(str, missing))}]"))
+
+
+def _ladder_done(subject, label: str) -> tuple[list[int], int, bool]:
+    """A subject's ladder lengths, its scored token count, and whether ``posbench eval`` would
+    compute none of them (:func:`posbench.eval.ladder.ladder_plan`)."""
+    from ..eval.ladder import ladder_plan, scored_tokens
+
+    lengths = subject.ladder_lengths()
+    tokens = subject.corpus().splits[subject.ecfg.split]
+    n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
+    todo = ladder_plan(subject, label, lengths, n)
+    return lengths, n, not todo.todo and not todo.plain
 
 
 _CORPORA: dict[tuple[str, str], object] = {}  # (model file, data config) -> its corpus, while a study plans
@@ -170,20 +172,7 @@ def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:
 
 def _eval_config(study: Study, sweep: Sweep, run: Path, extra: list[str] = ()):
     """The ``posbench eval checkpoint=<run>`` config of an eval sweep, composed as the command would."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    overrides = [f"checkpoint='{run}'", *sweep.overrides, *eval_extra(extra)]
-    if study.config_dirs:
-        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in study.config_dirs) + "]")
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return compose("app_eval", overrides=overrides)
-    except Exception as e:  # Hydra's own errors: a bad override in the study file
-        raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
-    finally:
-        GlobalHydra.instance().clear()
+    return _compose(study, sweep, "app_eval", [f"checkpoint='{run}'", *sweep.overrides, *eval_extra(extra)])
 
 
 def eval_extra(extra: list[str]) -> list[str]:
@@ -207,7 +196,7 @@ def evaluated(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> b
     from omegaconf import OmegaConf
 
     from ..config import EvalConfig, typed
-    from ..eval.ladder import evaluation_rows, ladder_plan, scored_tokens
+    from ..eval.ladder import evaluation_rows
     from ..eval.probe import Subject
     from ..eval.subject import extension_of, open_subject, scaling_label
 
@@ -218,11 +207,7 @@ def evaluated(study: Study, sweep: Sweep, seed: int, extra: list[str] = ()) -> b
     if (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file():
         with contextlib.redirect_stderr(io.StringIO()):  # the ladder's "already in results.csv" lines
             subject = open_subject(cfg)
-            lengths = subject.ladder_lengths()
-            tokens = subject.corpus().splits[subject.ecfg.split]
-            n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
-            todo = ladder_plan(subject, scaling_label(subject.ecfg.rope_scaling, subject.ext), lengths, n)
-        return not todo.todo and not todo.plain
+            return _ladder_done(subject, scaling_label(subject.ecfg.rope_scaling, subject.ext))[2]
     if not (export_dir / "results.csv").is_file() or not (export_dir / "config.yaml").is_file():
         return False
     train_cfg = OmegaConf.load(export_dir / "config.yaml")

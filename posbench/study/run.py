@@ -104,7 +104,7 @@ def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
     """A pretrained folder exported to ``runs/<folder>`` where its files changed since: results.csv,
     positions.csv and config.yaml with the per-block sums the report's intervals need (as a
     trained run's, :func:`posbench.report.baselines.export_baseline`), and every probe's csv with
-    probes.json. -> [the export] when written."""
+    probes.json (:func:`_copy_probes`). -> [the export] when written."""
     import shutil
 
     from ..report.baselines import export_baseline
@@ -120,9 +120,7 @@ def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
         made = tmp / "probes"
         made.mkdir(parents=True)
         shutil.copyfile(run / "config.yaml", made / "config.yaml")
-    for path in files:
-        if path.name not in ("results.csv", "positions.csv", "config.yaml"):
-            shutil.copyfile(path, made / path.name)
+    _copy_probes(run, made)
     if dest.is_dir():
         _keep_exported(dest, made)
     dest.parent.mkdir(parents=True, exist_ok=True)
