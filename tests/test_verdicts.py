@@ -90,7 +90,13 @@ QUOTE = "> " + PREFIX
 
 
 def quoted(readme: Path) -> list[str]:
-    return [line[2:].strip() for line in readme.read_text().splitlines() if line.startswith(QUOTE)]
+    """The README's `> verdict: ...` lines, also those indented under a list item."""
+    lines = [line.strip() for line in readme.read_text().splitlines()]
+    return [line[2:].strip() for line in lines if line.startswith(QUOTE)]
+
+
+def report_verdicts(report: Path) -> list[str]:
+    return [line[2:] for line in report.read_text().splitlines() if line.startswith("- " + PREFIX)]
 
 
 def readmes_with_verdicts() -> list[Path]:
@@ -113,8 +119,12 @@ def test_some_readme_states_its_verdicts():
 def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     """A README's `> verdict: ...` lines are report.md's verdict lines, verbatim; where a study made
     the folder, its runs give the same lines again now."""
-    report = (readme.parent / "report.md").read_text()
-    shipped = [line[2:] for line in report.splitlines() if line.startswith("- " + PREFIX)]
+    if not (readme.parent / "report.md").is_file():  # an index (results/README.md) quotes its folders' reports
+        shipped = [v for report in readme.parent.rglob("report.md") for v in report_verdicts(report)]
+        for line in quoted(readme):
+            assert line in shipped, f"{readme}: not a verdict of any report.md below it: {line}"
+        return
+    shipped = report_verdicts(readme.parent / "report.md")
     for line in quoted(readme):
         assert line in shipped, f"{readme}: not a verdict of its report.md: {line}"
     study = study_of(readme.parent)
