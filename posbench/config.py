@@ -261,7 +261,7 @@ class EvalConfig:
     def strides(self, lengths: list[int]) -> dict[int, int]:
         """eval_len -> stride: eval_len itself when nonoverlapping; eval.stride, or eval_len // 2
         when null, when sliding."""
-        if self.mode == "nonoverlapping":
+        if self.mode == "nonoverlapping" or not lengths:
             return {n: n for n in lengths}
         if self.stride is not None and self.stride > min(lengths):
             raise PosbenchError(f"eval.stride={self.stride} is longer than eval length {min(lengths)}; "

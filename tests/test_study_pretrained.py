@@ -1,5 +1,5 @@
 """``posbench study`` with a pretrained stage: a tiny random Llama (built here, nothing downloaded)
-on the ladder under two scalings and on passkey, planned from its rows, resumed, exported with
+on the ladder under two scalings, in sliding windows and on passkey, planned from its rows, resumed, exported with
 its blocks, the export keeping its rows when the folder under ``out`` is made again."""
 
 import shutil
@@ -25,6 +25,10 @@ stages:
     pretrained: {model}
     grid: {{eval.rope_scaling: [none, yarn]}}
     overrides: ["eval.lengths=[32,64,128]", eval.max_tokens=256]
+  - name: short                  # sliding windows into the same folder (LongPPL's short context)
+    pretrained: {model}
+    grid: {{}}
+    overrides: [eval.mode=sliding, eval.stride=32, "eval.lengths=[64]", eval.max_tokens=256]
   - name: passkey
     pretrained: {model}
     grid: {{}}
@@ -38,30 +42,32 @@ def test_a_pretrained_study_plans_from_its_rows_and_resumes(models, tmp_path):  
     conf = write_study(tmp_path / "conf", STUDY.format(tmp=tmp_path, model=models / "llama"))
     study = load_study("mini", [conf])
     todo, have = plan(study)
-    assert have == 0 and [s.stage for s in todo] == ["ladder", "ladder", "passkey"]
+    assert have == 0 and [s.stage for s in todo] == ["ladder", "ladder", "short", "passkey"]
     r = posbench("study", "--config-dir", str(conf), "mini", "--step", "train")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "0 of 3 runs done; 0 to train, 3 to evaluate" in r.stdout
-    assert plan(study) == ([], 3)
+    assert "0 of 4 runs done; 0 to train, 4 to evaluate" in r.stdout
+    assert plan(study) == ([], 4)
     export = tmp_path / "runs" / "llama"
     rows = pd.read_csv(export / "results.csv")
+    assert list(zip(rows[rows["mode"] == "sliding"].eval_len, rows[rows["mode"] == "sliding"].stride)) == [(64, 32)]
+    rows = rows[rows["mode"] == "nonoverlapping"]
     assert sorted(zip(rows.rope_scaling, rows.eval_len)) == [(k, n) for k in ("none", "yarn") for n in (32, 64, 128)]
     assert rows[rows.eval_len <= 64].groupby("eval_len").nll.nunique().eq(1).all()  # yarn at factor 1: none's rows
-    assert len(np.load(export / "blocks.npz").files) == 6
+    assert len(np.load(export / "blocks.npz").files) == 7
     assert sorted(set(pd.read_csv(export / "passkey.csv").length)) == [64, 128]
     # the folder under out gone: the export says what is done
     shutil.rmtree(tmp_path / "out")
-    assert plan(study) == ([], 3)
+    assert plan(study) == ([], 4)
     # a probe length missing from the export: planned alone, run, and the export keeps every other row
     probe = pd.read_csv(export / "passkey.csv")
     probe[probe.length != 128].to_csv(export / "passkey.csv", index=False)
     todo, have = plan(study)
-    assert have == 2 and [s.overrides[-1] for s in todo] == ["probe.lengths=[128]"]
+    assert have == 3 and [s.overrides[-1] for s in todo] == ["probe.lengths=[128]"]
     r = posbench("study", "--config-dir", str(conf), "mini")
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(set(pd.read_csv(export / "passkey.csv").length)) == [64, 128]
-    assert len(pd.read_csv(export / "results.csv")) == 6 and len(np.load(export / "blocks.npz").files) == 6
-    assert plan(study) == ([], 3) and (tmp_path / "results" / "report.csv").is_file()
+    assert len(pd.read_csv(export / "results.csv")) == 7 and len(np.load(export / "blocks.npz").files) == 7
+    assert plan(study) == ([], 4) and (tmp_path / "results" / "report.csv").is_file()
 
 
 @pytest.mark.parametrize("stage, message", [

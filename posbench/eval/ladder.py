@@ -322,7 +322,7 @@ def ladder_plan(subject: Subject, label: str, lengths: list[int], n: int) -> Lad
     same = [length for length in lengths if length not in done and label != "none" and ext.identity_at(length)
             and scaling_factor(ecfg.rope_scaling, ecfg.rope_factor, length, subject.train_len) == 1.0]
     plain_cfg = dataclasses.replace(ecfg, rope_scaling="none", extension="none")
-    plain = {} if ecfg.recompute else stored_ladder(out, subject.rows_config, plain_cfg, "none", same, n)
+    plain = {} if ecfg.recompute or not same else stored_ladder(out, subject.rows_config, plain_cfg, "none", same, n)
     if done:
         print(f"posbench: {label}: eval_len {', '.join(map(str, sorted(done)))} already in {out / 'results.csv'}: "
               "not recomputed (eval.recompute=true recomputes them)", file=sys.stderr)
