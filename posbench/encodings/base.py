@@ -29,6 +29,10 @@ hook           what it changes                                 examples
 ``decay``      a data-dependent decay: per-token log forget    fox
                gates log f_t (B, H, T) from the layer's input,
                the logit of (i, j) gaining sum_{j<t<=i} log f_t
+``transition`` a data-dependent transform per token: unit    path
+               vectors w (B, H, T, hs) and beta (B, H, T) from
+               the layer's input, the logit of (i, j) being
+               q_i^T H_i .. H_{j+1} k_j, H_t = I - beta_t w_t w_t^T
 ``normalize``  attention weights from the logits in place of   stickbreaking
                softmax; weights may sum to less than 1, the
                rest going to the query's own value
@@ -63,7 +67,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 
-HOOKS = ("embed", "rotate", "bias", "score", "value", "decay", "normalize", "features")
+HOOKS = ("embed", "rotate", "bias", "score", "value", "decay", "transition", "normalize", "features")
 
 REGISTRY: dict[str, type["PositionEncoding"]] = {}
 
@@ -143,6 +147,13 @@ class PositionEncoding(nn.Module):
         """x: (B, T, D), the attention layer's input (after its norm) -> log forget gates (B, H, T),
         each <= 0: the logit of query i and key j <= i gains sum_{t = j+1 .. i} log f_t (the
         attention kernel sums them, :func:`posbench.model.attention.causal_attention`'s ``decay``)."""
+        raise NotImplementedError
+
+    def transition(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, D), the attention layer's input (after its norm) -> (w, beta): unit vectors w
+        (B, H, T, hs) and beta (B, H, T) in (0, 2), the transform H_t = I - beta_t w_t w_t^T of each
+        token; the logit of query i and key j < i is q_i^T H_i ... H_{j+1} k_j (q_i^T k_i at j = i),
+        computed by :func:`posbench.model.householder.householder_attention`."""
         raise NotImplementedError
 
     def normalize(self, logits: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, hidden: torch.Tensor,
@@ -256,9 +267,9 @@ class PositionEncoding(nn.Module):
 
     @classmethod
     def hook_kind(cls) -> str:
-        """One word for tables: embed, rotate, bias, score, decay, normalize, features, or none."""
+        """One word for tables: embed, rotate, bias, score, decay, transition, normalize, features, or none."""
         hooks = cls.hooks()
-        for kind in ("decay", "normalize", "features"):  # the first two decide the kernel, the last the model's flow
+        for kind in ("transition", "decay", "normalize", "features"):  # three pick the kernel, one the flow
             if kind in hooks:
                 return kind
         if "score" in hooks or "value" in hooks:

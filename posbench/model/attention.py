@@ -21,6 +21,8 @@ consecutive positions
                          of softmax (stick-breaking), their remainder on the query's own value
 ``decay``                SDPA in query chunks, each with its (B, H, chunk, keys) mask of
                          c_i - c_j (c the cumulative log forget gates) plus any bias
+``transition``           the Householder chunks of :mod:`posbench.model.householder` (PaTH):
+                         each token's transform between query and key, plus any decay or bias
 =======================  ====================================================================
 
 A sliding window (``window``: ``model.window``, or an encoding's ``attention_window(layer)``)
@@ -77,6 +79,7 @@ import torch.nn.functional as F
 
 from ..encodings import PositionEncoding
 from ..errors import PosbenchError
+from .householder import householder_attention
 
 
 def flex_setting(value: str | None) -> bool | None:
@@ -94,11 +97,13 @@ ATTN_BUDGET = 1 << 25  # elements of one fp32 score / bias tensor in the chunked
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: PositionEncoding,
                      positions: torch.Tensor, layer: int, chunk_size: int = 1024,
-                     cache: dict | None = None, decay: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
+                     cache: dict | None = None, decay: torch.Tensor | None = None, window: int = 0,
+                     transition: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass.
     ``decay``: (B, H, T) cumulative log forget gates c (the ``decay`` hook's gates summed over
     T): the logit of (i, j) gains c_i - c_j, after the logit scale. ``window``: sliding-window
     attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i).
+    ``transition``: the ``transition`` hook's (w, beta) for this layer's tokens (:func:`token_transforms`).
     An extension that sets the positions or the visible keys itself (``Extension.sets_positions``)
     is computed by ``enc.extended_attention`` from q and k before rotation, never here: one line
     rather than numbers silently as trained."""
@@ -108,6 +113,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
                             "(q and k before rotation); this attention layer did not hand it there")
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
+    if transition is not None:
+        bias = (lambda q_pos, k_pos: enc.bias(q_pos, k_pos, layer)) if "bias" in hooks else None
+        return householder_attention(q, k, v, *transition, scale, positions, decay, window, bias)
     if EXPLICIT_HOOKS & set(hooks):
         return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
                                 window)
@@ -226,6 +234,12 @@ def cumulative_decay(enc: PositionEncoding, x: torch.Tensor, layer: int) -> torc
     """``causal_attention``'s ``decay`` for the layer input ``x`` (B, T, D): the encoding's log
     forget gates summed over the sequence in fp32 (B, H, T); None without a ``decay`` hook."""
     return enc.decay(x, layer).float().cumsum(-1) if "decay" in enc.hooks() else None
+
+
+def token_transforms(enc: PositionEncoding, x: torch.Tensor, layer: int):
+    """``causal_attention``'s ``transition`` for the layer input ``x`` (B, T, D): the encoding's
+    (w, beta); None without a ``transition`` hook."""
+    return enc.transition(x, layer) if "transition" in enc.hooks() else None
 
 
 def _rows(chunk_size: int, per_row: int) -> int:
@@ -375,7 +389,12 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, win
 
 
 def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor, layer: int = 0,
-                        decay: torch.Tensor | None = None, window: int = 0):
-    """Plain full-matrix attention in fp32, for tests comparing kernels."""
+                        decay: torch.Tensor | None = None, window: int = 0, transition=None):
+    """Plain full-matrix attention in fp32, for tests comparing kernels (with a ``transition``: the
+    Householder form in one chunk of every token)."""
+    if transition is not None:
+        bias = (lambda q_pos, k_pos: enc.bias(q_pos, k_pos, layer)) if "bias" in enc.hooks() else None
+        return householder_attention(q.float(), k.float(), v.float(), *transition, enc.logit_scale(), positions, decay,
+                                     window, bias, chunk=q.shape[2])
     return _explicit_chunks(q.float(), k.float(), v.float(), enc, positions, layer,
                             chunk_size=q.shape[2], decay=decay, window=window)

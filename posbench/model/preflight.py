@@ -66,7 +66,7 @@ class Estimate:
 
 def _attention_train(enc, micro: int, T: int, n_layers: int, device: torch.device, act: int, chunk: int) -> float:
     hooks, heads = enc.hooks(), enc.dims.n_heads
-    if EXPLICIT_HOOKS & set(hooks):  # explicit chunks: logits, weights and scores per layer
+    if (EXPLICIT_HOOKS | {"transition"}) & set(hooks):  # explicit chunks: logits, weights and scores per layer
         return n_layers * micro * T * T * 4 * (2 * heads + enc.pair_cost())
     if "decay" in hooks:  # the (B, H, T, T) decay mask needs its gradient: the math path keeps weights and mask
         return n_layers * micro * heads * T * T * (8 + 4)
@@ -106,7 +106,7 @@ def eval_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, d
     N = max(1, min(batch_tokens // T, math.ceil(max_tokens / T))) * T  # windows per forward pass
     attention = 0.0
     hooks = enc.hooks()
-    if (EXPLICIT_HOOKS | {"decay"}) & set(hooks):  # a chunk's logits, masks, their sum, weights
+    if (EXPLICIT_HOOKS | {"decay", "transition"}) & set(hooks):  # a chunk's logits, masks, their sum, weights
         attention = 4 * 4 * ATTN_BUDGET
     elif "bias" in hooks:  # the Toeplitz table (or one chunk's bias) and the blocks it is built from
         attention = enc.dims.n_heads * min(T, cfg.attn_chunk) * T * act + 2 * 4 * ATTN_BUDGET

@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..encodings import ModelDims, PositionEncoding
 from ..encodings.randomized import check_positions
 from ..errors import PosbenchError
-from .attention import causal_attention, cumulative_decay, layer_window
+from .attention import causal_attention, cumulative_decay, layer_window, token_transforms
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 
@@ -62,7 +62,7 @@ class Attention(nn.Module):
             if ext is not None and ext.method == "logn":
                 q = q * ext.query_scale(positions)[:, None].to(q.dtype)
             y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, cumulative_decay(enc, x, layer),
-                                 layer_window(enc, layer, self.window))
+                                 layer_window(enc, layer, self.window), token_transforms(enc, x, layer))
             if feats is not None:  # sum_j A_ij e_j, for the block's update_features
                 y, cache["attended"] = y.split((D // self.n_heads, feats.shape[-1]), dim=-1)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))

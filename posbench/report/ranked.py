@@ -41,7 +41,8 @@ ZOOM_RATIO = 1.05  # tradeoff.png's enlarged panel: the lines whose ratio is at 
 FAMILIES = {  # hook -> what the ranked figure calls the family, in the order it lists them when tied
     "none": "no position encoding", "embed": "absolute (embed)", "rotate": "rotary (rotate)",
     "bias": "additive bias (bias)", "score": "content-dependent (score)", "decay": "forget gate (decay)",
-    "normalize": "normalized attention (normalize)"}
+    "transition": "Householder transforms (transition)", "normalize": "normalized attention (normalize)",
+    "features": "position features (features)"}
 VERDICTS = (1.05, 1.5)  # scripts/encoding_table.py's bounds: yes <= 1.05 < partly <= 1.5 < no
 
 
