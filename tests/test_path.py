@@ -108,8 +108,8 @@ def test_through_causal_attention_and_gradients_reach_every_parameter():
     q, k, v = (torch.randn(2, 2, 12, 8, requires_grad=True) for _ in range(3))
     transition = enc.transition(x, 0)
     out = causal_attention(q, k, v, enc, torch.arange(12), 0, transition=transition)
-    torch.testing.assert_close(out.double(), direct(q.detach(), k.detach(), v.detach(), *(t.detach() for t in transition),
-                                                    enc.logit_scale()), atol=2e-5, rtol=1e-4)
+    want = direct(q.detach(), k.detach(), v.detach(), *(t.detach() for t in transition), enc.logit_scale())
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
     out.square().sum().backward()
     for name, p in enc.named_parameters():
         if name.startswith(("w_proj.0", "w_conv.0", "beta.0")):

@@ -1,6 +1,7 @@
 """`posbench study NAME`: a study file's runs keyed by (config hash, seed), trained only when no
 export or finished run holds them, exported, reported; one-line errors for a bad study."""
 
+import re
 import subprocess
 import sys
 import time
@@ -460,3 +461,20 @@ def test_an_eval_stage_runs_a_probe_done_by_its_csv(tmp_path):
     write_study(tmp_path, PROBED.format(tmp=tmp_path).replace("[64,128]", "[64,128,256]"))
     todo, have = plan(load_study("mini", [tmp_path]))
     assert have == 1 and [s.stage for s in todo] == ["probed"]
+
+
+def test_seed_major_trains_every_lines_first_seed_first(tmp_path):
+    """``--seed-major``: one sweep per seed, seed 0 of every line (a branch after its parent) before
+    any seed 1; --step plan lists them in that order."""
+    from posbench.study import seed_major
+
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    todo, _ = plan(load_study("mini", [tmp_path]))
+    order = [(s.seeds, s.stage, s.name) for s in seed_major(todo)]
+    assert [o[0] for o in order] == [(0,)] * 4 + [(1,)] * 4
+    assert [o[1] for o in order[:4]] == ["long", "long", "short", "short"]
+    assert sorted(order) == sorted((((seed,), s.stage, s.name) for s in todo for seed in s.seeds))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan", "--seed-major")
+    assert r.returncode == 0, r.stdout + r.stderr
+    seeds = [re.search(r" seed=([0-9,]+) ", line).group(1) for line in r.stdout.splitlines() if " -m train " in line]
+    assert seeds == ["0"] * 4 + ["1"] * 4

@@ -133,6 +133,7 @@ from .planning import (
     plan,
     pretrained_left,
     pretrained_overrides,
+    seed_major,
     sweep_hash,
 )
 from .run import (
@@ -153,5 +154,5 @@ from .spec import FOLDER, REPORT_KEYS, STAGE_KEYS, STUDY_KEYS, Study, Sweep, loa
 
 __all__ = ["FOLDER", "REPORT_KEYS", "STAGE_KEYS", "STUDY_KEYS", "Study", "Sweep", "load_study", "study_files", "sweeps",
            "EVAL_EXTRA", "eval_extra", "evaluated", "finished", "plan", "pretrained_left", "pretrained_overrides",
-           "sweep_hash", "EXPORT_EVERY", "command", "eval_command", "export", "export_pretrained", "log_path", "main",
-           "pretrained_command", "report", "report_command", "train", "train_command"]
+           "seed_major", "sweep_hash", "EXPORT_EVERY", "command", "eval_command", "export", "export_pretrained",
+           "log_path", "main", "pretrained_command", "report", "report_command", "train", "train_command"]

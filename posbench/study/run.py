@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from ..errors import PosbenchError
-from .planning import _finished_keys, eval_extra, finished, plan, pretrained_overrides
+from .planning import _finished_keys, eval_extra, finished, plan, pretrained_overrides, seed_major
 from .spec import Study, Sweep, load_study, study_files, sweeps
 
 
@@ -291,6 +291,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--step", default="all", choices=["all", "plan", "train", "export", "report"],
                         help="plan: list what would train; train: train (and export) without the report; "
                              "export: export finished runs; report: draw the exported runs")
+    parser.add_argument("--seed-major", action="store_true",
+                        help="train the first seed of every line, then the second, ...: a study cut off early "
+                             "(a GPU slot's end) holds one seed of every line rather than every seed of a few")
     parser.add_argument("--extra", action="append", default=[], metavar="OVERRIDE",
                         help="an override added to every run that keeps its hash (train.compile=false, device=cuda)")
     ns = parser.parse_args(args)
@@ -307,6 +310,7 @@ def main(args: list[str]) -> None:
     study.config_dirs = [d.resolve() for d in dirs]
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra)
+        todo = seed_major(todo) if ns.seed_major else todo
         total = have + sum(len(s.seeds) for s in todo)
         evals = sum(len(s.seeds) for s in todo if s.evaluates or s.pretrained)
         print(f"study {study.name}: {have} of {total} runs done; {total - have - evals} to train"
