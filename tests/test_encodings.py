@@ -250,3 +250,16 @@ def test_yaml_declares_exactly_the_constructor_options_and_defaults(name):
     for key, value in cfg.items():
         expected = None if value in ("${train.train_len}", MAX_POSITION) else value
         assert defaults[key] == expected, (key, value, defaults[key])
+
+
+def test_the_readme_counts_the_built_in_encodings():
+    """README's "`posbench encodings` lists the N built-in encodings" is the registry's count of
+    the package's own encodings."""
+    import re
+    from pathlib import Path
+
+    from posbench.encodings import REGISTRY
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    stated = int(re.search(r"`posbench encodings` lists the (\d+) built-in encodings", readme).group(1))
+    assert stated == sum(cls.__module__.startswith("posbench.encodings") for cls in REGISTRY.values())
