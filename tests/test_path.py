@@ -43,18 +43,21 @@ def inputs(B=2, H=2, T=11, d=4, seed=0):
     return q, k, v, w, beta
 
 
+@pytest.mark.parametrize("grad", [True, False])  # autograd's functional steps, or one buffer updated in place
 @pytest.mark.parametrize("chunk", [1, 3, 4, 11, 16])
-def test_chunked_kernel_equals_the_transforms_multiplied_out(chunk):
+def test_chunked_kernel_equals_the_transforms_multiplied_out(chunk, grad):
     q, k, v, w, beta = inputs()
     pos = torch.arange(q.shape[2])
-    got = householder_attention(q, k, v, w, beta, 0.5, pos, chunk=chunk)
+    with torch.set_grad_enabled(grad):
+        got = householder_attention(q, k, v, w, beta, 0.5, pos, chunk=chunk)
     torch.testing.assert_close(got.double(), direct(q, k, v, w, beta, 0.5), atol=2e-5, rtol=1e-4)
 
 
 def test_window_and_decay_and_an_offset_position_range():
     q, k, v, w, beta = inputs(T=10, seed=1)
     decay = (-torch.rand(2, 2, 10)).cumsum(-1)
-    got = householder_attention(q, k, v, w, beta, 0.3, torch.arange(10) + 7, decay=decay, window=4, chunk=3)
+    with torch.no_grad():
+        got = householder_attention(q, k, v, w, beta, 0.3, torch.arange(10) + 7, decay=decay, window=4, chunk=3)
     torch.testing.assert_close(got.double(), direct(q, k, v, w, beta, 0.3, window=4, decay=decay), atol=2e-5, rtol=1e-4)
 
 

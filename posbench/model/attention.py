@@ -22,7 +22,7 @@ consecutive positions
 ``decay``                SDPA in query chunks, each with its (B, H, chunk, keys) mask of
                          c_i - c_j (c the cumulative log forget gates) plus any bias
 ``transition``           the Householder chunks of :mod:`posbench.model.householder` (PaTH):
-                         each token's transform between query and key, plus any decay or bias
+                         each token's transform between query and key, plus any decay
 =======================  ====================================================================
 
 A sliding window (``window``: ``model.window``, or an encoding's ``attention_window(layer)``)
@@ -114,8 +114,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
     if transition is not None:
-        bias = (lambda q_pos, k_pos: enc.bias(q_pos, k_pos, layer)) if "bias" in hooks else None
-        return householder_attention(q, k, v, *transition, scale, positions, decay, window, bias)
+        if ({"bias"} | EXPLICIT_HOOKS) & set(hooks):
+            raise PosbenchError(f"encoding {enc.name!r}: the transition hook takes no bias, score, value or "
+                                "normalize hook beside it (householder_attention adds decay alone)")
+        return householder_attention(q, k, v, *transition, scale, positions, decay, window)
     if EXPLICIT_HOOKS & set(hooks):
         return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
                                 window)
@@ -393,8 +395,7 @@ def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor,
     """Plain full-matrix attention in fp32, for tests comparing kernels (with a ``transition``: the
     Householder form in one chunk of every token)."""
     if transition is not None:
-        bias = (lambda q_pos, k_pos: enc.bias(q_pos, k_pos, layer)) if "bias" in enc.hooks() else None
         return householder_attention(q.float(), k.float(), v.float(), *transition, enc.logit_scale(), positions, decay,
-                                     window, bias, chunk=q.shape[2])
+                                     window, chunk=q.shape[2])
     return _explicit_chunks(q.float(), k.float(), v.float(), enc, positions, layer,
                             chunk_size=q.shape[2], decay=decay, window=window)

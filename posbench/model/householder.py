@@ -9,16 +9,17 @@ then scaled, masked and normalised by softmax as any logit (Yang et al. 2025, Pa
 
 The pairs are computed in chunks of ``CHUNK`` tokens, as the reference's
 ``fla.ops.path_attn.naive.naive_path_attn`` (fla-org/flash-linear-attention) lays them out, with
-one change of direction. Inside a chunk the product of its Householder transforms has the compact
+one change in the loop. Inside a chunk the product of its Householder transforms has the compact
 "UT" form: with L the strictly lower part of (beta w)(w)^T and T = (I + L)^-1 (here one triangular
 solve; the reference loops over rows), the chunk's own pairs, its queries carried back to the
 chunk's start and its keys carried on to the chunk's end are matrix products, and the whole chunk
 acts on a vector as I - M with M = w^T T (beta w) (d x d). Across chunks the reference walks each
-query chunk back through every earlier chunk (a loop over pairs of chunks); here the keys are
-walked forward instead: one state S holds every earlier key carried to the end of the last chunk
-(S <- S (I - M)^T, then the chunk's own keys appended), so a query chunk meets all earlier keys in
-one product and the loop runs once per chunk. The work is O(T^2 d + T^2 d^2 / CHUNK) and memory
-O(T d + CHUNK T) per head: a 16k-token window needs no (T, T) matrix.
+query chunk back through every earlier chunk (a loop over pairs of chunks); here the pairs are
+batched instead: the loop runs over diagonals of chunk pairs, diagonal s holding every query chunk
+against the keys s chunks back, all chunks at once, the queries carried back one more chunk after
+each (q <- q - q M); the softmax is taken online over the diagonals (running max, sum and
+weighted values, as flash attention), so no tensor grows with the loop and none is (T, T). The
+work is O(T^2 d + T^2 d^2 / CHUNK), the loop T / CHUNK steps, the memory O(T CHUNK) per head.
 
 Pure PyTorch in fp32 on every device; the reference's Triton kernels (GPU only) are not used.
 ``tests/test_path.py`` checks it against the transforms multiplied out token by token in float64.
@@ -30,13 +31,6 @@ import torch
 import torch.nn.functional as F
 
 CHUNK = 64  # tokens per chunk (the reference's BT); the logits do not depend on it beyond rounding
-
-
-def _future(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
-    hidden = k_pos[None, :] > q_pos[:, None]
-    if window:
-        hidden = hidden | (q_pos[:, None] - k_pos[None, :] >= window)
-    return hidden
 
 
 def chunk_terms(q, k, w, beta, chunk: int):
@@ -57,34 +51,66 @@ def chunk_terms(q, k, w, beta, chunk: int):
 
 
 def householder_attention(q, k, v, w, beta, scale: float, positions: torch.Tensor, decay=None, window: int = 0,
-                          bias=None, chunk: int = CHUNK) -> torch.Tensor:
-    """q, k, v, w: (B, H, T, hs); beta: (B, H, T) -> (B, H, T, hs) in v's dtype. ``decay``: (B, H, T)
-    cumulative log forget gates (the logit of (i, j) gains c_i - c_j after the scale); ``window``:
-    the query at i sees the keys at i - window < j <= i; ``bias(q_pos, k_pos)`` -> (H, Tq, Tk), added
-    after the scale."""
+                          chunk: int = CHUNK) -> torch.Tensor:
+    """q, k, w: (B, H, T, hs), v: (B, H, T, dv); beta: (B, H, T) -> (B, H, T, dv) in v's dtype.
+    ``decay``: (B, H, T) cumulative log forget gates (the logit of (i, j) gains c_i - c_j after the
+    scale); ``window``: the query at i sees the keys at i - window < j <= i."""
     B, H, T, d = q.shape
     C = min(chunk, T)
     n = -(-T // C)
-    pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I), never seen by a real query
+    pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I), after every real token
 
-    def chunks(x):
-        return F.pad(x.float(), (0, 0, 0, pad)).view(B, H, n, C, d)
+    def chunks(x, width):
+        return F.pad(x.float(), (0, 0, 0, pad)).view(B, H, n, C, width)
 
-    intra, q_start, k_end, M = chunk_terms(chunks(q), chunks(k), chunks(w),
-                                           F.pad(beta.float(), (0, pad)).view(B, H, n, C), C)
-    keys = k_end.new_zeros(B, H, 0, d)  # every earlier chunk's keys, carried to the last chunk's end
-    outs = []
-    for c in range(n):
-        s, e = c * C, min(T, (c + 1) * C)
-        logits = torch.cat((q_start[:, :, c] @ keys.transpose(-1, -2), intra[:, :, c]), dim=-1)[:, :, :e - s, :e]
-        logits = logits * scale
-        q_pos, k_pos = positions[s:e], positions[:e]
-        if bias is not None:
-            logits = logits + bias(q_pos, k_pos).float()
-        if decay is not None:
-            logits = logits + (decay[:, :, s:e, None] - decay[:, :, None, :e]).float()
-        probs = logits.masked_fill(_future(q_pos, k_pos, window), float("-inf")).softmax(dim=-1)
-        outs.append(probs.to(v.dtype) @ v[:, :, :e])
-        if c + 1 < n:
-            keys = torch.cat((keys - keys @ M[:, :, c].transpose(-1, -2), k_end[:, :, c]), dim=2)
-    return torch.cat(outs, dim=2)
+    intra, Q, k_end, M = chunk_terms(chunks(q, d), chunks(k, d), chunks(w, d),
+                                     F.pad(beta.float(), (0, pad)).view(B, H, n, C), C)
+
+    def chunk_major(x):  # (B, H, n, C, ...) -> (n, B * H, C, ...): a run of chunks is one contiguous slice
+        return x.movedim(2, 0).reshape(n, B * H, *x.shape[3:]).contiguous()
+
+    intra, Q, M = chunk_major(intra * scale), chunk_major(Q * scale), chunk_major(M)
+    V = chunk_major(chunks(v, v.shape[-1]))
+    k_end_t = chunk_major(k_end.transpose(-1, -2))  # (n, BH, d, C)
+    pos = torch.cat((positions, positions[-1] + 1 + torch.arange(pad, device=positions.device))).view(n, 1, C)
+    dec = chunk_major(F.pad(decay.float(), (0, pad)).view(B, H, n, C)) if decay is not None else None
+
+    def block_logits(logits, s):  # the pairs (query chunk c, key chunk c - s), c = s .. n - 1
+        if dec is not None:
+            logits = logits + dec[s:, :, :, None] - dec[:n - s, :, None, :]
+        if s and not window:  # every key of an earlier chunk is seen
+            return logits, False
+        hidden = pos[:n - s, :, None, :] > pos[s:, :, :, None]
+        if window:
+            hidden = hidden | (pos[s:, :, :, None] - pos[:n - s, :, None, :] >= window)
+        return logits.masked_fill(hidden, float("-inf")), bool(s and hidden.all())
+
+    # softmax over the key chunks one diagonal at a time (online, as flash attention), every query
+    # chunk at once: diagonal 0 is each chunk's own pairs, diagonal s its queries against the keys s
+    # chunks back, the queries carried back one more chunk (q <- q - q M) after each
+    logits, _ = block_logits(intra, 0)
+    m = logits.amax(-1)  # finite: every query sees itself
+    p = (logits - m[..., None]).exp()
+    total, acc = p.sum(-1), p @ V
+    for s in range(1, n):
+        logits, gone = block_logits(Q[s:] @ k_end_t[:n - s], s)
+        if gone:  # a window hides this diagonal, and every later one
+            break
+        m_new = torch.maximum(m[s:], logits.amax(-1))
+        alpha, p = (m[s:] - m_new).exp(), (logits - m_new[..., None]).exp()
+        total = _set_tail(total, s, total[s:] * alpha + p.sum(-1))
+        acc = _set_tail(acc, s, acc[s:] * alpha[..., None] + p @ V[:n - s])
+        m = _set_tail(m, s, m_new)
+        if s + 1 < n:
+            Q = _set_tail(Q, s, Q[s:] - Q[s:] @ M[:n - s])
+    out = (acc / total[..., None]).view(n, B, H, C, -1).movedim(0, 2).reshape(B, H, n * C, -1)
+    return out[:, :, :T].to(v.dtype)
+
+
+def _set_tail(x: torch.Tensor, s: int, tail: torch.Tensor) -> torch.Tensor:
+    """x (chunks first) with its chunks s.. replaced by ``tail``: in place without autograd (one
+    buffer for the whole loop), a new tensor with it (autograd keeps each step's)."""
+    if torch.is_grad_enabled():
+        return torch.cat((x[:s], tail))
+    x[s:] = tail
+    return x
