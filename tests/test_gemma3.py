@@ -151,3 +151,30 @@ def test_a_training_free_extension_is_refused_on_per_layer_type_frequencies(gemm
     wrapped.encoding.check_extension(Extension("none"))
     with pytest.raises(PosbenchError, match="differ by layer type .*valid: eval.extension=none"):
         wrapped.encoding.check_extension(Extension("logn", train_len=CONTEXT))
+
+
+def test_sliding_layers_attend_in_chunks_without_a_full_mask(gemma, monkeypatch):
+    """The adapter's windowed attention (chunks of 16 queries here, window 8, 40 tokens): the same
+    logits as transformers' own forward, no attention mask larger than a chunk's rows by its
+    window's keys, and the model's attention implementation restored afterwards."""
+    import posbench.model.pretrained as pretrained
+
+    monkeypatch.setattr(pretrained, "WINDOW_ROWS", 16)
+    ids = torch.randint(3, 96, (2, 40))
+    wrapped = PretrainedLM(gemma, "tiny-gemma", "test")
+    assert wrapped.windowed
+    before = gemma.config._attn_implementation
+    with torch.no_grad():
+        expected = gemma(input_ids=ids).logits
+        masks, sdpa = [], F.scaled_dot_product_attention
+
+        def spy(*args, attn_mask=None, **kwargs):
+            masks.append(None if attn_mask is None else tuple(attn_mask.shape))
+            return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+        got = wrapped(ids)
+    torch.testing.assert_close(got, expected)
+    assert gemma.config._attn_implementation == before
+    shown = [m for m in masks if m is not None]
+    assert len(shown) == 2 * 3 and max(m[-2] * m[-1] for m in shown) <= 16 * (16 + WINDOW - 1)  # 2 layers x 3 chunks

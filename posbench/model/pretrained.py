@@ -279,6 +279,10 @@ class PretrainedLM(nn.Module):
         if self.encoding.name == "rope":
             self.encoding.rotary = getattr(model.base_model, "rotary_emb", None)
         self.head = model.get_output_embeddings()
+        config = model.config
+        layer_types = getattr(config, "layer_types", None) or ()
+        self.windowed = (getattr(config, "sliding_window", None) is not None and "sliding_attention" in layer_types
+                         and not getattr(config, "attn_logit_softcapping", None))
 
     def _check(self, ids: torch.Tensor, positions: torch.Tensor | None, extra: int = 0) -> None:
         """Set the window's length for a scaling; PositionRangeError past a learned table
@@ -295,7 +299,8 @@ class PretrainedLM(nn.Module):
         positions + 1, and its output is dropped."""
         def call(x, pos):
             kwargs = {} if pos is None else {"position_ids": pos.expand(x.shape[0], -1)}
-            out = (self.model.base_model if body else self.model)(input_ids=x, use_cache=False, **kwargs)
+            with self._window_attention():
+                out = (self.model.base_model if body else self.model)(input_ids=x, use_cache=False, **kwargs)
             return out.last_hidden_state if body else out.logits
 
         prefix = ids[:, 0] != self.bos_id if self.bos == "every" else None  # (B,) rows that get BOS
@@ -311,6 +316,23 @@ class PretrainedLM(nn.Module):
         out = shifted.new_empty((ids.shape[0], *shifted.shape[1:]))
         out[prefix], out[~prefix] = shifted, call(ids[~prefix], positions)
         return out
+
+    @contextmanager
+    def _window_attention(self):
+        """A model with sliding-window layers (Gemma 3: 5 of every 6) attends through
+        :func:`windowed_attention` for the block, so no (T, T) mask is built; others as loaded."""
+        if not self.windowed:
+            yield
+            return
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(WINDOWED, windowed_attention)
+        config = self.model.config
+        saved, config._attn_implementation = config._attn_implementation, WINDOWED
+        try:
+            yield
+        finally:
+            config._attn_implementation = saved
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Last hidden states (B, T, D) of the model's body; ``positions`` (T,) its position ids."""
@@ -350,6 +372,39 @@ class PretrainedLM(nn.Module):
         pos = sum(p.numel() for name, p in self.model.named_parameters()
                   if any(k in name for k in ("wpe", "position_embeddings", "embed_positions")))
         return {"params": self.num_params(), "pos_params": pos}
+
+
+WINDOWED = "posbench_windowed"  # the attention implementation's name in transformers' AttentionInterface
+WINDOW_ROWS = 1024  # queries per chunk in a sliding-window layer
+
+
+def windowed_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                       sliding_window: int | None = None, **kwargs):
+    """transformers' attention-function signature: ``query`` (B, H, T, hs), ``key``/``value`` (B, H_kv,
+    T, hs) -> (output (B, T, H, hs), None). transformers builds no mask for an implementation it
+    does not know, so none reaches here. A global layer (``sliding_window`` None) runs
+    transformers' own SDPA attention, causal; a sliding-window layer attends in chunks of
+    :data:`WINDOW_ROWS` queries, each against the keys of its window only (j > i - window, j <= i,
+    as transformers' ``sliding_window_overlay``), with that chunk's (rows, keys) boolean mask. The
+    model's own SDPA path builds the (T, T) mask of every sliding layer, which at 65,536 tokens is
+    4 GiB as booleans and more as the float mask SDPA makes of it: Gemma 3 at 64k was killed at
+    23 GB on a 24 GB machine; here the sliding layers hold O(T window) and take O(T window) time."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if attention_mask is not None or not sliding_window:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+    rep = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, rep), repeat_kv(value, rep)
+    T = query.shape[2]
+    pos = torch.arange(T, device=query.device)
+    outs = []
+    for s in range(0, T, WINDOW_ROWS):
+        e, k0 = min(T, s + WINDOW_ROWS), max(0, s - sliding_window + 1)
+        i, j = pos[s:e, None], pos[None, k0:e]
+        seen = (j <= i) & (i - j < sliding_window)
+        outs.append(F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, k0:e], value[:, :, k0:e],
+                                                   attn_mask=seen, dropout_p=dropout, scale=scaling))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
 class PieceTokenizer:
