@@ -43,6 +43,7 @@ NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed"
 # from before the key existed keep their hash (resume, eval and report compare hashes).
 HASHED_UNLESS_NULL_TRAIN = ("random_positions", "init_hash", "pose_target")
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
+BOS_SUFFIX = {"first": "", "every": "+bos"}  # what each pretrained BOS policy adds to the model's name in result rows
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
 # paper's setup (Press et al. 2022): its fairseq-train command for transformer_lm_wiki103 leaves

@@ -92,3 +92,21 @@ def test_runs_of_other_sizes_lengths_and_budgets_on_one_text_stay_together_and_t
     # one setup: no header
     assert report([small], tmp_path / "one", reference=None).header == ""
     assert (tmp_path / "one/report.md").read_text().startswith("| encoding |")
+
+
+def test_a_pretrained_models_bos_policies_score_one_text_and_its_tokenizer_another(tmp_path):
+    """``pretrained.name`` names the model's tokenizer: ``+bos`` (bos=every) scores the same tokens
+    as bos=first, so the text is the same; another model file is another text."""
+    from posbench.report.tables import _text_config
+
+    def run(name, pretrained):
+        path = tmp_path / name
+        path.mkdir()
+        OmegaConf.save(OmegaConf.create({"pretrained": {"name": pretrained}, "data": {"name": "sotu"}}),
+                       path / "config.yaml")
+        return str(path)
+
+    first, every = _text_config(run("first", "gemma-3-270m-q4_k_m")), _text_config(run("every", "gemma-3-270m-q4_k_m+bos"))
+    other = _text_config(run("other", "SmolLM2-135M-Instruct.Q4_1"))
+    assert first == every == {"data.name": "sotu", "pretrained.name": "gemma-3-270m-q4_k_m"}
+    assert other["pretrained.name"] != first["pretrained.name"]

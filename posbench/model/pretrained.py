@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import BOS_SUFFIX
 from ..encodings import PositionRangeError
 from ..encodings.rotary import ntk_base, scaling_factor
 from ..errors import PosbenchError
@@ -259,7 +260,6 @@ def position_scheme(config) -> PositionScheme:
 
 
 BOS_POLICIES = ("first", "every")  # where a window gets the model's beginning-of-sequence token (module docstring)
-BOS_SUFFIX = {"first": "", "every": "+bos"}  # what each policy adds to the model's name in result rows
 
 
 class PretrainedLM(nn.Module):

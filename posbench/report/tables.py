@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..config import shipped_dir
+from ..config import BOS_SUFFIX, shipped_dir
 from ..errors import PosbenchError
 from ..eval.probes import probe_files
 from ..eval.results import (
@@ -211,8 +211,9 @@ SIZE_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.d_ff")  
 def _text_config(run: str) -> dict | None:
     """What chose the tokens a run scored, from its config.yaml: the ``data.*`` keys (corpus, files,
     split fractions, document separator, the vocabulary and its tokenizer's settings; not
-    data.cache_dir) and, for a pretrained model, its own tokenizer (``pretrained.name``). None
-    without config.yaml."""
+    data.cache_dir) and, for a pretrained model, its own tokenizer (``pretrained.name`` without the
+    BOS policy's suffix: ``bos=every`` scores the same tokens as ``bos=first``). None without
+    config.yaml."""
     from omegaconf import OmegaConf
 
     from ..config import flat_items
@@ -221,8 +222,11 @@ def _text_config(run: str) -> dict | None:
     if not path.is_file():
         return None
     flat = dict(flat_items(OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
-    return {k: v for k, v in flat.items()
-            if (k.startswith("data.") and k != "data.cache_dir") or k == "pretrained.name"}
+    text = {k: v for k, v in flat.items() if k.startswith("data.") and k != "data.cache_dir"}
+    if "pretrained.name" in flat:  # the model file names its tokenizer; a BOS policy scores the same tokens
+        name = str(flat["pretrained.name"])
+        text["pretrained.name"] = next((name[:-len(s)] for s in BOS_SUFFIX.values() if s and name.endswith(s)), name)
+    return text
 
 
 def _texts(df: pd.DataFrame) -> tuple[dict[str, dict], list[str], list[str]]:
