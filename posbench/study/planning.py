@@ -97,9 +97,9 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
 def seed_major(todo: list[Sweep]) -> list[Sweep]:
     """The sweeps split into one sweep per seed, ordered by seed first: every line's first seed
     trains before any line's second (stages keep their order within a seed), so a study cut off
-    early (a GPU slot's end) holds one seed of every line rather than every seed of a few.
-    Evaluations and pretrained sweeps, which have no seeds of their own to split, keep their place
-    after the training of the first seed."""
+    early (a GPU slot's end) holds one seed of every line rather than every seed of a few. An eval
+    stage splits the same way (each part evaluates its parent's run of that seed); a pretrained
+    sweep, which has no seeds, keeps its place among the first seed's sweeps."""
     split = [(seed, i, replace(s, seeds=(seed,))) for i, s in enumerate(todo) if not s.pretrained for seed in s.seeds]
     whole = [(min(s.seeds, default=0), i, s) for i, s in enumerate(todo) if s.pretrained]
     return [s for _, _, s in sorted(split + whole, key=lambda t: (t[0], t[1]))]
