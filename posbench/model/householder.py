@@ -55,22 +55,22 @@ def householder_attention(q, k, v, w, beta, scale: float, positions: torch.Tenso
     """q, k, w: (B, H, T, hs), v: (B, H, T, dv); beta: (B, H, T) -> (B, H, T, dv) in v's dtype.
     ``decay``: (B, H, T) cumulative log forget gates (the logit of (i, j) gains c_i - c_j after the
     scale); ``window``: the query at i sees the keys at i - window < j <= i."""
-    B, H, T, d = q.shape
+    B, H, T, _ = q.shape
     C = min(chunk, T)
     n = -(-T // C)
     pad = n * C - T  # padded tokens: w = 0, beta = 0 (H = I), after every real token
 
-    def chunks(x, width):
-        return F.pad(x.float(), (0, 0, 0, pad)).view(B, H, n, C, width)
+    def chunks(x):
+        return F.pad(x.float(), (0, 0, 0, pad)).view(B, H, n, C, x.shape[-1])
 
-    intra, Q, k_end, M = chunk_terms(chunks(q, d), chunks(k, d), chunks(w, d),
+    intra, Q, k_end, M = chunk_terms(chunks(q), chunks(k), chunks(w),
                                      F.pad(beta.float(), (0, pad)).view(B, H, n, C), C)
 
     def chunk_major(x):  # (B, H, n, C, ...) -> (n, B * H, C, ...): a run of chunks is one contiguous slice
         return x.movedim(2, 0).reshape(n, B * H, *x.shape[3:]).contiguous()
 
     intra, Q, M = chunk_major(intra * scale), chunk_major(Q * scale), chunk_major(M)
-    V = chunk_major(chunks(v, v.shape[-1]))
+    V = chunk_major(chunks(v))
     k_end_t = chunk_major(k_end.transpose(-1, -2))  # (n, BH, d, C)
     pos = torch.cat((positions, positions[-1] + 1 + torch.arange(pad, device=positions.device))).view(n, 1, C)
     dec = chunk_major(F.pad(decay.float(), (0, pad)).view(B, H, n, C)) if decay is not None else None

@@ -154,20 +154,28 @@ class PositionScheme:
         if ext.method == "none":
             yield self
             return
-        from transformers import AttentionInterface
-
         from ..encodings import extension
 
-        AttentionInterface.register(extension.HF_NAME, extension.hf_attention)
-        config = self.rotary.config
-        saved = config._attn_implementation
         extension._ACTIVE.update(ext=ext, inv_freq=self.rotary.inv_freq.detach().clone())
-        config._attn_implementation = extension.HF_NAME
         try:
-            yield self
+            with attention_implementation(self.rotary.config, extension.HF_NAME, extension.hf_attention):
+                yield self
         finally:
-            config._attn_implementation = saved
             extension._ACTIVE.clear()
+
+
+@contextmanager
+def attention_implementation(config, name: str, function):
+    """transformers' attention of the model ``config`` belongs to through ``function`` (registered
+    in its AttentionInterface as ``name``) for the block, the model's own implementation after."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, function)
+    saved, config._attn_implementation = config._attn_implementation, name
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
 
 
 def rope_layer_types(config) -> tuple[str, ...] | None:
@@ -324,15 +332,8 @@ class PretrainedLM(nn.Module):
         if not self.windowed:
             yield
             return
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(WINDOWED, windowed_attention)
-        config = self.model.config
-        saved, config._attn_implementation = config._attn_implementation, WINDOWED
-        try:
+        with attention_implementation(self.model.config, WINDOWED, windowed_attention):
             yield
-        finally:
-            config._attn_implementation = saved
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Last hidden states (B, T, D) of the model's body; ``positions`` (T,) its position ids."""

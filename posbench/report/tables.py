@@ -224,8 +224,7 @@ def _text_config(run: str) -> dict | None:
     flat = dict(flat_items(OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
     text = {k: v for k, v in flat.items() if k.startswith("data.") and k != "data.cache_dir"}
     if "pretrained.name" in flat:  # the model file names its tokenizer; a BOS policy scores the same tokens
-        name = str(flat["pretrained.name"])
-        text["pretrained.name"] = next((name[:-len(s)] for s in BOS_SUFFIX.values() if s and name.endswith(s)), name)
+        text["pretrained.name"] = str(flat["pretrained.name"]).removesuffix(BOS_SUFFIX["every"])
     return text
 
 
