@@ -132,3 +132,30 @@ def test_full_rank_and_no_convolution():
     assert len(enc.w_conv) == 0 and isinstance(enc.w_proj[0], torch.nn.Linear)
     w, beta = enc.transition(torch.randn(1, 5, 16), 1)
     torch.testing.assert_close(w.norm(dim=-1), torch.ones(1, 2, 5))
+
+
+def test_path_fox_adds_the_forget_gates_to_the_transforms():
+    """PaTH-FoX through causal_attention with its own decay and transition: the transforms
+    multiplied out plus sum log sigmoid(W_g x + b_g) between key and query, the gates computed
+    here from the weights."""
+    from posbench.model.attention import cumulative_decay, token_transforms
+
+    enc = REGISTRY["path_fox"](ModelDims(d_model=16, n_heads=2, n_layers=2, train_len=16), rank=4)
+    assert set(enc.hooks()) == {"decay", "transition"} and enc.hook_kind() == "transition"
+    assert all(float(g.bias.abs().max()) == 0 and float(g.weight.std()) < 0.05 for g in enc.gates)
+    for gate in enc.gates:  # gates far from 1/2, so a lost decay term shows
+        torch.nn.init.normal_(gate.weight, std=0.5)
+        torch.nn.init.normal_(gate.bias, std=1.0)
+    x = torch.randn(2, 10, 16)
+    q, k, v = (torch.randn(2, 2, 10, 8, requires_grad=True) for _ in range(3))
+    gate = enc.gates[1]
+    log_f = torch.log(torch.sigmoid(x.double() @ gate.weight.double().T + gate.bias.double())).transpose(1, 2)
+    decay, transition = cumulative_decay(enc, x, 1), token_transforms(enc, x, 1)
+    out = causal_attention(q, k, v, enc, torch.arange(10), 1, decay=decay, transition=transition)
+    want = direct(q.detach(), k.detach(), v.detach(), *(t.detach() for t in transition), enc.logit_scale(),
+                  decay=log_f.cumsum(-1))
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    without = direct(q.detach(), k.detach(), v.detach(), *(t.detach() for t in transition), enc.logit_scale())
+    assert (out.double() - without).abs().max() > 1e-2
+    out.square().sum().backward()
+    assert gate.weight.grad is not None and gate.weight.grad.abs().sum() > 0

@@ -29,6 +29,21 @@ from .base import ModelDims, PositionEncoding, register
 from .rotary import apply_rotary, rope_angles
 
 
+def forget_gates(dims: ModelDims, init_std: float) -> nn.ModuleList:
+    """One gate projection d_model -> n_heads per layer, as the reference initialises it:
+    weights ~ N(0, init_std), biases 0 (every gate starts at sigmoid(0) = 1/2)."""
+    gates = nn.ModuleList(nn.Linear(dims.d_model, dims.n_heads) for _ in range(dims.n_layers))
+    for gate in gates:
+        nn.init.normal_(gate.weight, std=init_std)
+        nn.init.zeros_(gate.bias)
+    return gates
+
+
+def log_forget(gates: nn.ModuleList, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """log f = logsigmoid(w^T x + b), (B, H, T), in fp32 (the reference's ``log_fgate``)."""
+    return F.logsigmoid(gates[layer](x).float()).transpose(1, 2)
+
+
 @register
 class Forgetting(PositionEncoding):
     name = "fox"
@@ -41,14 +56,11 @@ class Forgetting(PositionEncoding):
         super().__init__(dims)
         self.rope, self.base = bool(rope), float(base)
         self.reads_positions = self.rope  # RoPE's angles read the positions; the gates alone do not
-        self.gates = nn.ModuleList(nn.Linear(dims.d_model, dims.n_heads) for _ in range(dims.n_layers))
-        for gate in self.gates:
-            nn.init.normal_(gate.weight, std=init_std)
-            nn.init.zeros_(gate.bias)
+        self.gates = forget_gates(dims, init_std)
 
     def decay(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """log f = logsigmoid(w^T x + b), (B, H, T), in fp32 (the reference's ``log_fgate``)."""
-        return F.logsigmoid(self.gates[layer](x).float()).transpose(1, 2)
+        """log f per head and token, (B, H, T), in fp32 (:func:`log_forget`)."""
+        return log_forget(self.gates, x, layer)
 
     def rotate(self, q, k, positions, layer):
         if not self.rope:

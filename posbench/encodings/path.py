@@ -18,7 +18,15 @@ As the reference's defaults (``use_low_rank_w=True``, ``use_w_shortconv=True``, 
 convolution without bias, W_b with a bias; initialised as its ``_init_weights``, every weight ~
 N(0, 0.02) and the bias 0, so each beta starts at 1. One set per layer. ``rank: 0`` takes one full
 d_model x d_model projection (the reference's ``use_low_rank_w=False``); ``conv_size: 0`` drops the
-convolution. The reference's forget-gated variant (PaTH-FoX) is not built here.
+convolution.
+
+``path_fox`` is the paper's PaTH-FoX (the reference's ``use_forget_gate=True``): the same
+transforms, and FoX's forget gate on top, log f_t = logsigmoid(W_g x_t + b_g) per head (``g_proj``,
+d_model -> n_heads with a bias), the logit of query i and key j gaining sum_{t = j+1 .. i} log f_t
+after the 1/sqrt(head_dim) scale, as ``parallel_path_attention`` adds its ``g_cumsum``. The gate is
+:mod:`posbench.encodings.forgetting`'s, initialised as the reference's ``_init_weights`` does
+(weights ~ N(0, 0.02), bias 0: every gate starts at 1/2); the Householder kernel sums the gates
+beside the transforms (``decay`` and ``transition`` hooks together).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 from .base import ModelDims, PositionEncoding, register
+from .forgetting import forget_gates, log_forget
 
 
 @register
@@ -69,3 +78,21 @@ class PaTH(PositionEncoding):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.rank}, conv_size={self.conv_size}"
+
+
+@register
+class PaTHFoX(PaTH):
+    """PaTH-FoX (Yang et al. 2025; the reference's ``use_forget_gate=True``): PaTH's
+    transforms and a FoX forget gate per head and token."""
+
+    name = "path_fox"
+    paper = "Yang et al. 2025, PaTH Attention (PaTH-FoX: with FoX's forget gate)"
+    description = "path's Householder transforms plus FoX's forget gate: logits gain sum of log f between key and query"
+
+    def __init__(self, dims: ModelDims, rank: int = 32, conv_size: int = 3, init_std: float = 0.02):
+        super().__init__(dims, rank, conv_size, init_std)
+        self.gates = forget_gates(dims, init_std)
+
+    def decay(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """log f per head and token, (B, H, T), in fp32."""
+        return log_forget(self.gates, x, layer)
