@@ -146,11 +146,76 @@ def test_bos_on_every_window_scales_by_the_window_s_own_length(gemma):
     torch.testing.assert_close(seen["full_attention"][0], cos)
 
 
-def test_a_training_free_extension_is_refused_on_per_layer_type_frequencies(gemma):
+def by_definition(model, ext):
+    """An attention function for ``model`` under ``ext`` written from the definitions: a global
+    layer's logits from :func:`direct_logits` on its q and k as they leave q_norm and k_norm (before
+    any rotation) with the global layers' frequencies; a sliding layer's from its rotated q and k
+    with an explicit band mask of WINDOW keys. -> (register it, the hooks to remove)."""
+    from posbench.encodings.extension import direct_logits
+
+    unrotated, hooks = {}, []
+    for layer in model.model.layers:
+        a = layer.self_attn
+        hooks.append(a.q_norm.register_forward_hook(lambda m, i, out, a=a: unrotated.__setitem__((a, "q"), out)))
+        hooks.append(a.k_norm.register_forward_hook(lambda m, i, out, a=a: unrotated.__setitem__((a, "k"), out)))
+    inv_freq = model.model.rotary_emb.full_attention_inv_freq.float()
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, sliding_window=None, **kwargs):
+        T, rep = query.shape[2], query.shape[1] // key.shape[1]
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None]
+        if sliding_window:
+            logits = (query @ key.repeat_interleave(rep, 1).transpose(-1, -2)) * scaling
+            logits = logits.masked_fill((j > i) | (i - j >= sliding_window), float("-inf"))
+        else:
+            q, k = unrotated[(module, "q")], unrotated[(module, "k")].repeat_interleave(rep, 1)
+            logits = torch.stack([direct_logits(q[b], k[b], inv_freq, ext) for b in range(q.shape[0])]) * scaling
+            logits = logits.masked_fill(j > i, float("-inf"))
+        out = logits.softmax(-1) @ value.repeat_interleave(rep, 1).float()
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    return attention, hooks
+
+
+@pytest.mark.parametrize("ext", [Extension("sinks", 20, 2, CONTEXT), Extension("lm_infinite", 24, 3, CONTEXT),
+                                 Extension("dca", 24, 4, CONTEXT), Extension("string", 20, 5, CONTEXT),
+                                 Extension("self_extend", 16, 4, CONTEXT), Extension("rerope", 16, None, CONTEXT),
+                                 Extension("llama3", train_len=CONTEXT), Extension("logn", train_len=CONTEXT)],
+                         ids=lambda e: e.method)
+def test_an_extension_acts_on_the_global_layers_and_leaves_the_sliding_ones_as_trained(gemma, ext):
+    """Gemma's logits under each method through the adapter (sliding layers windowed in chunks,
+    global layers under the method) equal the model run with an attention written from the
+    definitions, and differ from the model as trained; the implementation is restored after."""
+    from posbench.model.pretrained import attention_implementation
+
+    ids = torch.randint(3, 96, (2, 2 * CONTEXT), generator=torch.Generator().manual_seed(3))
+    wrapped = PretrainedLM(gemma, "tiny-gemma", "test")
+    before = gemma.config._attn_implementation
+    attention, hooks = by_definition(gemma, ext)
+    try:
+        with torch.no_grad():
+            plain = wrapped(ids)
+            with wrapped.encoding.extended(ext):
+                got = wrapped(ids)
+            assert gemma.config._attn_implementation == before
+            with attention_implementation(gemma.config, "by_definition", attention):
+                want = gemma(input_ids=ids).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got, plain, atol=1e-3)
+
+
+def test_an_extension_is_refused_where_logits_are_soft_capped(gemma):
     wrapped = PretrainedLM(gemma, "tiny-gemma", "test")
     wrapped.encoding.check_extension(Extension("none"))
-    with pytest.raises(PosbenchError, match="differ by layer type .*valid: eval.extension=none"):
-        wrapped.encoding.check_extension(Extension("logn", train_len=CONTEXT))
+    wrapped.encoding.check_extension(Extension("sinks", train_len=CONTEXT))
+    gemma.config.attn_logit_softcapping = 50.0
+    try:
+        with pytest.raises(PosbenchError, match="caps its logits at 50.0; valid: eval.extension=none"):
+            wrapped.encoding.check_extension(Extension("logn", train_len=CONTEXT))
+    finally:
+        gemma.config.attn_logit_softcapping = None
 
 
 def test_sliding_layers_attend_in_chunks_without_a_full_mask(gemma, monkeypatch):

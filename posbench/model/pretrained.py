@@ -24,8 +24,13 @@ PI, NTK, dynamic NTK and YaRN set the frequencies of the global (``full_attentio
 only; the local (``sliding_attention``) layers keep their trained frequencies, as in Gemma 3
 checkpoints whose config carries a scaling. A local layer sees distances up to its window (512
 for Gemma 3 270M), inside the trained context at every length, so a scaling would only compress
-distances it was trained on. The training-free extensions, which assume one set of frequencies
-and no sliding mask, are refused on such a model with one line.
+distances it was trained on. The training-free extensions act on the same layers: the global
+layers attend under the method with their own frequencies (``full_attention_inv_freq``), the
+sliding layers keep their window and trained positions (:func:`windowed_attention`), so sinks,
+LM-Infinite, Dual Chunk Attention, STRING, Self-Extend, ReRoPE, log-n and llama3 change what the
+global layers see, the only layers that reach past 512 tokens. A model whose extension would
+need two scaled frequency sets, or whose attention logits are soft-capped (Gemma 2), is refused
+with one line.
 
 ``bos`` is the window's beginning-of-sequence policy: ``first`` (default) scores the corpus
 as tokenized, where the tokenizer's BOS (if it adds one) starts each document, so the first
@@ -138,27 +143,38 @@ class PositionScheme:
 
     def check_extension(self, ext) -> None:
         """One line unless ``ext`` can run on this model (``none`` runs on any)."""
-        if ext.method != "none" and self.rotary is None:
+        if ext.method == "none":
+            return
+        if self.rotary is None:
             raise PosbenchError(f"eval.extension={ext.method} works on rotary (RoPE) models; this model's positions "
                                 f"are {self.name!r}; valid: eval.extension=none")
-        if ext.method != "none" and self.layer_types is not None:
-            raise PosbenchError(f"eval.extension={ext.method} assumes one set of rotary frequencies and no sliding "
-                                f"window; this model's differ by layer type ({', '.join(self.layer_types)}); "
-                                "valid: eval.extension=none, or an eval.rope_scaling (pi, ntk, dynamic_ntk, yarn)")
+        if self.layer_types is None:
+            return
+        config, types = self.rotary.config, self._buffers()
+        if len(types) != 1 or getattr(config, "attn_logit_softcapping", None):
+            raise PosbenchError(f"eval.extension={ext.method} acts on one layer type's rotary frequencies with "
+                                f"uncapped logits; this model scales {', '.join(types)} and caps its logits at "
+                                f"{getattr(config, 'attn_logit_softcapping', None)}; valid: eval.extension=none, or "
+                                "an eval.rope_scaling (pi, ntk, dynamic_ntk, yarn)")
 
     @contextmanager
     def extended(self, ext):
         """A training-free extension (:class:`posbench.encodings.extension.Extension`) through transformers'
-        attention interface, for the block; nothing for ``none``."""
+        attention interface, for the block; nothing for ``none``. On a model with a rotary embedding
+        per layer type, the layers a RoPE scaling acts on (Gemma 3's global layers) attend under the
+        method with their frequencies and the sliding layers as trained (module docstring)."""
         self.check_extension(ext)
         if ext.method == "none":
             yield self
             return
         from ..encodings import extension
 
-        extension._ACTIVE.update(ext=ext, inv_freq=self.rotary.inv_freq.detach().clone())
+        (layer_type,) = self._buffers()
+        inv_freq = getattr(self.rotary, "inv_freq" if layer_type is None else f"{layer_type}_inv_freq")
+        function = extension.hf_attention if layer_type is None else extended_global_layers
+        extension._ACTIVE.update(ext=ext, inv_freq=inv_freq.detach().clone())
         try:
-            with attention_implementation(self.rotary.config, extension.HF_NAME, extension.hf_attention):
+            with attention_implementation(self.rotary.config, extension.HF_NAME, function):
                 yield self
         finally:
             extension._ACTIVE.clear()
@@ -328,8 +344,11 @@ class PretrainedLM(nn.Module):
     @contextmanager
     def _window_attention(self):
         """A model with sliding-window layers (Gemma 3: 5 of every 6) attends through
-        :func:`windowed_attention` for the block, so no (T, T) mask is built; others as loaded."""
-        if not self.windowed:
+        :func:`windowed_attention` for the block, so no (T, T) mask is built; others as loaded, and
+        under an extension (:func:`extended_global_layers`, whose sliding layers are windowed)."""
+        from ..encodings.extension import HF_NAME
+
+        if not self.windowed or self.model.config._attn_implementation == HF_NAME:
             yield
             return
         with attention_implementation(self.model.config, WINDOWED, windowed_attention):
@@ -406,6 +425,20 @@ def windowed_attention(module, query, key, value, attention_mask, scaling: float
         outs.append(F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, k0:e], value[:, :, k0:e],
                                                    attn_mask=seen, dropout_p=dropout, scale=scaling))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def extended_global_layers(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                           sliding_window: int | None = None, **kwargs):
+    """transformers' attention-function signature for a model with sliding and global layers under
+    an extension: a sliding layer as trained (:func:`windowed_attention`), a global layer under the
+    active method (:func:`posbench.encodings.extension.hf_attention`, with the global layers'
+    frequencies that :meth:`PositionScheme.extended` set)."""
+    from ..encodings.extension import hf_attention
+
+    if sliding_window:
+        return windowed_attention(module, query, key, value, attention_mask, scaling, dropout,
+                                  sliding_window=sliding_window, **kwargs)
+    return hf_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
 class PieceTokenizer:
