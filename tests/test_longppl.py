@@ -189,3 +189,24 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
     crossed = pd.DataFrame({"line": ["a", "b", "c"], "eval_len": [64] * 3, "ppl": [10.0, 11.0, 12.0],
                             "longppl": [30.0, 20.0, 40.0]})
     assert order_changes(crossed) == ["at 64: a < b by perplexity (10.00 < 11.00), b < a by LongPPL (20.00 < 30.00)"]
+
+
+def test_the_report_says_when_no_token_is_a_key_token(setting, tmp_path):
+    """An evaluator that finds no key token (thresholds no token meets): report.md says so, naming
+    the thresholds, and draws no LongPPL figure (there is no mean over no tokens to draw)."""
+    from posbench.report.tables import report
+
+    _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
+    n = tokens.size - 1
+    judge, runs = tmp_path / "judge", tmp_path / "runs"
+    write_run(judge, [ladder_row(wrapped, tokens, n), ladder_row(wrapped, tokens, SHORT_LEN, SHORT_STRIDE)], n,
+              "judge")
+    prefix = tokens[:257]
+    write_run(runs / "small", [ladder_row(evaluated, prefix, 256), ladder_row(evaluated, prefix, 8)], 8, "small")
+    table = study_longppl(judge, [runs / "small"], SHORT_LEN, SHORT_STRIDE, alpha=1e9)
+    assert (table.key_tokens == 0).all() and table.longppl.isna().all()
+    atomic_write_text(runs / "longppl.csv", table.to_csv(index=False))
+    done = report([runs], out=tmp_path / "report", reference=None)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## LongPPL\n\nNo key tokens" in text and "1000000000.0 nats" in text
+    assert not (tmp_path / "report" / "longppl.png").exists() and (tmp_path / "report" / "report.png") in done.files

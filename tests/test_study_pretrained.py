@@ -10,6 +10,7 @@ import pytest
 from test_pretrained import models  # noqa: F401  (the fixture: tiny saved Hugging Face models)
 from test_study import posbench, write_study
 
+from posbench.errors import PosbenchError
 from posbench.study import load_study, plan
 
 pytest.importorskip("transformers")
@@ -78,3 +79,38 @@ def test_a_bad_pretrained_stage_is_one_line(tmp_path, stage, message):
     write_study(tmp_path, f"out: o\nruns: r\nresults: s\nstages:\n  - {stage}\n")
     r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan")
     assert r.returncode != 0 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+LONGPPL = STUDY.split("  - name: passkey")[0] + """report:
+  args: [--no-reference]
+  longppl: {{evaluator: llama, short: 64, short_stride: 32, long: 128, alpha: -1.0e+9, beta: -1.0e+9}}
+"""
+
+
+def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_rows(models, tmp_path):  # noqa: F811
+    """``report: {longppl: ...}``: the study's report step writes runs/longppl.csv with the rows
+    ``posbench longppl`` gives for the same evaluator and folders, the report draws it, and a
+    machine without the folders under out keeps the exported file."""
+    conf = write_study(tmp_path / "conf", LONGPPL.format(tmp=tmp_path, model=models / "llama"))
+    r = posbench("study", "--config-dir", str(conf), "mini")
+    assert r.returncode == 0, r.stdout + r.stderr
+    shipped = pd.read_csv(tmp_path / "runs" / "longppl.csv")
+    out = tmp_path / "out" / "llama"
+    r = posbench("longppl", "--evaluator", str(out), "--short", "64", "--short-stride", "32", "--long", "128",
+                 "--alpha=-1e9", "--beta=-1e9", str(out), "--out", str(tmp_path / "direct.csv"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    direct = pd.read_csv(tmp_path / "direct.csv")
+    assert len(shipped) == 7 and (shipped.long_len == 128).all() and (shipped.key_tokens > 0).all()
+    pd.testing.assert_frame_equal(shipped, direct)
+    assert "LongPPL" in (tmp_path / "results" / "report.md").read_text()
+    shutil.rmtree(tmp_path / "out")
+    r = posbench("study", "--config-dir", str(conf), "mini", "--step", "report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no LongPPL" in r.stdout and "kept as it is" in r.stdout
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "runs" / "longppl.csv"), direct)
+
+
+def test_a_study_s_longppl_without_an_evaluator_is_one_line(tmp_path):
+    conf = write_study(tmp_path / "conf", LONGPPL.format(tmp=tmp_path, model="m").replace("evaluator: llama, ", ""))
+    with pytest.raises(PosbenchError, match="report.longppl has no evaluator; valid: the folder under out"):
+        load_study("mini", [conf])

@@ -99,7 +99,14 @@ def longppl_part(paths: list[str | Path], out: Path) -> tuple[str, list[Path]]:
     rows = read_longppl(paths, out)
     if rows.empty:
         return "", []
-    summary = longppl_summary(rows)
+    if not (rows.key_tokens > 0).any():  # LongPPL is the mean over no tokens: say so, draw nothing
+        first = rows.iloc[0]
+        return ("\n## LongPPL\n\nNo key tokens: the evaluator `{}` (long context {:,}, short {:,}, stride {:,}) "
+                "predicts no scored token more than {} nats better with the long context, with at least {} "
+                "log-probability, so LongPPL is not defined for these rows.\n").format(
+                    first.evaluator, first.long_len, first.short_len, first.short_stride, first.alpha,
+                    first.beta), []
+    summary = longppl_summary(rows[rows.key_tokens > 0])
     atomic_write_text(out / SUMMARY, summary.to_csv(index=False))
     files = [out / SUMMARY] + save(longppl_figure(summary), out / "longppl.png", also_svg=True)
     return longppl_markdown(summary), files

@@ -22,6 +22,11 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
       contrasts: [[p_rope, rope]]     # verdicts on line A's ratio over line B's (posbench report --contrast)
       tables: {encodings.md: scripts/encoding_table.py}   # FILE: a script run on report.csv, its
                                       # output written to results/FILE (optional)
+      longppl: {evaluator: "gemma3-270m/bos=first", short: 4096}   # LongPPL of every folder of the
+                                      # study on the key tokens of the folder under out named here
+                                      # (posbench longppl --evaluator; short, short_stride, long, alpha,
+                                      # beta: its options of those names), written to runs/longppl.csv
+                                      # before the report, which reads it (optional)
 
 A run is keyed by its config hash and seed, not by its path: ``posbench study`` composes each
 run's config as ``posbench train`` would, and trains only the runs whose (hash, seed) neither an

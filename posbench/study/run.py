@@ -273,8 +273,38 @@ def report_command(study: Study) -> list[str]:
             *by, *contrasts, *map(str, rep.get("args") or [])]
 
 
+def longppl(study: Study) -> Path | None:
+    """The study's ``report.longppl``: LongPPL (:func:`posbench.eval.longppl.study_longppl`) of every
+    row of its folders under ``out`` that kept per-token NLLs, on the key tokens of the folder it
+    names, written to ``runs/longppl.csv`` for the report. -> that file, or None where the study
+    declares none or the evaluator's folder is not under ``out`` (a fresh machine: the exported
+    file, if any, stays as it is)."""
+    spec = study.report.get("longppl")
+    if not spec:
+        return None
+    from ..eval.longppl import FILE, study_longppl
+    from ..eval.results import RESULTS, find_files
+    from ..runs.rundir import atomic_write_text
+
+    evaluator, dest = study.out / str(spec["evaluator"]), study.runs / FILE
+    if not (evaluator / RESULTS).is_file():
+        kept = f"; {dest} kept as it is" if dest.is_file() else ""
+        print(f"study {study.name}: no LongPPL: the evaluator's rows are not under {evaluator}{kept}", flush=True)
+        return None
+    folders = sorted({study.out / s.folder for s in sweeps(study, None)})
+    runs = sorted({f.parent for f in find_files([f for f in folders if f.is_dir()], RESULTS)})
+    thresholds = {k: float(spec[k]) for k in ("alpha", "beta") if k in spec}
+    table = study_longppl(evaluator, runs, spec.get("short"), spec.get("short_stride"), spec.get("long"),
+                          **thresholds)
+    atomic_write_text(dest, table.to_csv(index=False))
+    print(f"study {study.name}: LongPPL of {len(table)} row(s) on the key tokens of {evaluator} -> {dest}", flush=True)
+    return dest
+
+
 def report(study: Study) -> None:
-    """``posbench report`` on the exported runs (and ``dirs`` beside them), then each of ``tables``."""
+    """LongPPL where the study declares it (:func:`longppl`), ``posbench report`` on the exported runs
+    (and ``dirs`` beside them), then each of ``tables``."""
+    longppl(study)
     subprocess.run(report_command(study), check=True)
     for name, script in (study.report.get("tables") or {}).items():
         with open(study.results / name, "w") as f:

@@ -15,7 +15,8 @@ from ..errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
 STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained", "folder")
-REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts")
+REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts", "longppl")
+LONGPPL_KEYS = ("evaluator", "short", "short_stride", "long", "alpha", "beta")
 FOLDER = "{stage}/{point}"
 
 
@@ -85,6 +86,11 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
         if stage.get("pretrained"):
             _check_pretrained_stage(files[name], stage)
     _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
+    longppl = (data.get("report") or {}).get("longppl")
+    _unknown(f"{files[name]} report.longppl", longppl or {}, LONGPPL_KEYS)
+    if longppl and not longppl.get("evaluator"):
+        raise PosbenchError(f"study: {files[name]} report.longppl has no evaluator; valid: the folder under out whose "
+                            "rows choose the key tokens, e.g. {evaluator: gemma3-270m/bos=first, short: 4096}")
     return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
                  list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
                  str(data.get("folder") or FOLDER))
