@@ -59,6 +59,12 @@ def test_a_pretrained_study_plans_from_its_rows_and_resumes(models, tmp_path):  
     # the folder under out gone: the export says what is done
     shutil.rmtree(tmp_path / "out")
     assert plan(study) == ([], 4)
+    # a non-overlapping row of the short stage's length is not its sliding row: without that, it is planned again
+    full = pd.read_csv(export / "results.csv")
+    full[full["mode"] != "sliding"].to_csv(export / "results.csv", index=False)
+    todo, have = plan(study)
+    assert have == 3 and [s.stage for s in todo] == ["short"]
+    full.to_csv(export / "results.csv", index=False)
     # a probe length missing from the export: planned alone, run, and the export keeps every other row
     probe = pd.read_csv(export / "passkey.csv")
     probe[probe.length != 128].to_csv(export / "passkey.csv", index=False)

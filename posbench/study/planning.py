@@ -128,7 +128,7 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
     ``probe.lengths`` cut to the lengths whose rows its csv lacks under the method's label and the
     model's config hash (a probe's rows are written when it ends, so each run skips the lengths
     that finished). Rows count where the folder under ``out`` holds them, or its export (an ok
-    row of the label, config hash and scored token count at each length)."""
+    row of the label, config hash, scored token count, mode and stride at each length)."""
     import contextlib
     import io
 
@@ -147,8 +147,9 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
             if done:
                 return None
             rows = _rows(export / "results.csv", label, digest)
-            exported = set(rows[(rows.status == "ok") & (rows.tokens == n)].eval_len.astype(int))
-            return None if set(lengths) <= exported else sweep
+            rows = rows[(rows.status == "ok") & (rows.tokens == n) & (rows["mode"] == subject.ecfg.mode)]
+            exported = {(int(r.eval_len), int(r.stride)) for r in rows.itertuples()}
+            return None if set(subject.ecfg.strides(lengths).items()) <= exported else sweep
     probe = build_probe(cfg.probe)
     have = {int(n) for where in (subject.out, export) for n in _rows(where / f"{probe.name}.csv", label, digest).length}
     missing = [n for n in probe.lengths(subject.train_len) if n not in have]
@@ -176,7 +177,8 @@ _CORPORA: dict[tuple[str, str], object] = {}  # (model file, data config) -> its
 def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:
     """The rows of a csv of results or a probe under one method ``label`` and config hash."""
     if not path.is_file():
-        return pd.DataFrame(columns=["rope_scaling", "config_hash", "status", "tokens", "eval_len", "length"])
+        return pd.DataFrame(columns=["rope_scaling", "config_hash", "status", "tokens", "eval_len", "length", "mode",
+                                     "stride"])
     rows = pd.read_csv(path)
     return rows[(rows.rope_scaling == label) & (rows.config_hash.astype(str) == digest)]
 
