@@ -478,3 +478,45 @@ def test_seed_major_trains_every_lines_first_seed_first(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     seeds = [re.search(r" seed=([0-9,]+) ", line).group(1) for line in r.stdout.splitlines() if " -m train " in line]
     assert seeds == ["0"] * 4 + ["1"] * 4
+
+
+JUDGED = """description: LongPPL of trained runs on a judge trained at twice their length
+out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+folder: "{{stage}}/{{encoding}}"
+common: [experiment=smoke, train.steps=4, "eval.multiples=[1,2]"]
+stages:
+  - name: main
+    grid: {{encoding: [alibi, rope], seed: [0]}}
+  - name: judge
+    grid: {{encoding: [rope], seed: [0]}}
+    overrides: [train.train_len=64, train.batch_size=4]
+  - name: judge_short
+    eval: true
+    from: judge
+    grid: {{encoding: [rope], seed: [0]}}
+    overrides: [eval.mode=sliding, eval.stride=8, "eval.lengths=[32]"]
+report:
+  args: [--mix]                  # the judge's sliding row scores another token count
+  longppl: {{evaluator: judge/rope/seed=0, short: 32, short_stride: 8, alpha: -1.0e+9, beta: -1.0e+9}}
+"""
+
+
+@pytest.mark.slow
+def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
+    """conf/study/headline_longppl.yaml's shape at smoke size: the runs, a judge trained at twice
+    their length with a sliding row at theirs (an eval stage), and report.longppl naming the judge's
+    run dir: runs/longppl.csv holds every row of every run dir of the study, on the judge's key
+    tokens (its 64-token row against its sliding 32-token row), and report.md its section."""
+    write_study(tmp_path, JUDGED.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = pd.read_csv(tmp_path / "runs" / "longppl.csv")
+    assert sorted(zip(rows.encoding, rows.train_len, rows.eval_len, rows["mode"])) == [
+        ("alibi", 32, 32, "nonoverlapping"), ("alibi", 32, 64, "nonoverlapping"),
+        ("rope", 32, 32, "nonoverlapping"), ("rope", 32, 64, "nonoverlapping"),
+        ("rope", 64, 32, "sliding"), ("rope", 64, 64, "nonoverlapping"), ("rope", 64, 128, "nonoverlapping")]
+    assert (rows.long_len == 64).all() and (rows.short_len == 32).all() and (rows.short_stride == 8).all()
+    assert (rows.key_tokens > 0).all() and rows.evaluator.str.endswith("judge/rope/seed=0").all()
+    assert "## LongPPL" in (tmp_path / "results" / "report.md").read_text()
