@@ -26,11 +26,11 @@ hook           what it changes                                 examples
 ``score``      content-dependent logit terms that need q and   shaw, xl, deberta,
                k themselves (and ``value`` for terms added     tener, cope
                to the attention output)
-``decay``      a data-dependent decay: per-token log forget    fox
-               gates log f_t (B, H, T) from the layer's input,
+``decay``      a data-dependent decay: per-token log forget    fox, cable,
+               gates log f_t (B, H, T) from the layer's input, path_fox
                the logit of (i, j) gaining sum_{j<t<=i} log f_t
-``transition`` a data-dependent transform per token: unit    path
-               vectors w (B, H, T, hs) and beta (B, H, T) from
+``transition`` a data-dependent transform per token: unit    path,
+               vectors w (B, H, T, hs) and beta (B, H, T) from path_fox
                the layer's input, the logit of (i, j) being
                q_i^T H_i .. H_{j+1} k_j, H_t = I - beta_t w_t w_t^T
 ``normalize``  attention weights from the logits in place of   stickbreaking
