@@ -189,6 +189,9 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
     crossed = pd.DataFrame({"line": ["a", "b", "c"], "eval_len": [64] * 3, "ppl": [10.0, 11.0, 12.0],
                             "longppl": [30.0, 20.0, 40.0]})
     assert order_changes(crossed) == ["at 64: a < b by perplexity (10.00 < 11.00), b < a by LongPPL (20.00 < 30.00)"]
+    same = pd.concat([crossed, crossed.iloc[[0]].assign(line="a2")], ignore_index=True)  # a2: a's rows again
+    assert order_changes(same) == ["at 64: a = a2 < b by perplexity (10.00 < 11.00), b < a = a2 by LongPPL "
+                                   "(20.00 < 30.00)"]
 
 
 def test_the_report_says_when_no_token_is_a_key_token(setting, tmp_path):

@@ -47,9 +47,12 @@ def longppl_summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def order_changes(summary: pd.DataFrame) -> list[str]:
-    """Each length's pairs of lines that LongPPL and perplexity order oppositely."""
+    """Each length's pairs of lines that LongPPL and perplexity order oppositely. Lines with the
+    same two values at a length (a method that leaves the model as trained there reuses its rows)
+    are one entry, named ``a = b``, so one fact is said once."""
     found = []
     for length, g in summary.groupby("eval_len"):
+        g = g.groupby(["ppl", "longppl"], sort=False, as_index=False).agg(line=("line", " = ".join))
         for a, b in itertools.combinations(g.itertuples(), 2):
             if (a.ppl - b.ppl) * (a.longppl - b.longppl) < 0:
                 lo, hi = (a, b) if a.ppl < b.ppl else (b, a)
