@@ -15,6 +15,7 @@ from test_report import positions_rows, rows, svg_ids, write_run
 from posbench.errors import PosbenchError
 from posbench.report.figures import MIN_BIN_WINDOWS, Palette
 from posbench.report.ranked import (
+    common_multiple,
     family,
     label_points,
     line_points,
@@ -149,3 +150,14 @@ def test_labels_keep_apart_in_a_tight_cluster():
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in ax.texts]
     assert len(boxes) == 20 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_a_line_at_one_length_does_not_narrow_the_ranked_multiple():
+    """common_multiple: the longest multiple every line with a ratio has; a line at one length only
+    (LongPPL's sliding row) is left out of the choice, unless every line is such a line."""
+
+    summary = pd.DataFrame({"eval_len": [32, 64, 128, 32, 64, 128, 4], "train_len": [32] * 7})
+    names = pd.Series(["a"] * 3 + ["b"] * 3 + ["sliding"])
+    assert common_multiple(summary, names) == 4.0
+    assert common_multiple(summary.iloc[:5], names.iloc[:5]) == 2.0
+    assert common_multiple(summary.iloc[[6]], names.iloc[[6]]) == 0.125
