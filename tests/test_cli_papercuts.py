@@ -109,7 +109,10 @@ def test_an_unreachable_hub_is_one_line_quickly(tmp_path):
     line = last_line(proc)
     assert line.startswith("posbench: error: could not ") and "Salesforce/wikitext" in line and "data=sotu" in line
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert time.monotonic() - started < 20
+    # not a speed target: the bound catches the hub client's retry-with-backoff loop (minutes), and is
+    # loose enough for a busy machine (the refused connection itself is instant; 22 s was seen beside
+    # a model evaluation, 20 s being the bound before)
+    assert time.monotonic() - started < 90
     assert not (tmp_path / "run").exists()
 
 
