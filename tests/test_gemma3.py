@@ -212,7 +212,7 @@ def test_an_extension_is_refused_where_logits_are_soft_capped(gemma):
     wrapped.encoding.check_extension(Extension("sinks", train_len=CONTEXT))
     gemma.config.attn_logit_softcapping = 50.0
     try:
-        with pytest.raises(PosbenchError, match="caps its logits at 50.0; valid: eval.extension=none"):
+        with pytest.raises(PosbenchError, match="this model caps its attention logits at 50.0; valid: eval.extension=none"):
             wrapped.encoding.check_extension(Extension("logn", train_len=CONTEXT))
     finally:
         gemma.config.attn_logit_softcapping = None

@@ -150,12 +150,13 @@ class PositionScheme:
                                 f"are {self.name!r}; valid: eval.extension=none")
         if self.layer_types is None:
             return
-        config, types = self.rotary.config, self._buffers()
-        if len(types) != 1 or getattr(config, "attn_logit_softcapping", None):
+        types, cap = self._buffers(), getattr(self.rotary.config, "attn_logit_softcapping", None)
+        why = (f"this model's scaled layer types are {', '.join(types)}" if len(types) != 1 else
+               f"this model caps its attention logits at {cap}" if cap else None)
+        if why:
             raise PosbenchError(f"eval.extension={ext.method} acts on one layer type's rotary frequencies with "
-                                f"uncapped logits; this model scales {', '.join(types)} and caps its logits at "
-                                f"{getattr(config, 'attn_logit_softcapping', None)}; valid: eval.extension=none, or "
-                                "an eval.rope_scaling (pi, ntk, dynamic_ntk, yarn)")
+                                f"uncapped logits; {why}; valid: eval.extension=none, or an eval.rope_scaling "
+                                "(pi, ntk, dynamic_ntk, yarn)")
 
     @contextmanager
     def extended(self, ext):
