@@ -163,11 +163,10 @@ def test_posbench_longppl_reads_run_dirs_and_names_a_missing_row(setting, tmp_pa
         study_longppl(judge, [other], SHORT_LEN, SHORT_STRIDE)
 
 
-def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_differ(setting, tmp_path):
-    """posbench report finds a longppl.csv under its paths: report.md's LongPPL section, the summary
-    (geometric mean over seeds) and longppl.png; two lines that LongPPL and perplexity order
-    oppositely are named."""
-    from posbench.report.longppl import order_changes
+def reported(setting, tmp_path, **thresholds):
+    """A judge run (the wrapped model's long and short rows) and a small run scored on its key
+    tokens (``thresholds``: alpha, beta), its longppl.csv beside it, and posbench report on it ->
+    (the LongPPL table, the report's result)."""
     from posbench.report.tables import report
 
     _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
@@ -177,9 +176,18 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
               "judge")
     prefix = tokens[:257]
     write_run(runs / "small", [ladder_row(evaluated, prefix, 256), ladder_row(evaluated, prefix, 8)], 8, "small")
-    table = study_longppl(judge, [runs / "small"], SHORT_LEN, SHORT_STRIDE, alpha=0.01, beta=-10.0)
+    table = study_longppl(judge, [runs / "small"], SHORT_LEN, SHORT_STRIDE, **thresholds)
     atomic_write_text(runs / "longppl.csv", table.to_csv(index=False))
-    done = report([runs], out=tmp_path / "report", reference=None)
+    return table, report([runs], out=tmp_path / "report", reference=None)
+
+
+def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_differ(setting, tmp_path):
+    """posbench report finds a longppl.csv under its paths: report.md's LongPPL section, the summary
+    (geometric mean over seeds) and longppl.png; two lines that LongPPL and perplexity order
+    oppositely are named."""
+    from posbench.report.longppl import order_changes
+
+    table, done = reported(setting, tmp_path, alpha=0.01, beta=-10.0)
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## LongPPL" in text and (tmp_path / "report" / "longppl.png") in done.files
     summary = pd.read_csv(tmp_path / "report" / "longppl.csv").set_index("eval_len")
@@ -197,19 +205,8 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
 def test_the_report_says_when_no_token_is_a_key_token(setting, tmp_path):
     """An evaluator that finds no key token (thresholds no token meets): report.md says so, naming
     the thresholds, and draws no LongPPL figure (there is no mean over no tokens to draw)."""
-    from posbench.report.tables import report
-
-    _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
-    n = tokens.size - 1
-    judge, runs = tmp_path / "judge", tmp_path / "runs"
-    write_run(judge, [ladder_row(wrapped, tokens, n), ladder_row(wrapped, tokens, SHORT_LEN, SHORT_STRIDE)], n,
-              "judge")
-    prefix = tokens[:257]
-    write_run(runs / "small", [ladder_row(evaluated, prefix, 256), ladder_row(evaluated, prefix, 8)], 8, "small")
-    table = study_longppl(judge, [runs / "small"], SHORT_LEN, SHORT_STRIDE, alpha=1e9)
+    table, done = reported(setting, tmp_path, alpha=1e9)
     assert (table.key_tokens == 0).all() and table.longppl.isna().all()
-    atomic_write_text(runs / "longppl.csv", table.to_csv(index=False))
-    done = report([runs], out=tmp_path / "report", reference=None)
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## LongPPL\n\nNo key tokens" in text and "1000000000.0 nats" in text
     assert not (tmp_path / "report" / "longppl.png").exists() and (tmp_path / "report" / "report.png") in done.files
