@@ -78,3 +78,44 @@ def test_a_target_below_every_budget_and_runs_of_one_budget():
     one = rows()
     with pytest.raises(PosbenchError, match=r"no line has runs at two or more budgets"):
         matched_table(one[one.steps == 4000])
+
+
+def test_a_line_whose_ppl_rises_again_is_read_at_its_first_crossing_and_shows_its_lowest():
+    """On a corpus the budget repeats, ppl at train_len can rise at the largest budgets: the table
+    reads the first crossing from above (the least training that reaches the target) and says
+    where the line was lowest."""
+    LINES["overfit"] = {1000: (70.0, 70.0), 2000: (50.0, 55.0), 4000: (56.0, 70.0)}
+    try:
+        table, matched, _ = matched_table(rows(("alibi", "overfit")), target=60.0)
+    finally:
+        del LINES["overfit"]
+    row = table.set_index("label").loc["overfit"]
+    assert (row.budget_lo, row.budget_hi) == (1000, 2000)
+    p_lo, p_hi = gmean([70 * u for u in (1, 1.02, 1.04)]), gmean([50 * u for u in (1, 1.02, 1.04)])
+    assert row.weight == pytest.approx((math.log(p_lo) - math.log(60.0)) / (math.log(p_lo) - math.log(p_hi)))
+    assert row.lowest_tokens == 2000 and row.lowest_ppl_1x == pytest.approx(p_hi)
+    assert row.final_ppl_1x == pytest.approx(gmean([56 * u for u in (1, 1.02, 1.04)]))
+    md = matched_markdown(table, [])
+    assert f"| {p_hi:.2f} (0.00M) |" in md  # the lowest ppl and its budget (steps alone: these rows have no run dir)
+
+
+def test_seeds_missing_a_budget_leave_the_line_and_one_seed_gives_no_verdict(tmp_path):
+    df = rows()
+    # seed 2 of rope never ran its 4000-step budget: it leaves rope's every budget, not that one alone
+    cut = df[~((df.encoding == "rope") & (df.seed == 2) & (df.steps == 4000))]
+    table, matched, pool = matched_table(cut)
+    both, _, _ = matched_table(df[~((df.encoding == "rope") & (df.seed == 2))])
+    t, b = table.set_index("label").loc["rope"], both.set_index("label").loc["rope"]
+    assert t.seeds == 2 and t.ratio == pytest.approx(b.ratio) and t.weight == pytest.approx(b.weight)
+    assert list(matched["rope"].seeds) == [0, 1]
+    one = df[df.seed == 0]
+    table, matched, pool = matched_table(one)
+    assert set(table.seeds) == {1}
+    lines = matched_verdict(matched, pool, float(table.target.iloc[0]))
+    assert lines == [f"no verdict at ppl(train_len) = {table.target.iloc[0]:.2f}: alibi, rope, t5 have one seed, "
+                     "whose interval holds the text's variation alone"]
+    from posbench.report.matched import write_matched
+    files = write_matched(one, tmp_path)
+    assert [f.name for f in files] == ["matched.csv", "matched.md", "matched.png", "matched.svg"]
+    assert all(f.stat().st_size > 0 for f in files)
+    assert "no verdict at ppl(train_len)" in (tmp_path / "matched.md").read_text()

@@ -14,8 +14,13 @@ numbers a run from scratch gives (tests/test_branch.py). A stable-phase checkpoi
 finished model and is never read.
 
 **Finding the matched budget.** Per line, its budgets B_1 < ... < B_n with their geometric-mean
-ppl at train_len p_1 > ... (the line's seeds, each branch paired with its seed's long run). The
-target is bracketed by the two neighbouring budgets where p crosses it, and the matched budget
+ppl at train_len p_1, ..., p_n over the line's seeds that ran at every one of its budgets (each
+branch paired with its seed's long run; a seed missing a budget is left out of the whole line, so
+no budget's mean is of other seeds than its neighbours'). The target is bracketed by the first two
+neighbouring budgets where p crosses it from above (p need not fall all the way: on a corpus the
+budget repeats, ppl at train_len can rise again at the largest budgets, and the table shows each
+line's lowest p and where it was; the first crossing is the least training that reaches the
+target), and the matched budget
 is interpolated linearly in log ppl against log tokens: w = (log p_lo - log target) /
 (log p_lo - log p_hi), log B* = (1 - w) log B_lo + w log B_hi. The matched ratio is the same
 interpolation of the line's log ratios: each seed's (1 - w) log r_lo + w log r_hi, with its
@@ -24,6 +29,12 @@ w is taken as known: the interval does not carry the uncertainty of where the ta
 crossed, which the bracketing budgets' spacing bounds). A line whose largest budget does not
 reach the target, or whose smallest already is below it, has no matched value (no
 extrapolation past the budgets trained), and the table says which.
+
+**Verdicts.** The matched ratios are ordered only where every line has two or more seeds: a line
+of one seed has an interval of its text alone (:mod:`posbench.intervals`), and the seeds of one
+encoding part at 16x by far more than the text moves them (the headline's RoPE: 3.99 .. 4.54).
+The figure (``matched.png``) draws each line's ppl at train_len and its 16x ratio against the
+training tokens, the target and the matched points on them.
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from ..runs.rundir import atomic_write_text
 from .verdicts import PREFIX, ordering, ratio_cell
 
 COLUMNS = ["label", "target", "matched_tokens", "budget_lo", "budget_hi", "weight", "ppl_1x_lo", "ppl_1x_hi",
-           "ratio", "ratio_ci_low", "ratio_ci_high", "final_tokens", "final_ppl_1x", "final_ratio", "seeds", "note"]
+           "ratio", "ratio_ci_low", "ratio_ci_high", "final_tokens", "final_ppl_1x", "final_ratio", "lowest_tokens",
+           "lowest_ppl_1x", "seeds", "note"]
 
 
 def blend(a: Cell, b: Cell, w: float) -> Cell:
@@ -83,14 +95,27 @@ def budget_cells(df: pd.DataFrame) -> dict[str, dict[int, tuple[Cell, Cell, int]
             continue
         tokens = train_tokens(g, int(steps))
         out.setdefault(label, {})[int(steps)] = (cells[tlen], ratio_cell(cells[longest], cells[tlen]), tokens)
-    return out
+    return {label: _common_seeds(budgets) for label, budgets in out.items()}
+
+
+def _common_seeds(budgets: dict[int, tuple[Cell, Cell, int]]) -> dict[int, tuple[Cell, Cell, int]]:
+    """The line's cells restricted to the seeds that ran at every one of its budgets."""
+    common = None
+    for at, ratio, _ in budgets.values():
+        seeds = np.intersect1d(at.seeds, ratio.seeds)
+        common = seeds if common is None else np.intersect1d(common, seeds)
+
+    def only(c: Cell) -> Cell:
+        return c.only(np.flatnonzero(np.isin(c.seeds, common)))
+
+    return {steps: (only(at), only(ratio), tokens) for steps, (at, ratio, tokens) in budgets.items()}
 
 
 def matched_table(df: pd.DataFrame, target: float | None = None, estimator: Estimator | None = None):
     """The matched table (module docstring) and the per-line matched ratio cells (for verdicts)."""
     est = estimator or Estimator()
     lines = budget_cells(df)
-    lines = {k: v for k, v in lines.items() if len(v) >= 2}
+    lines = {k: v for k, v in lines.items() if len(v) >= 2 and next(iter(v.values()))[0].nll.size}
     if not lines:
         raise PosbenchError("report --matched: no line has runs at two or more budgets (train.steps); valid: runs "
                             "of one line at several budgets, e.g. `posbench study matched`")
@@ -102,8 +127,10 @@ def matched_table(df: pd.DataFrame, target: float | None = None, estimator: Esti
         steps = sorted(budgets)
         ppl = [math.exp(budgets[s][0].mean) for s in steps]
         last = budgets[steps[-1]]
+        best = int(np.argmin(ppl))
         row = {"label": label, "target": goal, "final_tokens": last[2], "final_ppl_1x": ppl[-1],
-               "final_ratio": math.exp(last[1].mean), "seeds": int(last[0].nll.size), "note": ""}
+               "final_ratio": math.exp(last[1].mean), "lowest_tokens": budgets[steps[best]][2],
+               "lowest_ppl_1x": ppl[best], "seeds": int(last[0].nll.size), "note": ""}
         crossing = [i for i in range(len(steps) - 1) if ppl[i] >= goal >= ppl[i + 1]]
         if not crossing:
             row["note"] = ("not reached: its largest budget ends above the target" if ppl[-1] > goal else
@@ -128,6 +155,10 @@ def matched_verdict(matched: dict[str, Cell], pool, goal: float, estimator: Esti
     """The ordering of the matched ratios, lowest first, as report.md's verdicts write orderings."""
     if len(matched) < 2:
         return []
+    few = sorted(n for n, c in matched.items() if c.nll.size < 2)
+    if few:
+        return [f"no verdict at ppl(train_len) = {goal:.2f}: {', '.join(few)} ha{'s' if len(few) == 1 else 've'} one "
+                "seed, whose interval holds the text's variation alone"]
     values = {n: math.exp(c.mean) for n, c in matched.items()}
     return [f"{PREFIX}matched at ppl(train_len) = {goal:.2f}, the 16x ratio, lowest first: "
             + ordering(estimator or Estimator(), matched, values, pool, 3)]
@@ -139,8 +170,8 @@ def _fmt_tokens(x) -> str:
 
 def matched_markdown(table: pd.DataFrame, verdicts: list[str]) -> str:
     head = ("| line | seeds | matched budget (bracket) | ppl at 1x there | 16x ratio there [95% interval] | "
-            "at its largest budget: tokens, ppl at 1x, 16x ratio |")
-    rows = [head, "|---|---|---|---|---|---|"]
+            "at its largest budget: tokens, ppl at 1x, 16x ratio | its lowest ppl at 1x (tokens) |")
+    rows = [head, "|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         if r.note:
             there = f"{r.note} | | "
@@ -148,7 +179,7 @@ def matched_markdown(table: pd.DataFrame, verdicts: list[str]) -> str:
             there = (f"{_fmt_tokens(r.matched_tokens)} ({_fmt_tokens(r.budget_lo)} .. {_fmt_tokens(r.budget_hi)}) | "
                      f"{r.target:.2f} | {r.ratio:.3f} [{r.ratio_ci_low:.3f}, {r.ratio_ci_high:.3f}]")
         rows.append(f"| {r.label} | {r.seeds} | {there} | {_fmt_tokens(r.final_tokens)}, {r.final_ppl_1x:.2f}, "
-                    f"{r.final_ratio:.3f} |")
+                    f"{r.final_ratio:.3f} | {r.lowest_ppl_1x:.2f} ({_fmt_tokens(r.lowest_tokens)}) |")
     return ("# Length extrapolation at matched in-distribution perplexity\n\n"
             f"Target ppl at train_len: {table.target.iloc[0]:.2f}. How the matched budget is found, and what its "
             "interval covers: posbench/report/matched.py.\n\n" + "\n".join(rows) + "\n\n"
@@ -162,4 +193,35 @@ def write_matched(df: pd.DataFrame, out: Path, target: float | None = None) -> l
     files = [out / "matched.csv", out / "matched.md"]
     atomic_write_text(files[0], table.to_csv(index=False))
     atomic_write_text(files[1], matched_markdown(table, verdicts))
-    return files
+    return files + matched_figure(df, table, out / "matched.png")
+
+
+def matched_figure(df: pd.DataFrame, table: pd.DataFrame, path: Path) -> list[Path]:
+    """Two panels against the training tokens (log x): each line's ppl at train_len with the
+    target, and its 16x ratio (log y) with the matched value and its interval where it has one."""
+    from .figures import _pyplot, save
+
+    plt = _pyplot()
+    lines = budget_cells(df)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, r in enumerate(table.itertuples()):
+        budgets = lines[r.label]
+        steps = sorted(budgets)
+        x = [budgets[s][2] for s in steps]
+        colour = f"C{i % 10}"
+        left.plot(x, [math.exp(budgets[s][0].mean) for s in steps], "o-", color=colour, label=f"{r.label} ({r.seeds})")
+        right.plot(x, [math.exp(budgets[s][1].mean) for s in steps], "o-", color=colour, alpha=0.5)
+        if not r.note:
+            left.plot([r.matched_tokens], [r.target], "D", color=colour, mfc="white", ms=8)
+            err = [[r.ratio - r.ratio_ci_low], [r.ratio_ci_high - r.ratio]]
+            right.errorbar([r.matched_tokens], [r.ratio], yerr=err, fmt="D", color=colour, mfc="white", ms=8, capsize=3)
+    left.axhline(float(table.target.iloc[0]), color="grey", ls="--", lw=1)
+    left.set(xscale="log", xlabel="training tokens", ylabel="ppl at train_len",
+             title=f"in distribution; dashed: the target {float(table.target.iloc[0]):.2f}")
+    right.set(xscale="log", yscale="log", xlabel="training tokens", ylabel="ppl(16x) / ppl(1x)",
+              title="16x ratio; diamonds: at the matched budget (95%)")
+    left.legend(title="line (seeds)", fontsize=8)
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return save(fig, path, also_svg=True)
