@@ -144,3 +144,32 @@ def test_a_line_that_cannot_run_past_train_len_is_named_not_ordered():
     ratio = Verdicts(s, Estimator(resamples=400)).orderings()[0]
     assert ratio.startswith("ppl(L=2048) / ppl(L=128) (16x), lowest first (n/a: learned): a 1.0")
     assert "learned" not in ratio.split("): ", 1)[1]
+
+
+def test_an_ordering_names_its_trained_lines_of_one_seed():
+    """A trained line of one seed has an interval of the text alone, so the verdict says which lines
+    those are; a pretrained model (steps 0) is one model and gets no such note."""
+    rows = []
+    for enc, seeds, steps, r16 in (("alibi", 3, 400, 0.95), ("rope", 1, 400, 4.0), ("hf", 1, 0, 2.0)):
+        for seed in range(seeds):
+            for length, ppl in ((128, 50.0 + seed), (2048, (50.0 + seed) * r16)):
+                rows.append({"encoding": enc, "rope_scaling": "none", "train_len": 128, "eval_len": length,
+                             "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": length,
+                             "ppl": ppl, "nll": math.log(ppl), "tokens": 4096, "status": "ok", "model": "tiny",
+                             "data": "sotu", "steps": steps})
+    df = pd.DataFrame(rows)
+    lines = verdict_lines(summarize(df, cells=True), [("rope", "alibi")])
+    ratio, at_1x, contrast = lines[0], lines[1], lines[2]
+    assert ratio.endswith("(one seed: rope; the seeds' spread is not in their intervals)"), ratio
+    assert at_1x.endswith("(one seed: rope; the seeds' spread is not in their intervals)"), at_1x
+    assert contrast.endswith("(one seed: rope; the seeds' spread is not in their intervals)"), contrast
+    assert "hf" in ratio and "one seed: hf" not in ratio and "hf;" not in ratio
+    only = verdict_lines(summarize(df[df.encoding != "alibi"], cells=True))
+    assert only[0].endswith("(one seed: rope; the seeds' spread is not in their intervals)")  # hf is pretrained
+    trained = df[df.encoding == "rope"]
+    both = pd.concat([trained, trained.assign(encoding="nope")], ignore_index=True)
+    assert verdict_lines(summarize(both, cells=True))[0].endswith(
+        "(one seed: every line; the seeds' spread is not in their intervals)")
+    assert "one seed" not in "".join(verdict_lines(summarize(df[df.encoding == "alibi"].assign(
+        encoding="a"), cells=True)) + verdict_lines(summarize(pd.concat(
+            [df[df.encoding == "alibi"], df[df.encoding == "alibi"].assign(encoding="b")]), cells=True)))

@@ -94,7 +94,9 @@ from .verdicts import verdict_lines, verdicts_markdown
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
-CELL_COLUMNS = ("cell", "cell_pool", "ratio_pool")  # summarize(cells=True) only: Cell objects and SeedPools
+# summarize(cells=True) only: Cell objects, SeedPools, and whether a line's runs were trained (steps > 0; a
+# pretrained model's rows have 0), which the verdicts read to say where a trained line has one seed
+CELL_COLUMNS = ("cell", "cell_pool", "ratio_pool", "trained")
 COMPARED = ["train_len", "eval_len", "data", "split"]  # the lines one bold / vs_best comparison ranks
 PARAMS_HEAD = {"params": "params (position)"}  # table header of the parameter-count column
 TABLE_NOTE = ("geometric mean ± std over seeds [95% interval covering the seeds' spread and the text's (a "
@@ -338,7 +340,9 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
     out = with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
-    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator())
+    steps = pd.to_numeric(df["steps"], errors="coerce") if "steps" in df else pd.Series(0.0, index=df.index)
+    trained = steps.fillna(0).gt(0).groupby([df[c] for c in GROUP], dropna=False).any().to_numpy()
+    out = add_intervals(out.assign(cell=_cells(df), trained=trained), estimator or Estimator())
     out = out if cells else out.drop(columns=list(CELL_COLUMNS))
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 

@@ -124,8 +124,21 @@ class Verdicts:
         intervals used (:func:`posbench.report.tables.add_intervals`), of the cells or the ratios."""
         return g[g.eval_len == length]["ratio_pool" if ratio else "cell_pool"].iloc[0]
 
-    def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
-        return ordering(self.est, cells, values, pool, digits)
+    def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int, g: pd.DataFrame) -> str:
+        return ordering(self.est, cells, values, pool, digits) + self._one_seed(g, cells)
+
+    @staticmethod
+    def _one_seed(g: pd.DataFrame, names) -> str:
+        """' (one seed: a, b; ...)' where trained lines among ``names`` have one seed: their intervals hold the
+        text's variation alone, so a symbol beside them says nothing of the seeds' (a pretrained model is one
+        model, and says nothing of it)."""
+        if "trained" not in g:
+            return ""
+        one = sorted({r.label for r in g.itertuples() if r.label in names and r.trained and r.seeds == 1})
+        if not one:
+            return ""
+        who = "every line" if len(one) == len(set(names)) else ", ".join(one)
+        return f" (one seed: {who}; the seeds' spread is not in their intervals)"
 
     def orderings(self) -> list[str]:
         lines = []
@@ -141,13 +154,13 @@ class Verdicts:
                 values = {n: math.exp(c.mean) for n, c in cells.items()}
                 without = f" (n/a: {', '.join(missing)})" if missing else ""
                 lines.append(f"{where}ppl(L={length}) / ppl(L={tlen}) ({length / tlen:g}x), lowest first{without}: "
-                             + self._order(cells, values, self._pool(g, length, True), 3))
+                             + self._order(cells, values, self._pool(g, length, True), 3, g))
             at = g[g.eval_len == tlen].set_index("label")
             if len(at) > 1:
                 cells = dict(at.cell)
                 values = {n: math.exp(c.mean) for n, c in cells.items()}
                 lines.append(f"{where}ppl(L={tlen}), lowest first: "
-                             + self._order(cells, values, self._pool(g, tlen, False), 2))
+                             + self._order(cells, values, self._pool(g, tlen, False), 2, g))
         return lines
 
     def contrasts(self, pairs) -> list[str]:
@@ -167,7 +180,7 @@ class Verdicts:
                 ci = "[no interval]" if math.isnan(iv.low) else f"[{math.exp(iv.low):.3f}, {math.exp(iv.high):.3f}]"
                 tlen = int(setup["train_len"])
                 lines.append(f"{_setup_text(setup, self.varied)}{a} / {b}, ppl(L={length}) / ppl(L={tlen}): "
-                             f"{math.exp(iv.estimate):.3f} {ci}: {word}")
+                             f"{math.exp(iv.estimate):.3f} {ci}: {word}" + self._one_seed(g, (a, b)))
             if not found:
                 lines.append(f"{a} / {b}: no setup has both lines")
         return lines
