@@ -256,6 +256,46 @@ def test_a_branch_starts_after_its_parent_and_not_at_all_when_it_failed(tmp_path
     assert any("short/rope.log (not started: long/rope failed)" in f for f in failed)
 
 
+def test_a_branch_whose_parent_trained_elsewhere_is_named_and_not_started(tmp_path, monkeypatch):
+    """long/rope's two seeds are exported, but only seed 0's run dir (with its checkpoints) is here:
+    short/rope's seed 1 cannot branch, so the study trains the rest, names that seed and the exports
+    to remove to train it whole, and exits non-zero at the end."""
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+    (long_rope,) = [s for s in sweeps(study) if s.folder == "long/rope"]
+    digest = sweep_hash(study, long_rope)
+    for seed in (0, 1):
+        export = tmp_path / "runs" / "long" / "rope" / f"seed={seed}"
+        export.mkdir(parents=True)
+        pd.DataFrame({"config_hash": [digest], "seed": [seed]}).to_csv(export / "results.csv", index=False)
+    (tmp_path / "out" / "long" / "rope" / "seed=0").mkdir(parents=True)
+    (tmp_path / "out" / "long" / "rope" / "seed=0" / "config.yaml").write_text("seed: 0\n")
+    from posbench.study.planning import orphaned
+
+    todo, have = plan(study)
+    assert have == 2 and [(s.folder, s.seeds) for s in todo] == [
+        ("long/alibi", (0, 1)), ("short/alibi", (0, 1)), ("short/rope", (0, 1))]
+    keep, lines = orphaned(study, todo)
+    assert [(s.folder, s.seeds) for s in keep] == [("long/alibi", (0, 1)), ("short/alibi", (0, 1)), ("short/rope", (0,))]
+    assert lines == [f"short of long/rope seed=1 cannot start: its parent's run {tmp_path}/out/long/rope/seed=1 is "
+                     "not here (its export is), and a branch starts from that run's checkpoints; to train the seed "
+                     f"whole, remove {tmp_path}/runs/long/rope/seed=1"]
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan")
+    assert r.returncode == 0, r.stderr
+    assert "study mini: 2 of 8 runs done; 5 to train, 1 cannot start (below)" in r.stdout
+    assert f"study mini: {lines[0]}" in r.stdout
+    (short_rope,) = [line for line in r.stdout.splitlines() if "hydra.sweep.dir=" in line and "out/short/rope" in line]
+    assert " seed=0 " in short_rope and "seed=0,1" not in short_rope
+    import posbench.study.run as st
+
+    trained = []
+    monkeypatch.setattr(st, "train", lambda study, todo, jobs, extra=(): trained.extend(todo) or [])
+    with pytest.raises(PosbenchError, match=rf"^study mini: 1 branch run\(s\) could not start, their parents' runs "
+                                            rf"not under {tmp_path}/out; valid: remove the exports"):
+        st.main(["--config-dir", str(tmp_path), "mini", "--step", "train"])
+    assert [(s.folder, s.seeds) for s in trained] == [(s.folder, s.seeds) for s in keep]  # the rest trained first
+
+
 @pytest.mark.slow
 def test_a_branched_study_trains_its_branches_from_the_long_runs(tmp_path):
     """A real two-stage study: the short runs branch off the long runs' step-2 checkpoints and

@@ -94,6 +94,34 @@ def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], i
     return todo, have
 
 
+def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
+    """Branch runs that cannot start: a ``from:`` stage's seed whose parent run is done (exported)
+    but whose run dir, with the checkpoints the branch starts from, is not under ``out`` (it trained
+    on another machine). -> the todo without them, and one line per (parent, seed) that names its
+    exports: removing them trains the seed whole again, parent and branches from one run."""
+    training = {(s.folder, seed) for s in todo if not s.evaluates for seed in s.seeds}
+    keep, lost = [], {}
+    for sweep in todo:
+        if not sweep.parent or sweep.evaluates or sweep.pretrained:
+            keep.append(sweep)
+            continue
+        gone = [seed for seed in sweep.seeds if (sweep.parent, seed) not in training
+                and not (study.out / sweep.parent / f"seed={seed}" / "config.yaml").is_file()]
+        for seed in gone:
+            lost.setdefault((sweep.parent, seed), []).append(sweep.stage)
+        left = tuple(seed for seed in sweep.seeds if seed not in gone)
+        keep += [replace(sweep, seeds=left)] if left else []
+    lines = []
+    for (parent, seed), stages in sorted(lost.items()):
+        family = [s.folder for s in sweeps(study) if s.folder == parent or s.parent == parent]
+        exported = [str(study.runs / f / f"seed={seed}") for f in dict.fromkeys(family)
+                    if (study.runs / f / f"seed={seed}").is_dir()]
+        lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent's run "
+                     f"{study.out / parent / f'seed={seed}'} is not here (its export is), and a branch starts from "
+                     f"that run's checkpoints; to train the seed whole, remove {' '.join(exported)}")
+    return keep, lines
+
+
 def seed_major(todo: list[Sweep]) -> list[Sweep]:
     """The sweeps split into one sweep per seed, ordered by seed first: every line's first seed
     trains before any line's second (stages keep their order within a seed), so a study cut off

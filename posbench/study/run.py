@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from ..errors import PosbenchError
-from .planning import _finished_keys, eval_extra, finished, plan, pretrained_overrides, seed_major
+from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
 from .spec import Study, Sweep, load_study, study_files, sweeps
 
 
@@ -340,11 +340,15 @@ def main(args: list[str]) -> None:
     study.config_dirs = [d.resolve() for d in dirs]
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra)
-        todo = seed_major(todo) if ns.seed_major else todo
-        total = have + sum(len(s.seeds) for s in todo)
+        kept, orphans = orphaned(study, todo)
+        stuck = sum(len(s.seeds) for s in todo) - sum(len(s.seeds) for s in kept)
+        todo = seed_major(kept) if ns.seed_major else kept
+        total = have + stuck + sum(len(s.seeds) for s in todo)
         evals = sum(len(s.seeds) for s in todo if s.evaluates or s.pretrained)
-        print(f"study {study.name}: {have} of {total} runs done; {total - have - evals} to train"
-              + (f", {evals} to evaluate" if evals else ""))
+        print(f"study {study.name}: {have} of {total} runs done; {total - have - evals - stuck} to train"
+              + (f", {evals} to evaluate" if evals else "") + (f", {stuck} cannot start (below)" if stuck else ""))
+        for line in orphans:
+            print(f"study {study.name}: {line}", flush=True)
         if ns.step == "plan":
             for s in todo:
                 print("  " + shlex.join(command(study, s, ns.jobs, ns.extra)))
@@ -352,6 +356,10 @@ def main(args: list[str]) -> None:
         failed = train(study, todo, ns.jobs, ns.extra)
         if failed:
             raise PosbenchError(f"study {study.name}: {len(failed)} sweep(s) failed; their logs: {', '.join(failed)}")
+        if orphans:
+            raise PosbenchError(f"study {study.name}: {stuck} branch run(s) could not start, their parents' runs "
+                                f"not under {study.out}; valid: remove the exports the lines above name, to train "
+                                "those seeds whole")
     if ns.step == "export":
         n = sum(len(export(study, s)) for s in sweeps(study, only))
         print(f"study {study.name}: exported {n} run(s) to {study.runs}")
