@@ -173,3 +173,23 @@ def test_an_ordering_names_its_trained_lines_of_one_seed():
     assert "one seed" not in "".join(verdict_lines(summarize(df[df.encoding == "alibi"].assign(
         encoding="a"), cells=True)) + verdict_lines(summarize(pd.concat(
             [df[df.encoding == "alibi"], df[df.encoding == "alibi"].assign(encoding="b")]), cells=True)))
+
+
+def test_a_line_without_the_long_rows_is_named_not_ordered_at_a_shorter_length():
+    """Lines that share a length below train_len but not every length past it: the ratio ordering is
+    at the longest length past train_len, the line without it named, never a ratio below train_len
+    (a pretrained study whose method has run only where it is the model as trained)."""
+    rows = []
+    for enc, lengths, r16 in (("a", (64, 128, 2048), 0.95), ("b", (64, 128, 2048), 4.0), ("c", (64, 128), 1.0)):
+        for seed in range(3):
+            for length in lengths:
+                ppl = (50.0 + seed) * {64: 1.1, 128: 1.0, 2048: r16}[length]
+                rows.append({"encoding": enc, "rope_scaling": "none", "train_len": 128, "eval_len": length,
+                             "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": length,
+                             "ppl": ppl, "nll": math.log(ppl), "tokens": 4096, "status": "ok", "model": "tiny",
+                             "data": "sotu", "steps": 400})
+    lines = verdict_lines(summarize(pd.DataFrame(rows), cells=True))
+    assert lines[0].startswith(f"{PREFIX}ppl(L=2048) / ppl(L=128) (16x), lowest first (n/a: c): a 0.950 "), lines[0]
+    below = [r for r in rows if r["eval_len"] < 2048]
+    assert verdict_lines(summarize(pd.DataFrame(below), cells=True))[0].startswith(
+        f"{PREFIX}ppl(L=64) / ppl(L=128) (0.5x), lowest first: ")  # no line past train_len: the longest there is

@@ -92,10 +92,18 @@ class Verdicts:
             yield dict(zip(SETUP, keys)), g
 
     def _longest(self, g: pd.DataFrame) -> int | None:
-        """The longest eval length every line of ``g`` reached with a ratio."""
+        """The longest eval length past train_len every line of ``g`` reached with a ratio; None where
+        some line reaches past train_len and not every one does (:meth:`_longest_most` then names the
+        others), rather than a shorter length every line has; the longest below train_len only where
+        no line runs past it."""
         tlen = int(g.train_len.iloc[0])
         reached = [set(e[e.ratio_mean.notna()].eval_len) for _, e in g.groupby("label")]
         common = set.intersection(*reached) - {tlen} if reached else set()
+        past = {x for x in common if x > tlen}
+        if past:
+            return max(past)
+        if any(x > tlen for r in reached for x in r):
+            return None
         return max(common) if common else None
 
     def _longest_most(self, g: pd.DataFrame) -> tuple[int | None, list[str]]:
@@ -103,7 +111,7 @@ class Verdicts:
         that did not reach it."""
         tlen = int(g.train_len.iloc[0])
         reached = {label: set(e[e.ratio_mean.notna()].eval_len) - {tlen} for label, e in g.groupby("label")}
-        lengths = sorted({x for r in reached.values() for x in r}, reverse=True)
+        lengths = sorted({x for r in reached.values() for x in r}, key=lambda x: (x > tlen, x), reverse=True)
         for length in lengths:
             having = [label for label, r in reached.items() if length in r]
             if len(having) >= 2:
