@@ -111,10 +111,12 @@ def _common_seeds(budgets: dict[int, tuple[Cell, Cell, int]]) -> dict[int, tuple
     return {steps: (only(at), only(ratio), tokens) for steps, (at, ratio, tokens) in budgets.items()}
 
 
-def matched_table(df: pd.DataFrame, target: float | None = None, estimator: Estimator | None = None):
-    """The matched table (module docstring) and the per-line matched ratio cells (for verdicts)."""
+def matched_table(df: pd.DataFrame, target: float | None = None, estimator: Estimator | None = None,
+                  lines: dict | None = None):
+    """The matched table (module docstring) and the per-line matched ratio cells (for verdicts);
+    ``lines``: :func:`budget_cells` of ``df``, where the caller has them already."""
     est = estimator or Estimator()
-    lines = budget_cells(df)
+    lines = budget_cells(df) if lines is None else lines
     lines = {k: v for k, v in lines.items() if len(v) >= 2 and next(iter(v.values()))[0].nll.size}
     if not lines:
         raise PosbenchError("report --matched: no line has runs at two or more budgets (train.steps); valid: runs "
@@ -188,21 +190,22 @@ def matched_markdown(table: pd.DataFrame, verdicts: list[str]) -> str:
 
 def write_matched(df: pd.DataFrame, out: Path, target: float | None = None) -> list[Path]:
     """matched.csv and matched.md in ``out``."""
-    table, matched, pool = matched_table(df, target)
+    lines = budget_cells(df)  # the runs' block sums read once, for the table and the figure
+    table, matched, pool = matched_table(df, target, lines=lines)
     verdicts = matched_verdict(matched, pool, float(table.target.iloc[0]))
     files = [out / "matched.csv", out / "matched.md"]
     atomic_write_text(files[0], table.to_csv(index=False))
     atomic_write_text(files[1], matched_markdown(table, verdicts))
-    return files + matched_figure(df, table, out / "matched.png")
+    return files + matched_figure(lines, table, out / "matched.png")
 
 
-def matched_figure(df: pd.DataFrame, table: pd.DataFrame, path: Path) -> list[Path]:
+def matched_figure(lines: dict, table: pd.DataFrame, path: Path) -> list[Path]:
     """Two panels against the training tokens (log x): each line's ppl at train_len with the
-    target, and its 16x ratio (log y) with the matched value and its interval where it has one."""
+    target, and its 16x ratio (log y) with the matched value and its interval where it has one;
+    ``lines``: :func:`budget_cells`."""
     from .figures import _pyplot, save
 
     plt = _pyplot()
-    lines = budget_cells(df)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, r in enumerate(table.itertuples()):
         budgets = lines[r.label]

@@ -339,10 +339,10 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     means = ok.groupby(GROUP, dropna=False)[["nll", "bpb", "word_ppl"]].mean().add_suffix("_mean")
     seeds = df.groupby(GROUP, dropna=False).seed.nunique().rename("seeds")
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
-    out = with_labels(pd.concat([stats, seeds, means, counts], axis=1).reset_index())
     steps = pd.to_numeric(df["steps"], errors="coerce") if "steps" in df else pd.Series(0.0, index=df.index)
-    trained = steps.fillna(0).gt(0).groupby([df[c] for c in GROUP], dropna=False).any().to_numpy()
-    out = add_intervals(out.assign(cell=_cells(df), trained=trained), estimator or Estimator())
+    trained = df.assign(trained=steps.fillna(0).gt(0)).groupby(GROUP, dropna=False).trained.any()
+    out = with_labels(pd.concat([stats, seeds, means, counts, trained], axis=1).reset_index())
+    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator())
     out = out if cells else out.drop(columns=list(CELL_COLUMNS))
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 

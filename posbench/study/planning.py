@@ -111,9 +111,9 @@ def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
             lost.setdefault((sweep.parent, seed), []).append(sweep.stage)
         left = tuple(seed for seed in sweep.seeds if seed not in gone)
         keep += [replace(sweep, seeds=left)] if left else []
-    lines = []
+    lines, every = [], sweeps(study) if lost else []
     for (parent, seed), stages in sorted(lost.items()):
-        family = [s.folder for s in sweeps(study) if s.folder == parent or s.parent == parent]
+        family = [s.folder for s in every if s.folder == parent or s.parent == parent]
         exported = [str(study.runs / f / f"seed={seed}") for f in dict.fromkeys(family)
                     if (study.runs / f / f"seed={seed}").is_dir()]
         lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent's run "
