@@ -146,18 +146,19 @@ def test_a_line_that_cannot_run_past_train_len_is_named_not_ordered():
     assert "learned" not in ratio.split("): ", 1)[1]
 
 
+def result_row(encoding: str, seed: int, eval_len: int, ppl: float, steps: int) -> dict:
+    """One results.csv row of a run trained at 128 tokens (steps 0: a pretrained model's row)."""
+    return {"encoding": encoding, "rope_scaling": "none", "train_len": 128, "eval_len": eval_len, "seed": seed,
+            "split": "validation", "mode": "nonoverlapping", "stride": eval_len, "ppl": ppl, "nll": math.log(ppl),
+            "tokens": 4096, "status": "ok", "model": "tiny", "data": "sotu", "steps": steps}
+
+
 def test_an_ordering_names_its_trained_lines_of_one_seed():
     """A trained line of one seed has an interval of the text alone, so the verdict says which lines
     those are; a pretrained model (steps 0) is one model and gets no such note."""
-    rows = []
-    for enc, seeds, steps, r16 in (("alibi", 3, 400, 0.95), ("rope", 1, 400, 4.0), ("hf", 1, 0, 2.0)):
-        for seed in range(seeds):
-            for length, ppl in ((128, 50.0 + seed), (2048, (50.0 + seed) * r16)):
-                rows.append({"encoding": enc, "rope_scaling": "none", "train_len": 128, "eval_len": length,
-                             "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": length,
-                             "ppl": ppl, "nll": math.log(ppl), "tokens": 4096, "status": "ok", "model": "tiny",
-                             "data": "sotu", "steps": steps})
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([result_row(enc, seed, length, (50.0 + seed) * {128: 1.0, 2048: r16}[length], steps)
+                       for enc, seeds, steps, r16 in (("alibi", 3, 400, 0.95), ("rope", 1, 400, 4.0), ("hf", 1, 0, 2.0))
+                       for seed in range(seeds) for length in (128, 2048)])
     lines = verdict_lines(summarize(df, cells=True), [("rope", "alibi")])
     ratio, at_1x, contrast = lines[0], lines[1], lines[2]
     assert ratio.endswith("(one seed: rope; the seeds' spread is not in their intervals)"), ratio
@@ -179,15 +180,9 @@ def test_a_line_without_the_long_rows_is_named_not_ordered_at_a_shorter_length()
     """Lines that share a length below train_len but not every length past it: the ratio ordering is
     at the longest length past train_len, the line without it named, never a ratio below train_len
     (a pretrained study whose method has run only where it is the model as trained)."""
-    rows = []
-    for enc, lengths, r16 in (("a", (64, 128, 2048), 0.95), ("b", (64, 128, 2048), 4.0), ("c", (64, 128), 1.0)):
-        for seed in range(3):
-            for length in lengths:
-                ppl = (50.0 + seed) * {64: 1.1, 128: 1.0, 2048: r16}[length]
-                rows.append({"encoding": enc, "rope_scaling": "none", "train_len": 128, "eval_len": length,
-                             "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": length,
-                             "ppl": ppl, "nll": math.log(ppl), "tokens": 4096, "status": "ok", "model": "tiny",
-                             "data": "sotu", "steps": 400})
+    rows = [result_row(enc, seed, length, (50.0 + seed) * {64: 1.1, 128: 1.0, 2048: r16}[length], 400)
+            for enc, lengths, r16 in (("a", (64, 128, 2048), 0.95), ("b", (64, 128, 2048), 4.0), ("c", (64, 128), 1.0))
+            for seed in range(3) for length in lengths]
     lines = verdict_lines(summarize(pd.DataFrame(rows), cells=True))
     assert lines[0].startswith(f"{PREFIX}ppl(L=2048) / ppl(L=128) (16x), lowest first (n/a: c): a 0.950 "), lines[0]
     below = [r for r in rows if r["eval_len"] < 2048]
