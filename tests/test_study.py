@@ -256,6 +256,25 @@ def test_a_branch_starts_after_its_parent_and_not_at_all_when_it_failed(tmp_path
     assert any("short/rope.log (not started: long/rope failed)" in f for f in failed)
 
 
+def test_with_one_job_a_lines_branches_start_before_the_next_lines_run(tmp_path, monkeypatch):
+    """jobs=1: long/alibi, then its branch short/alibi, then long/rope and short/rope, not the
+    file's order (both long runs first): a study cut off early holds whole lines."""
+    import posbench.study.run as st
+
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+    started = []
+
+    def command(study, sweep, jobs, extra=()):
+        started.append(sweep.folder)
+        return [sys.executable, "-c", "pass"]
+
+    monkeypatch.setattr(st, "train_command", command)
+    monkeypatch.setattr(st, "export", lambda study, sweep: [])
+    assert st.train(study, sweeps(study), jobs=1) == []
+    assert started == ["long/alibi", "short/alibi", "long/rope", "short/rope"]
+
+
 def test_a_branch_whose_parent_trained_elsewhere_is_named_and_not_started(tmp_path, monkeypatch):
     """long/rope's two seeds are exported, but only seed 0's run dir (with its checkpoints) is here:
     short/rope's seed 1 cannot branch, so the study trains the rest, names that seed and the exports
@@ -518,6 +537,37 @@ def test_seed_major_trains_every_lines_first_seed_first(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     seeds = [re.search(r" seed=([0-9,]+) ", line).group(1) for line in r.stdout.splitlines() if " -m train " in line]
     assert seeds == ["0"] * 4 + ["1"] * 4
+
+
+def test_where_picks_the_runs_of_some_grid_points_and_seeds(tmp_path):
+    """``--where encoding=rope --where seed=1``: only those runs are planned (a branch with its
+    parent); a key no run sets, a value none has and a malformed condition are one line each."""
+    from posbench.study import parse_where
+
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+    assert parse_where(["encoding=rope", "seed=1", "probe.lengths=[1024,2048],[4096]"]) == {
+        "encoding": {"rope"}, "seed": {"1"}, "probe.lengths": {"[1024,2048]", "[4096]"}}
+    todo, have = plan(study, where=parse_where(["encoding=rope", "seed=1"]))
+    assert have == 0 and [(s.folder, s.seeds) for s in todo] == [("long/rope", (1,)), ("short/rope", (1,))]
+    todo, _ = plan(study, where=parse_where(["train.steps=4"]))  # a stage's own override picks too
+    assert [(s.folder, s.seeds) for s in todo] == [("short/alibi", (0, 1)), ("short/rope", (0, 1))]
+    with pytest.raises(PosbenchError, match=r"^study mini: --where encoding=rop matches no run; valid values of "
+                                            r"encoding: alibi, rope$"):
+        plan(study, where=parse_where(["encoding=rop"]))
+    with pytest.raises(PosbenchError, match=r"^study mini: --where seed=7 matches no run; valid values of seed: 0, 1$"):
+        plan(study, where=parse_where(["seed=7"]))
+    with pytest.raises(PosbenchError, match=r"^study mini: --where model: no run of the chosen stages sets model; "
+                                            r"valid keys: seed, encoding, train.branch_from, train.save_steps, "
+                                            r"train.steps$"):
+        plan(study, where=parse_where(["model=tiny"]))
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan", "--where", "encoding")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1
+    assert "--where 'encoding' is not valid; valid: KEY=VALUE[,VALUE...]" in r.stderr
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan", "--where", "encoding=alibi")
+    assert r.returncode == 0, r.stderr
+    assert "study mini: 0 of 4 runs done; 4 to train" in r.stdout
+    assert r.stdout.count(" -m train ") == 2 and "encoding=rope" not in r.stdout
 
 
 JUDGED = """description: LongPPL of trained runs on a judge trained at twice their length

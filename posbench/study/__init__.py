@@ -155,9 +155,22 @@ from .run import (
     train,
     train_command,
 )
-from .spec import FOLDER, REPORT_KEYS, STAGE_KEYS, STUDY_KEYS, Study, Sweep, load_study, study_files, sweeps
+from .spec import (
+    FOLDER,
+    REPORT_KEYS,
+    STAGE_KEYS,
+    STUDY_KEYS,
+    Study,
+    Sweep,
+    load_study,
+    parse_where,
+    restrict,
+    study_files,
+    sweeps,
+)
 
-__all__ = ["FOLDER", "REPORT_KEYS", "STAGE_KEYS", "STUDY_KEYS", "Study", "Sweep", "load_study", "study_files", "sweeps",
+__all__ = ["FOLDER", "REPORT_KEYS", "STAGE_KEYS", "STUDY_KEYS", "Study", "Sweep", "load_study", "parse_where",
+           "restrict", "study_files", "sweeps",
            "EVAL_EXTRA", "eval_extra", "evaluated", "finished", "plan", "pretrained_left", "pretrained_overrides",
            "seed_major", "sweep_hash", "EXPORT_EVERY", "command", "eval_command", "export", "export_pretrained",
            "log_path", "main", "pretrained_command", "report", "report_command", "train", "train_command"]

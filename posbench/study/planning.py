@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..config import conf_dir, config_hash, task_config
 from ..errors import PosbenchError
-from .spec import Study, Sweep, sweeps
+from .spec import Study, Sweep, restrict, sweeps
 
 
 def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
@@ -72,12 +72,14 @@ def finished(run: Path) -> bool:
     return (run / "ppl_vs_length.png").is_file() or (run / "tasks.csv").is_file()
 
 
-def plan(study: Study, only=None, extra: list[str] = ()) -> tuple[list[Sweep], int]:
+def plan(study: Study, only=None, extra: list[str] = (), where: dict[str, set[str]] | None = None
+         ) -> tuple[list[Sweep], int]:
     """The sweeps still to train or evaluate (each with only its missing seeds), and how many runs
-    are done (an eval stage's: :func:`evaluated`)."""
+    are done (an eval stage's: :func:`evaluated`), of the stages ``only`` names and the runs
+    ``where`` picks (:func:`posbench.study.spec.restrict`; all by default)."""
     done = _finished_keys(study.runs, False) | _finished_keys(study.out, True)
     todo, have = [], 0
-    for sweep in sweeps(study, only):
+    for sweep in restrict(study, sweeps(study, only), where or {}):
         if sweep.pretrained:
             left = pretrained_left(study, sweep, extra)
             have += left is None

@@ -20,7 +20,7 @@ import yaml
 
 from ..errors import PosbenchError
 from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
-from .spec import Study, Sweep, load_study, study_files, sweeps
+from .spec import Study, Sweep, load_study, parse_where, study_files, sweeps
 
 
 def _posbench() -> list[str]:
@@ -220,7 +220,9 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
     """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
     ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
     first seed's run even when the study is cut off before the last), and each sweep as it ends.
-    -> the sweeps that failed (their logs' paths)."""
+    Of the sweeps ready to start, those whose parent has trained go first (stable otherwise): with
+    fewer jobs than sweeps, a line's branches finish it before the next line's run starts, so a
+    study cut off early holds whole lines. -> the sweeps that failed (their logs' paths)."""
     waiting, running, failed, dead = list(todo), [], [], set()
     last_export = time.monotonic()
     while waiting or running:
@@ -230,6 +232,7 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             dead.add(sweep.folder)
             failed.append(f"{log_path(study, sweep)} (not started: {sweep.parent} failed)")
         ready = [w for w in waiting if not _pending(w, waiting, running)]
+        ready.sort(key=lambda w: not w.parent)  # a line's branches before the next line's first run
         while ready and (not running or busy + min(jobs, len(ready[0].seeds)) <= jobs):
             sweep = ready.pop(0)
             waiting.remove(sweep)
@@ -318,6 +321,9 @@ def main(args: list[str]) -> None:
                         help="a dir with study/<name>.yaml files (and the configs its runs use); repeatable")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2: two CPU cores)")
     parser.add_argument("--only", default=None, metavar="STAGES", help="comma-separated stages to train (default: all)")
+    parser.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
+                        help="train only the runs whose grid point sets KEY to one of the values (repeatable; "
+                             "seed=1 picks a seed): --where encoding=alibi,rope --where seed=1")
     parser.add_argument("--step", default="all", choices=["all", "plan", "train", "export", "report"],
                         help="plan: list what would train; train: train (and export) without the report; "
                              "export: export finished runs; report: draw the exported runs")
@@ -337,9 +343,10 @@ def main(args: list[str]) -> None:
         raise PosbenchError(f"study: --jobs {ns.jobs} is not valid; valid: a count of runs >= 1")
     study = load_study(ns.name, dirs)
     only = [s for s in ns.only.split(",") if s] if ns.only else None
+    where = parse_where(ns.where)
     study.config_dirs = [d.resolve() for d in dirs]
     if ns.step in ("all", "plan", "train"):
-        todo, have = plan(study, only, ns.extra)
+        todo, have = plan(study, only, ns.extra, where)
         kept, orphans = orphaned(study, todo)
         stuck = sum(len(s.seeds) for s in todo) - sum(len(s.seeds) for s in kept)
         todo = seed_major(kept) if ns.seed_major else kept

@@ -215,3 +215,54 @@ def _value(v) -> str:
         return str(v).lower()
     return "null" if v is None else str(v)
 
+
+
+def parse_where(items: list[str]) -> dict[str, set[str]]:
+    """``--where KEY=V1,V2`` (repeatable) -> {KEY: {V1, V2}}; a comma inside brackets belongs to
+    its value (``probe.lengths=[1024,2048]``), and a KEY given twice takes both lists."""
+    where: dict[str, set[str]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key or not text:
+            raise PosbenchError(f"study: --where {item!r} is not valid; valid: KEY=VALUE[,VALUE...], e.g. "
+                                "--where encoding=alibi,rope --where seed=1")
+        values, depth, start = [], 0, 0
+        for i, ch in enumerate(text + ","):
+            depth += (ch == "[") - (ch == "]")
+            if ch == "," and depth == 0:
+                values.append(text[start:i])
+                start = i + 1
+        where.setdefault(key.lstrip("+"), set()).update(v for v in values if v)
+    return where
+
+
+def _setting(sweep: Sweep, key: str) -> str | None:
+    """The value a sweep's overrides give ``key`` (its grid point's or its stage's), else None."""
+    found = [o.split("=", 1)[1] for o in sweep.overrides if "=" in o and o.split("=", 1)[0].lstrip("+") == key]
+    return found[0] if found else None
+
+
+def restrict(study: Study, chosen: list[Sweep], where: dict[str, set[str]]) -> list[Sweep]:
+    """The runs of ``chosen`` that ``where`` picks (:func:`parse_where`): a sweep whose overrides set
+    every key to one of its values, and of its seeds those ``seed`` names (a pretrained sweep has
+    seed 0). A key no sweep sets, or a value none has, is one line naming the valid ones: a typo
+    never selects nothing in silence."""
+    for key, values in where.items():
+        if key == "seed":
+            have = {str(s) for sweep in chosen for s in sweep.seeds}
+        else:
+            have = {v for sweep in chosen if (v := _setting(sweep, key)) is not None}
+            if not have:
+                keys = sorted({o.split("=", 1)[0].lstrip("+") for s in chosen for o in s.overrides if "=" in o})
+                raise PosbenchError(f"study {study.name}: --where {key}: no run of the chosen stages sets {key}; "
+                                    f"valid keys: seed, {', '.join(keys)}")
+        if values - have:
+            raise PosbenchError(f"study {study.name}: --where {key}={','.join(sorted(values - have))} matches no "
+                                f"run; valid values of {key}: {', '.join(sorted(have))}")
+    kept = []
+    for sweep in chosen:
+        if any(_setting(sweep, k) not in v for k, v in where.items() if k != "seed"):
+            continue
+        seeds = tuple(s for s in sweep.seeds if "seed" not in where or str(s) in where["seed"])
+        kept += [replace(sweep, seeds=seeds)] if seeds else []
+    return kept
