@@ -141,15 +141,16 @@ class PositionScheme:
                 getattr(rotary, f"{prefix[t]}inv_freq").copy_(inv_freq)
                 setattr(rotary, f"{prefix[t]}attention_scaling", attention)
 
-    def check_extension(self, ext) -> None:
-        """One line unless ``ext`` can run on this model (``none`` runs on any)."""
+    def check_extension(self, ext) -> str | None:
+        """One line unless ``ext`` can run on this model (``none`` runs on any). -> the layer type
+        whose rotary frequencies it acts on (None: the model's one ``inv_freq``, or ``none``)."""
         if ext.method == "none":
-            return
+            return None
         if self.rotary is None:
             raise PosbenchError(f"eval.extension={ext.method} works on rotary (RoPE) models; this model's positions "
                                 f"are {self.name!r}; valid: eval.extension=none")
         if self.layer_types is None:
-            return
+            return None
         types, cap = self._buffers(), getattr(self.rotary.config, "attn_logit_softcapping", None)
         why = (f"this model's scaled layer types are {', '.join(types)}" if len(types) != 1 else
                f"this model caps its attention logits at {cap}" if cap else None)
@@ -157,6 +158,7 @@ class PositionScheme:
             raise PosbenchError(f"eval.extension={ext.method} acts on one layer type's rotary frequencies with "
                                 f"uncapped logits; {why}; valid: eval.extension=none, or an eval.rope_scaling "
                                 "(pi, ntk, dynamic_ntk, yarn)")
+        return types[0]
 
     @contextmanager
     def extended(self, ext):
@@ -164,13 +166,12 @@ class PositionScheme:
         attention interface, for the block; nothing for ``none``. On a model with a rotary embedding
         per layer type, the layers a RoPE scaling acts on (Gemma 3's global layers) attend under the
         method with their frequencies and the sliding layers as trained (module docstring)."""
-        self.check_extension(ext)
+        layer_type = self.check_extension(ext)
         if ext.method == "none":
             yield self
             return
         from ..encodings import extension
 
-        (layer_type,) = self._buffers()
         inv_freq = getattr(self.rotary, "inv_freq" if layer_type is None else f"{layer_type}_inv_freq")
         function = extension.hf_attention if layer_type is None else extended_global_layers
         extension._ACTIVE.update(ext=ext, inv_freq=inv_freq.detach().clone())
