@@ -76,6 +76,22 @@ def test_the_headline_trains_only_the_runs_no_export_holds(tmp_path):
                                                  "alibi": (2,), "nope": (0, 1, 2)}
 
 
+def test_the_headline_longppl_runs_are_the_matched_studys_long_runs():
+    """headline_longppl's headline stage trains in the matched study's out, in its long stage's
+    folders, with its overrides: the same run dirs and config hashes, and the headline's hash (so a
+    run either study trained is done for the other, and its per-token NLLs judge it)."""
+    longppl, matched, headline = (load_study(n) for n in ("headline_longppl", "matched", "headline"))
+    assert longppl.out == matched.out
+    mine = [s for s in sweeps(longppl) if s.stage == "headline"]
+    theirs = {s.folder: s for s in sweeps(matched) if s.stage == "long"}
+    first = {s.folder: s for s in sweeps(headline)}
+    assert sorted(s.folder for s in mine) == sorted(theirs) and len(mine) == 5
+    for sweep in mine:
+        assert sweep.overrides == theirs[sweep.folder].overrides and sweep.seeds == theirs[sweep.folder].seeds
+        assert sweep_hash(longppl, sweep) == sweep_hash(headline, first[sweep.folder.split("/")[1]])
+    assert all(s.folder.startswith("longppl_judge/") for s in sweeps(longppl) if s.stage != "headline")
+
+
 def test_the_report_commands_are_the_shipped_reports():
     """new_schemes reports the headline's runs beside its own, with the zoo's --by keys, its contrasts
     (each scheme's ratio over its base's) and table."""
