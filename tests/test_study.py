@@ -326,7 +326,8 @@ def test_a_branch_whose_parent_trained_elsewhere_is_named_and_not_started(tmp_pa
     trained = []
     monkeypatch.setattr(st, "train", lambda study, todo, jobs, extra=(): trained.extend(todo) or [])
     with pytest.raises(PosbenchError, match=rf"^study mini: 1 branch run\(s\) could not start, their parents' runs "
-                                            rf"not under {tmp_path}/out; valid: remove the exports"):
+                                            rf"not under {tmp_path}/out; valid: what the lines above name \(remove the "
+                                            rf"exports"):
         st.main(["--config-dir", str(tmp_path), "mini", "--step", "train"])
     assert [(s.folder, s.seeds) for s in trained] == [(s.folder, s.seeds) for s in keep]  # the rest trained first
 
@@ -577,6 +578,13 @@ def test_where_picks_the_runs_of_some_grid_points_and_seeds(tmp_path):
                                             r"valid keys: seed, encoding, train.branch_from, train.save_steps, "
                                             r"train.steps$"):
         plan(study, where=parse_where(["model=tiny"]))
+    from posbench.study.planning import orphaned
+
+    todo, _ = plan(study, where=parse_where(["train.steps=4", "seed=0"]))  # branches without their parents
+    keep, lines = orphaned(study, todo)
+    assert keep == [] and lines == [
+        f"short of long/{enc} seed=0 cannot start: its parent run has not trained and is not among the runs chosen; "
+        "valid: add its stage long to --only, or widen --where to it" for enc in ("alibi", "rope")]
     r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan", "--where", "encoding")
     assert r.returncode != 0 and r.stderr.count("\n") == 1
     assert "--where 'encoding' is not valid; valid: KEY=VALUE[,VALUE...]" in r.stderr

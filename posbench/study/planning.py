@@ -99,8 +99,10 @@ def plan(study: Study, only=None, extra: list[str] = (), where: dict[str, set[st
 def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
     """Branch runs that cannot start: a ``from:`` stage's seed whose parent run is done (exported)
     but whose run dir, with the checkpoints the branch starts from, is not under ``out`` (it trained
-    on another machine). -> the todo without them, and one line per (parent, seed) that names its
-    exports: removing them trains the seed whole again, parent and branches from one run."""
+    on another machine), or whose parent has not trained and is not in the todo (``--only`` or
+    ``--where`` left it out). -> the todo without them, and one line per (parent, seed): the exports
+    whose removal trains the seed whole again, parent and branches from one run, or the choice
+    that would include the parent."""
     training = {(s.folder, seed) for s in todo if not s.evaluates for seed in s.seeds}
     keep, lost = [], {}
     for sweep in todo:
@@ -118,6 +120,12 @@ def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
         family = [s.folder for s in every if s.folder == parent or s.parent == parent]
         exported = [str(study.runs / f / f"seed={seed}") for f in dict.fromkeys(family)
                     if (study.runs / f / f"seed={seed}").is_dir()]
+        if not (study.runs / parent / f"seed={seed}").is_dir():  # not trained anywhere: left out by the choice
+            stage = next(s.stage for s in every if s.folder == parent)
+            lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent run has not trained "
+                         f"and is not among the runs chosen; valid: add its stage {stage} to --only, or widen "
+                         "--where to it")
+            continue
         lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent's run "
                      f"{study.out / parent / f'seed={seed}'} is not here (its export is), and a branch starts from "
                      f"that run's checkpoints; to train the seed whole, remove {' '.join(exported)}")

@@ -365,8 +365,8 @@ def main(args: list[str]) -> None:
             raise PosbenchError(f"study {study.name}: {len(failed)} sweep(s) failed; their logs: {', '.join(failed)}")
         if orphans:
             raise PosbenchError(f"study {study.name}: {stuck} branch run(s) could not start, their parents' runs "
-                                f"not under {study.out}; valid: remove the exports the lines above name, to train "
-                                "those seeds whole")
+                                f"not under {study.out}; valid: what the lines above name (remove the exports they "
+                                "list, to train those seeds whole, or choose the parents' stage)")
     if ns.step == "export":
         n = sum(len(export(study, s)) for s in sweeps(study, only))
         print(f"study {study.name}: exported {n} run(s) to {study.runs}")
