@@ -585,6 +585,9 @@ def test_where_picks_the_runs_of_some_grid_points_and_seeds(tmp_path):
     assert keep == [] and lines == [
         f"short of long/{enc} seed=0 cannot start: its parent run has not trained and is not among the runs chosen; "
         "valid: add its stage long to --only, or widen --where to it" for enc in ("alibi", "rope")]
+    write_study(tmp_path, JUDGED.format(tmp=tmp_path), name="judged")  # an eval stage has its parent's keys
+    todo, _ = plan(load_study("judged", [tmp_path]), where=parse_where(["encoding=rope"]))
+    assert [s.stage for s in todo] == ["main", "judge", "judge_short"]
     r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "plan", "--where", "encoding")
     assert r.returncode != 0 and r.stderr.count("\n") == 1
     assert "--where 'encoding' is not valid; valid: KEY=VALUE[,VALUE...]" in r.stderr

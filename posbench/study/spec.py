@@ -216,7 +216,6 @@ def _value(v) -> str:
     return "null" if v is None else str(v)
 
 
-
 def parse_where(items: list[str]) -> dict[str, set[str]]:
     """``--where KEY=V1,V2`` (repeatable) -> {KEY: {V1, V2}}; a comma inside brackets belongs to
     its value (``probe.lengths=[1024,2048]``), and a KEY given twice takes both lists."""
@@ -245,13 +244,19 @@ def _setting(sweep: Sweep, key: str) -> str | None:
 def restrict(study: Study, chosen: list[Sweep], where: dict[str, set[str]]) -> list[Sweep]:
     """The runs of ``chosen`` that ``where`` picks (:func:`parse_where`): a sweep whose overrides set
     every key to one of its values, and of its seeds those ``seed`` names (a pretrained sweep has
-    seed 0). A key no sweep sets, or a value none has, is one line naming the valid ones: a typo
-    never selects nothing in silence."""
+    seed 0; an eval stage's sweep has its parent's grid keys too). A key no sweep sets, or a value
+    none has, is one line naming the valid ones: a typo never selects nothing in silence."""
+    parents = {s.folder: s for s in sweeps(study) if not s.evaluates} if where else {}
+
+    def setting(sweep: Sweep, key: str) -> str | None:
+        own = _setting(sweep, key)
+        return _setting(parents[sweep.folder], key) if own is None and sweep.evaluates else own
+
     for key, values in where.items():
         if key == "seed":
             have = {str(s) for sweep in chosen for s in sweep.seeds}
         else:
-            have = {v for sweep in chosen if (v := _setting(sweep, key)) is not None}
+            have = {v for sweep in chosen if (v := setting(sweep, key)) is not None}
             if not have:
                 keys = sorted({o.split("=", 1)[0].lstrip("+") for s in chosen for o in s.overrides if "=" in o})
                 raise PosbenchError(f"study {study.name}: --where {key}: no run of the chosen stages sets {key}; "
@@ -261,7 +266,7 @@ def restrict(study: Study, chosen: list[Sweep], where: dict[str, set[str]]) -> l
                                 f"run; valid values of {key}: {', '.join(sorted(have))}")
     kept = []
     for sweep in chosen:
-        if any(_setting(sweep, k) not in v for k, v in where.items() if k != "seed"):
+        if any(setting(sweep, k) not in v for k, v in where.items() if k != "seed"):
             continue
         seeds = tuple(s for s in sweep.seeds if "seed" not in where or str(s) in where["seed"])
         kept += [replace(sweep, seeds=seeds)] if seeds else []
