@@ -597,6 +597,19 @@ def hashed_part(data: dict) -> dict:
     return kept
 
 
+def split_outside_brackets(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets and parentheses, each part stripped, the
+    empty ones dropped: 'alibi,rope [window=128]' -> two parts, '[1024,2048],[4096]' -> two
+    (``posbench report --lines``, ``posbench study --where``)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += ch in "[(" and 1 or ch in "])" and -1 or 0
+        if ch == "," and depth == 0:
+            parts += [text[start:i].strip()] if text[start:i].strip() else []
+            start = i + 1
+    return parts
+
+
 RUN_NAME_MAX = 255  # bytes of a run dir's name: where file systems stop (NAME_MAX)
 
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from ..config import split_outside_brackets
 from ..errors import PosbenchError
 from ..eval.results import compact_labels
 from .figures import CLIPPED_NOTE, Palette, _caption, _pyplot
@@ -97,16 +98,7 @@ def line_points(summary: pd.DataFrame, names: pd.Series) -> pd.DataFrame:
 def split_names(values: list[str]) -> list[str]:
     """``--lines`` values -> line names: each value split at commas outside brackets, so
     'alibi,rope [window=128]' and 'rope [qk_norm=True, window=0]' both read as meant."""
-    out = []
-    for value in values:
-        depth, start = 0, 0
-        for i, ch in enumerate(value + ","):
-            depth += ch in "[(" and 1 or ch in "])" and -1 or 0
-            if ch == "," and depth == 0:
-                if value[start:i].strip():
-                    out.append(value[start:i].strip())
-                start = i + 1
-    return out
+    return [name for value in values for name in split_outside_brackets(value)]
 
 
 def named_lines(points: pd.DataFrame, named: list[str]) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..config import conf_dir, config_hash, task_config
 from ..errors import PosbenchError
-from .spec import Study, Sweep, restrict, sweeps
+from .spec import Study, Sweep, override_key, restrict, sweeps
 
 
 def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
@@ -20,7 +20,7 @@ def sweep_hash(study: Study, sweep: Sweep, extra: list[str] = ()) -> str | None:
     its seeds (the hash leaves the seed out: ``config.NOT_HASHED``); None when the hash depends on
     a run not yet trained (``train.init_from``)."""
     overrides = [*study.common, *sweep.overrides, *extra]
-    if any(o.split("=", 1)[0].lstrip("+") == "train.init_from" for o in overrides):
+    if any(override_key(o) == "train.init_from" for o in overrides):
         return None
     cfg = _compose(study, sweep, "app_train", overrides)
     if not task_config(cfg.get("task")).is_lm:  # a task run's train_len is its longest training sequence
@@ -117,15 +117,15 @@ def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
         keep += [replace(sweep, seeds=left)] if left else []
     lines, every = [], sweeps(study) if lost else []
     for (parent, seed), stages in sorted(lost.items()):
-        family = [s.folder for s in every if s.folder == parent or s.parent == parent]
-        exported = [str(study.runs / f / f"seed={seed}") for f in dict.fromkeys(family)
-                    if (study.runs / f / f"seed={seed}").is_dir()]
         if not (study.runs / parent / f"seed={seed}").is_dir():  # not trained anywhere: left out by the choice
             stage = next(s.stage for s in every if s.folder == parent)
             lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent run has not trained "
                          f"and is not among the runs chosen; valid: add its stage {stage} to --only, or widen "
                          "--where to it")
             continue
+        family = [s.folder for s in every if s.folder == parent or s.parent == parent]
+        exported = [str(study.runs / f / f"seed={seed}") for f in dict.fromkeys(family)
+                    if (study.runs / f / f"seed={seed}").is_dir()]
         lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent's run "
                      f"{study.out / parent / f'seed={seed}'} is not here (its export is), and a branch starts from "
                      f"that run's checkpoints; to train the seed whole, remove {' '.join(exported)}")
@@ -193,7 +193,7 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
     missing = [n for n in probe.lengths(subject.train_len) if n not in have]
     if not missing:
         return None
-    kept = tuple(o for o in sweep.overrides if o.split("=", 1)[0].lstrip("+") != "probe.lengths")
+    kept = tuple(o for o in sweep.overrides if override_key(o) != "probe.lengths")
     return replace(sweep, overrides=(*kept, f"probe.lengths=[{','.join(map(str, missing))}]"))
 
 
@@ -228,7 +228,7 @@ def _eval_config(study: Study, sweep: Sweep, run: Path, extra: list[str] = ()):
 
 def eval_extra(extra: list[str]) -> list[str]:
     """The ``--extra`` overrides ``posbench eval`` takes (device=, eval.*); train.* are training's."""
-    return [o for o in extra if o.split("=", 1)[0].lstrip("+").split(".")[0] in EVAL_EXTRA]
+    return [o for o in extra if override_key(o).split(".")[0] in EVAL_EXTRA]
 
 
 EVAL_EXTRA = ("device", "eval", "precision")

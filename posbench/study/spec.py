@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import conf_dir
+from ..config import conf_dir, split_outside_brackets
 from ..errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
@@ -218,26 +218,26 @@ def _value(v) -> str:
 
 def parse_where(items: list[str]) -> dict[str, set[str]]:
     """``--where KEY=V1,V2`` (repeatable) -> {KEY: {V1, V2}}; a comma inside brackets belongs to
-    its value (``probe.lengths=[1024,2048]``), and a KEY given twice takes both lists."""
+    its value (``probe.lengths=[1024,2048]``: :func:`posbench.config.split_outside_brackets`), and
+    a KEY given twice takes both lists."""
     where: dict[str, set[str]] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key or not text:
             raise PosbenchError(f"study: --where {item!r} is not valid; valid: KEY=VALUE[,VALUE...], e.g. "
                                 "--where encoding=alibi,rope --where seed=1")
-        values, depth, start = [], 0, 0
-        for i, ch in enumerate(text + ","):
-            depth += (ch == "[") - (ch == "]")
-            if ch == "," and depth == 0:
-                values.append(text[start:i])
-                start = i + 1
-        where.setdefault(key.lstrip("+"), set()).update(v for v in values if v)
+        where.setdefault(key.lstrip("+"), set()).update(split_outside_brackets(text))
     return where
+
+
+def override_key(override: str) -> str:
+    """The key a Hydra override sets: ``+train.x=1`` -> ``train.x``."""
+    return override.split("=", 1)[0].lstrip("+")
 
 
 def _setting(sweep: Sweep, key: str) -> str | None:
     """The value a sweep's overrides give ``key`` (its grid point's or its stage's), else None."""
-    found = [o.split("=", 1)[1] for o in sweep.overrides if "=" in o and o.split("=", 1)[0].lstrip("+") == key]
+    found = [o.split("=", 1)[1] for o in sweep.overrides if "=" in o and override_key(o) == key]
     return found[0] if found else None
 
 
@@ -258,7 +258,7 @@ def restrict(study: Study, chosen: list[Sweep], where: dict[str, set[str]]) -> l
         else:
             have = {v for sweep in chosen if (v := setting(sweep, key)) is not None}
             if not have:
-                keys = sorted({o.split("=", 1)[0].lstrip("+") for s in chosen for o in s.overrides if "=" in o})
+                keys = sorted({override_key(o) for s in chosen for o in s.overrides if "=" in o})
                 raise PosbenchError(f"study {study.name}: --where {key}: no run of the chosen stages sets {key}; "
                                     f"valid keys: seed, {', '.join(keys)}")
         if values - have:
