@@ -129,6 +129,20 @@ def test_bos_on_every_window_puts_it_before_each_window_that_lacks_it(gemma):
         PretrainedLM(gemma, "tiny-gemma", "test", bos="always")
 
 
+def test_answer_logits_equal_the_model_s_own_at_the_answer_positions(gemma):
+    """A probe's answer logits from the adapter's body and soft-capped head at the last positions
+    alone equal transformers' forward there, BOS at every window included."""
+    from posbench.eval.passkey import answer_logits
+
+    ids = torch.randint(3, 96, (2, 40))
+    every = PretrainedLM(gemma, "tiny-gemma", "test", bos="every")
+    with torch.no_grad():
+        full = gemma(input_ids=torch.cat([torch.full((2, 1), BOS), ids], 1)).logits[:, 1:]
+        got = answer_logits(every, ids, 36)
+    assert got.shape == (2, 4, 96)
+    torch.testing.assert_close(got, full[:, 36:])
+
+
 def test_bos_on_every_window_scales_by_the_window_s_own_length(gemma):
     """The BOS before a window is not counted in its length: at 4x the context PI's factor is 4."""
     every = PretrainedLM(gemma, "tiny-gemma", "test", bos="every")

@@ -87,6 +87,37 @@ def test_a_copying_model_finds_every_key_and_a_random_one_none(tok):
     assert all(abs(r["logprob"] + math.log(tok.get_vocab_size())) < 0.5 for r in rand)  # about uniform
 
 
+class WholeForward(nn.Module):
+    """The model called whole, as a causal LM without ``hidden`` and ``logits`` is."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx):
+        return self.model(idx)
+
+
+def test_the_key_is_scored_from_logits_at_its_positions_alone(tok, monkeypatch):
+    """A LanguageModel's key is scored from the head's logits at the key's positions only (a 262k
+    vocabulary over a 32k prompt would be 34 GB of logits), and scores as the whole forward does."""
+    from posbench.eval.passkey import score_prompts
+
+    torch.manual_seed(0)
+    model = tiny_model("rope", vocab=tok.get_vocab_size(), train_len=64).eval()
+    prompts = [passkey_prompt(tok, 96, depth, key) for depth in (0.0, 1.0) for key in (12345, 71432)]
+    rows = []
+    head = model.logits
+    monkeypatch.setattr(model, "logits", lambda hidden: rows.append(hidden.shape[1]) or head(hidden))
+    correct, logprob = score_prompts(model, prompts, CPU, None, 4096)
+    assert sorted(set(rows)) == sorted({len(p.answer) for p in prompts})  # the key's tokens, not the prompt's 96
+    monkeypatch.undo()
+    whole_correct, whole_logprob = score_prompts(WholeForward(model), prompts, CPU, None, 4096)
+    assert (correct == whole_correct).all()
+    torch.testing.assert_close(torch.tensor(logprob), torch.tensor(whole_logprob), rtol=0, atol=1e-5)
+    assert (logprob < 0).all() and not torch.tensor(logprob).isnan().any()
+
+
 def test_lengths_a_model_cannot_represent_get_nan_rows(tok):
     model = tiny_model("learned", {"max_len": 80}, vocab=tok.get_vocab_size(), train_len=64)
     rows = passkey_probe(model, tok, PasskeyConfig(trials=2, depths=[0.5]), [64, 128], CPU, None)

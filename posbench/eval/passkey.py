@@ -136,6 +136,17 @@ def filler_stream(tokenizer, n: int) -> tuple[list[int], list[int]]:
     return stream[:n], [b for b in bounds if b <= n]
 
 
+def answer_logits(model, x: torch.Tensor, start: int) -> torch.Tensor:
+    """Logits (B, T - start, V) of ``x`` (B, T) at positions ``start`` .. T - 1 alone. A model with
+    ``hidden`` and ``logits`` (posbench's LanguageModel, a PretrainedLM) makes the head's logits at
+    those positions only: Gemma 3's 262k vocabulary over a whole 8k prompt would be 8.6 GB of fp32
+    logits, over 32k 34 GB, where the key needs a handful of rows. Any other causal LM
+    (``model(x) -> (B, T, V)``) is called whole and sliced."""
+    if hasattr(model, "hidden") and hasattr(model, "logits"):
+        return model.logits(model.hidden(x)[:, start:])
+    return model(x)[:, start:]
+
+
 @torch.no_grad()
 def score_prompts(model, prompts: list[Prompt], device: torch.device, dtype, batch_tokens: int):
     """-> (greedy decoding reproduces the key, mean log-prob of the key's tokens) per prompt.
@@ -151,8 +162,8 @@ def score_prompts(model, prompts: list[Prompt], device: torch.device, dtype, bat
             x = torch.tensor([prompts[i].forward_ids for i in batch], device=device)  # (B, T)
             answer = torch.tensor([prompts[i].answer for i in batch], device=device)  # (B, k)
             with autocast(device, dtype):
-                logits = model(x)  # (B, T, V)
-            logp = logits[:, prompt_len - 1:].float().log_softmax(-1)  # (B, k, V)
+                logits = answer_logits(model, x, prompt_len - 1)  # (B, k, V)
+            logp = logits.float().log_softmax(-1)
             correct[batch] = (logp.argmax(-1) == answer).all(-1).cpu().numpy()
             logprob[batch] = logp.gather(-1, answer[..., None])[..., 0].mean(-1).double().cpu().numpy()
     return correct, logprob

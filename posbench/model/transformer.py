@@ -162,7 +162,11 @@ class LanguageModel(nn.Module):
         hidden = self.hidden(idx, positions)
         if targets is not None:  # IGNORE targets (a task's prompt and padding): the loss skips them
             return linear_cross_entropy(hidden, self.tok_emb.weight, targets)
-        return hidden @ self.tok_emb.weight.t()  # tied output embedding
+        return self.logits(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (..., vocab) of hidden states (..., D): the tied output embedding."""
+        return hidden @ self.tok_emb.weight.t()
 
     def token_nll(self, idx: torch.Tensor, targets: torch.Tensor,
                   positions: torch.Tensor | None = None) -> torch.Tensor:
