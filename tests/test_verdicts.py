@@ -14,7 +14,7 @@ from conftest import ROOT
 from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
 from posbench.report.tables import add_intervals, collect, summarize
-from posbench.report.verdicts import PREFIX, Verdicts, verdict_lines
+from posbench.report.verdicts import PREFIX, Verdicts, split_variant, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
                  "eval_len"]
@@ -78,6 +78,43 @@ def test_across_setups_holds_and_changes():
     assert lines[2] == "across model (small/tiny): 0 pair(s) of lines in every one cannot be told apart in at least one"
 
 
+def test_per_key_orders_lines_within_each_value_and_says_what_holds_across_them():
+    """--per train.steps: a budget study's lines are ordered within each budget, named without the
+    budget (other keys kept), budgets in numeric order, and the across lines compare the budgets."""
+    lines = {"x [steps=488]": (3.0, 0.1, 0.005), "y [steps=488]": (3.0, 0.8, 0.005),
+             "t5 [bias_scale=none, steps=488]": (3.0, 0.4, 0.005),
+             "x [steps=1221]": (2.9, 0.1, 0.005), "y [steps=1221]": (2.9, 0.8, 0.005),
+             "t5 [bias_scale=none, steps=1221]": (2.9, 1.5, 0.005)}
+    v = Verdicts(summary_of(lines), Estimator(resamples=400), per=["train.steps"])
+    ratio = [line for line in v.orderings() if "(16x)" in line]
+    assert [line.split(" ", 1)[0] for line in ratio] == ["[steps=488]", "[steps=1221]"]  # 488 < 1221, not as text
+    assert re.search(r"^\[steps=488\] ppl\(L=2048\) / ppl\(L=128\) \(16x\), lowest first: x \S+ < "
+                     r"t5 \[bias_scale=none\] \S+ < y \S+$", ratio[0]), ratio[0]
+    assert re.search(r"lowest first: x \S+ < y \S+ < t5 \[bias_scale=none\] \S+$", ratio[1]), ratio[1]
+    across = v.across()
+    assert across[0] == ("across steps (488/1221), the ratio order that holds in every one: "
+                         "x < t5 [bias_scale=none]; x < y"), across
+    assert across[1] == ("across steps (488/1221), the ratio order that changes: "
+                         "t5 [bias_scale=none] vs y (< / >)"), across
+    assert Verdicts(summary_of(lines), Estimator(resamples=400)).across() == []  # without per: one setup
+
+
+def test_split_variant_takes_one_key_out_of_a_label():
+    assert split_variant("alibi [steps=488, bias_scale=none]", "steps") == ("alibi [bias_scale=none]", "488")
+    assert split_variant("alibi [steps=488]", "steps") == ("alibi", "488")
+    assert split_variant("alibi", "steps") == ("alibi", None)
+    assert split_variant("rope+yarn [window=64]", "steps") == ("rope+yarn [window=64]", None)
+
+
+def test_per_flag_refuses_a_key_not_given_to_by():
+    from posbench.cli.report import main
+
+    with pytest.raises(PosbenchError, match=r"--per train.steps is not a --by key; valid: a key also given to --by"):
+        main([str(ROOT / "results/scale/runs"), "--per", "train.steps"])
+    with pytest.raises(PosbenchError, match=r"--per train.step is not a --by key; valid: model.name$"):
+        main([str(ROOT / "results/scale/runs"), "--by", "model.name", "--per", "train.step"])
+
+
 def test_contrast_flag_refuses_a_malformed_pair():
     from posbench.cli.report import main
 
@@ -133,7 +170,8 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     rep = study.get("report") or {}
     paths = [ROOT / d for d in rep.get("dirs") or []] + [ROOT / study["runs"]]
     df = collect(paths, by=rep.get("by") or [])
-    derived = verdict_lines(summarize(df, cells=True), [tuple(c) for c in rep.get("contrasts") or []])
+    derived = verdict_lines(summarize(df, cells=True), [tuple(c) for c in rep.get("contrasts") or []],
+                            per=rep.get("per") or [])
     for line in quoted(readme):
         assert line in derived, f"{readme}: its runs no longer give: {line}"
 

@@ -49,6 +49,10 @@ def main(args: list[str]) -> None:
     parser.add_argument("--contrast", action="append", default=[], metavar="A/B",
                         help="a verdict comparing line A's ppl(L) / ppl(train_len) with line B's, both named as the "
                              "table names them (repeatable)")
+    parser.add_argument("--per", action="append", default=[], metavar="KEY",
+                        help="a --by key whose values split the verdicts instead of naming lines: the lines are "
+                             "ordered within each value (a budget study: per train.steps) and the across-setups "
+                             "verdicts say which orders hold at every value; repeat or comma-separate for several")
     parser.add_argument("--matched", action="store_true",
                         help="also matched.md/.csv: each line's ppl(16x) / ppl(1x) at the budget where its ppl at "
                              "train_len reaches a common target (runs of each line at several train.steps; "
@@ -73,8 +77,13 @@ def main(args: list[str]) -> None:
     contrasts = _contrasts(ns)
     if ns.matched and "train.steps" not in by:
         by.append("train.steps")  # each budget a line of the usual report
+    per = [k for arg in ns.per for k in arg.split(",") if k]
+    if bad := [k for k in per if k not in by]:
+        valid = ", ".join(by) if by else "a key also given to --by, e.g. --by train.steps --per train.steps"
+        raise PosbenchError(f"report: --per {bad[0]} is not a --by key; valid: {valid}")
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
-                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts)
+                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts,
+                  per=per)
     if ns.matched:
         done = _matched(ns, done, baselines)
     if done.header:

@@ -799,7 +799,7 @@ def draw_run(run_dir: str | Path) -> None:
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
            threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = (),
-           contrasts: list[tuple[str, str]] = ()) -> Report:
+           contrasts: list[tuple[str, str]] = (), per: list[str] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -814,7 +814,9 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     ``mix``: report runs scored on different text together (:func:`check_one_text` refuses them
     otherwise), each text's lines apart; ``lines``: the line names (``--lines``, commas outside
     brackets split them) that the per-line figures draw; ``contrasts``: (line A, line B) pairs whose
-    ratios report.md's verdicts compare (:mod:`posbench.report.verdicts`). A report of more than
+    ratios report.md's verdicts compare (:mod:`posbench.report.verdicts`); ``per``: keys of ``by`` whose
+    values split the verdicts' setups instead of their lines (a budget study's orderings per budget).
+    A report of more than
     :data:`~posbench.report.ranked.MANY_LINES` lines draws ranked.png and tradeoff.png
     (:mod:`posbench.report.ranked`), one point per line, and the per-line figures for ``lines``
     or the lines :func:`~posbench.report.ranked.pick_lines` picks.
@@ -827,7 +829,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines, contrasts)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines, contrasts, per)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -861,7 +863,8 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
 
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
                failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
-               mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str]] = ()) -> Report:
+               mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str]] = (),
+               per: list[str] = ()) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths, by=by)
@@ -880,7 +883,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         ref = read_reference(REFERENCE if reference == "auto" else reference)
 
     summary = summarize(df, cells=True)
-    verdicts = verdict_lines(summary, contrasts)
+    verdicts = verdict_lines(summary, contrasts, per=per)
     summary = summary.drop(columns=list(CELL_COLUMNS))
     text = extrapolation_summary(summary)
     table = markdown_table(summary)

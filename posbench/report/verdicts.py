@@ -20,6 +20,12 @@ only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three k
   everywhere) or changes (opposite orders somewhere); pairs undecided somewhere are counted, not
   listed.
 
+``per`` (``posbench report --per KEY``, KEY one of ``--by``'s keys) makes the key's value part of
+the setup instead of the line: a budget study's lines ``alibi [steps=488]`` .. ``alibi
+[steps=4883]`` are ordered within each budget (``[steps=488] ppl(L=2048) / ...: alibi ... <
+rope ...``), and the across-setups lines say which orders hold at every budget and which change.
+A line's name there is its label without that key (``alibi``; ``t5 [bias_scale=none]``).
+
 Intervals are the report's (:mod:`posbench.intervals`): a difference of two lines' log ratios, each
 a paired per-seed log ratio with its text resampled alike, with the seeds' term pooled as the
 table's (a line below 3 seeds takes at least its column's pooled variance).
@@ -28,6 +34,7 @@ table's (a line below 3 seeds takes at least its column's pooled variance).
 from __future__ import annotations
 
 import math
+import re
 from itertools import combinations
 
 import numpy as np
@@ -79,17 +86,45 @@ def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], p
     return out
 
 
-class Verdicts:
-    """The verdict lines of one summary (:func:`posbench.report.tables.summarize` with ``cells=True``)."""
+def split_variant(label: str, key: str) -> tuple[str, str | None]:
+    """'alibi [steps=488, bias_scale=none]', 'steps' -> ('alibi [bias_scale=none]', '488'): the label
+    without ``key``'s ``k=v`` (:func:`posbench.eval.results.variant_text`), and its value (None where
+    the label has none)."""
+    m = re.fullmatch(r"(.*?) \[(.*)\]", label)
+    if not m:
+        return label, None
+    pairs = m[2].split(", ")
+    value = next((kv.split("=", 1)[1] for kv in pairs if kv.startswith(key + "=")), None)
+    rest = [kv for kv in pairs if not kv.startswith(key + "=")]
+    return (f"{m[1]} [{', '.join(rest)}]" if rest else m[1]), value
 
-    def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None):
-        self.s = summary[summary.cell.map(lambda c: c.nll.size > 0)]
+
+def _numeric_first(values: pd.Series) -> pd.Series:
+    """A per-key column's values as numbers where every one reads as one (budgets sort 122 < 488 <
+    1221), else as text."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    return numbers if numbers.notna().all() else values.astype(str)
+
+
+class Verdicts:
+    """The verdict lines of one summary (:func:`posbench.report.tables.summarize` with ``cells=True``);
+    ``per``: dotted ``--by`` keys whose values split setups instead of lines (module docstring)."""
+
+    def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None, per: list[str] = ()):
+        s = summary[summary.cell.map(lambda c: c.nll.size > 0)]
+        self.setup = list(SETUP)
+        for key in per:
+            short = key.rsplit(".", 1)[-1]
+            split = s.label.map(lambda label: split_variant(label, short))
+            s = s.assign(label=split.str[0], **{short: _numeric_first(split.str[1].fillna("unset"))})
+            self.setup.append(short)
+        self.s = s
         self.est = estimator or Estimator()
-        self.varied = [c for c in SETUP if c in self.s and self.s[c].astype(str).nunique() > 1]
+        self.varied = [c for c in self.setup if c in self.s and self.s[c].astype(str).nunique() > 1]
 
     def setups(self):
-        for keys, g in self.s.groupby(SETUP, dropna=False, sort=True):
-            yield dict(zip(SETUP, keys)), g
+        for keys, g in self.s.groupby(self.setup, dropna=False, sort=True):
+            yield dict(zip(self.setup, keys)), g
 
     def _longest(self, g: pd.DataFrame) -> int | None:
         """The longest eval length past train_len every line of ``g`` reached with a ratio; None where
@@ -244,9 +279,10 @@ class Verdicts:
         return lines
 
 
-def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None) -> list[str]:
+def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None,
+                  per: list[str] = ()) -> list[str]:
     """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`."""
-    v = Verdicts(summary, estimator)
+    v = Verdicts(summary, estimator, per)
     return [PREFIX + line for line in v.orderings() + v.contrasts(contrasts) + v.across()]
 
 

@@ -17,6 +17,7 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
         overrides: [train.compile=false]   # this stage's own (optional)
     report:
       by: [model.name]                # posbench report --by
+      per: [model.name]               # keys of by whose values split the verdicts' setups (--per; optional)
       dirs: [results/baselines/headline]   # reported beside the study's runs (optional)
       args: [--log-y]                 # any other posbench report flags
       contrasts: [[p_rope, rope]]     # verdicts on line A's ratio over line B's (posbench report --contrast)

@@ -271,9 +271,10 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
 def report_command(study: Study) -> list[str]:
     rep = study.report
     by = [f"--by={k}" for k in rep.get("by") or []]
+    per = [f"--per={k}" for k in rep.get("per") or []]
     contrasts = [f"--contrast={a}/{b}" for a, b in rep.get("contrasts") or []]
     return [*_posbench(), "report", *map(str, rep.get("dirs") or []), str(study.runs), "--out", str(study.results),
-            *by, *contrasts, *map(str, rep.get("args") or [])]
+            *by, *per, *contrasts, *map(str, rep.get("args") or [])]
 
 
 def longppl(study: Study) -> Path | None:

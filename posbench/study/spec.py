@@ -15,7 +15,7 @@ from ..errors import PosbenchError
 
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
 STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained", "folder")
-REPORT_KEYS = ("by", "dirs", "args", "tables", "contrasts", "longppl")
+REPORT_KEYS = ("by", "per", "dirs", "args", "tables", "contrasts", "longppl")
 LONGPPL_KEYS = ("evaluator", "short", "short_stride", "long", "alpha", "beta")
 FOLDER = "{stage}/{point}"
 
