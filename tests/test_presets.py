@@ -66,7 +66,7 @@ def test_reference_is_a_budget_of_the_study_and_pools_with_its_runs():
     ref = compose("experiment=reference", "encoding=alibi")
     assert ref.train.steps in study_budgets()
     assert (ref.model, ref.data, ref.eval) == (compose().model, compose().data, compose().eval)
-    # a study run at that budget, as conf/study/budget_study.yaml starts it: branched, compiled, another seed
+    # a run at that budget as the former budget study started it: branched, compiled, another seed
     study = compose("encoding=alibi", "seed=1", "train.schedule=wsd", "train.decay_frac=0.2", "train.warmup_steps=40",
                     "train.compile=true", f"train.steps={ref.train.steps}", "train.branch_from=outputs/long")
     assert config_hash(ref) == config_hash(study)

@@ -40,11 +40,13 @@ DRIVERS = {
         ["seed=0,1,2", "encoding=t5", "encoding.bias_scale=none"]],
     "ablation_embed_scale": [  # scripts/ablations.sh, embed_scale/
         ["seed=0,1", "encoding=sinusoidal,learned,alibi,rope", "model.embed_scale=none"]],
-    "budget_study": [  # the former scripts/budget_study.sh: each line's 4883-step run, then its branches
-        [*line, "seed=0,1", *BUDGET, *steps] for line in (["encoding=alibi,rope,nope,t5,sinusoidal"],
-                                                           ["encoding=t5", "encoding.bias_scale=none"])
-        for steps in (["train.steps=4883", "train.save_steps=[977,390,98]"],
-                      *([f"train.steps={s}", "train.branch_from=PARENT"] for s in (1221, 488, 122)))],
+    "budget_study": [  # the five's 488-step runs and 122-step branches (their 1221 and 4883 steps are the
+        # matched study's: test below), and T5 unscaled's 4883-step run and branches
+        *([*steps, "encoding=alibi,rope,nope,t5,sinusoidal", "seed=0,1,2", "experiment=reference"]
+          for steps in (["train.steps=488", "train.save_steps=[98]"], ["train.steps=122", "train.branch_from=PARENT"])),
+        *([*steps, "encoding=t5", "encoding.bias_scale=none", "seed=0,1,2", "experiment=reference"]
+          for steps in (["train.steps=4883", "train.save_steps=[977,390,98]"],
+                        *([f"train.steps={s}", "train.branch_from=PARENT"] for s in (1221, 488, 122))))],
     "extension": [  # scripts/extension_study.sh with SEEDS="0 1 2": parents, baselines, then fine-tunes
         ["experiment=reference", "encoding=rope,alibi", "seed=0,1,2"],
         *([*EXT, "train.steps=1538", "train.save_steps=[990]", "seed=0,1,2"],
@@ -102,6 +104,25 @@ def driver_runs(study, commands: list[list[str]]) -> Counter:
 def test_a_study_composes_the_runs_of_its_former_driver(name):
     study = load_study(name)
     assert study_runs(study) == driver_runs(study, DRIVERS[name])
+
+
+def test_the_budget_study_reads_the_matched_study_s_runs_at_5m_and_20m_tokens():
+    """The budget study reports the five encodings at 1221 and 4883 steps from the matched study's
+    exports: each is the run the budget study would train at that budget (the same config hash), and
+    so was the former budget study's (the default experiment with its WSD overrides, 2 seeds)."""
+    budget, matched = load_study("budget_study"), load_study("matched")
+    assert budget.report["dirs"] == ["results/matched/runs/long", "results/matched/runs/steps1221"]
+    assert budget.report["per"] == ["train.steps"] and "train.steps" in budget.report["by"]
+    short = [s for s in sweeps(budget) if s.stage == "steps488"]
+    assert len(short) == 5
+    for sweep in short:
+        encoding = next(o for o in sweep.overrides if o.startswith("encoding="))
+        for steps, stage in ((4883, "long"), (1221, "steps1221")):
+            theirs = next(s for s in sweeps(matched) if s.stage == stage and encoding in s.overrides)
+            assert sweep_hash(budget, sweep, [f"train.steps={steps}"]) == sweep_hash(matched, theirs), (encoding, steps)
+        former = Sweep("driver", (encoding, *BUDGET, "train.steps=4883"), (0,))
+        long = next(s for s in sweeps(matched) if s.stage == "long" and encoding in s.overrides)
+        assert sweep_hash(replace(budget, common=[]), former) == sweep_hash(matched, long)
 
 
 def shipped_keys(folder: str) -> set[tuple[str, int]]:
