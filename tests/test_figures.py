@@ -340,3 +340,22 @@ def test_report_draws_training_curves_and_captions_every_figure(tmp_path):
     assert (path.vertices[:, 1].min(), path.vertices[:, 1].max()) == (6.0, 9.0)  # min .. max over seeds
     assert ax.get_xlabel() == "training tokens" and line.get_color() == palette.colour("alibi")
     assert not math.isnan(np.mean(line.get_ydata()))
+
+
+def test_a_caption_leaves_out_a_pretrained_model_s_zero_steps_and_wraps_to_its_figure():
+    """A pretrained model trained nothing here: no '0 steps' in its caption; a caption longer than
+    the figure is wide is wrapped (the Gemma passkey figure's title ran off both sides)."""
+    import matplotlib.pyplot as plt
+
+    from posbench.report.figures import setup_caption, wrapped
+
+    setup = pd.DataFrame({"model": ["gemma-3-270m-q4_k_m+bos"], "params": [268_098_176], "data": ["sotu"],
+                          "steps": [0], "train_tokens": [0]})
+    caption = setup_caption(setup)
+    assert caption == "model gemma-3-270m-q4_k_m+bos (268M params), corpus sotu"
+    trained = setup.assign(steps=[400], train_tokens=[1_638_400])
+    assert setup_caption(trained).endswith(", 400 steps, 1.64M training tokens")
+    fig = plt.figure(figsize=(3, 2))
+    lines = wrapped(caption, fig).splitlines()
+    assert len(lines) > 1 and all(len(line) <= 14 * 3 for line in lines)
+    plt.close(fig)

@@ -150,9 +150,11 @@ def setup_caption(setup: pd.DataFrame) -> str:
     """'model tiny (5.25M params), corpus sotu, 250 steps, 0.512M training tokens': the columns
     ``model``, ``params``, ``data``, ``steps`` and ``train_tokens`` of ``setup`` (one row per run;
     any may be missing), each value once, up to three joined by '/', more counts as 'min..max'
-    (a zoo's parameter counts)."""
+    (a zoo's parameter counts). A pretrained model's 0 steps and tokens (none trained here) are left out."""
     def values(col, fmt=str) -> str:
         found = setup[col].dropna() if col in setup else pd.Series([], dtype=object)
+        if col in ("steps", "train_tokens"):
+            found = found[found > 0]
         shown = list(dict.fromkeys(fmt(v) for v in found))
         if len(shown) > 3 and col != "model" and col != "data":
             return f"{fmt(found.min())}..{fmt(found.max())}"
