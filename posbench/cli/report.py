@@ -77,10 +77,7 @@ def main(args: list[str]) -> None:
     contrasts = _contrasts(ns)
     if ns.matched and "train.steps" not in by:
         by.append("train.steps")  # each budget a line of the usual report
-    per = [k for arg in ns.per for k in arg.split(",") if k]
-    if bad := [k for k in per if k not in by]:
-        valid = ", ".join(by) if by else "a key also given to --by, e.g. --by train.steps --per train.steps"
-        raise PosbenchError(f"report: --per {bad[0]} is not a --by key; valid: {valid}")
+    per = _per(ns, by)
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
                   by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts,
                   per=per)
@@ -94,6 +91,15 @@ def main(args: list[str]) -> None:
     if done.tasks is not None:
         print(("\n" if done.table else "") + done.tasks.table)
     print(f"\nwrote {', '.join(map(str, done.files))}")
+
+
+def _per(ns, by: list[str]) -> list[str]:
+    """--per keys, each one of ``by``'s."""
+    per = [k for arg in ns.per for k in arg.split(",") if k]
+    if bad := [k for k in per if k not in by]:
+        valid = ", ".join(by) if by else "a key also given to --by, e.g. --by train.steps --per train.steps"
+        raise PosbenchError(f"report: --per {bad[0]} is not a --by key; valid: {valid}")
+    return per
 
 
 def _contrasts(ns) -> list[tuple[str, str]]:
