@@ -146,7 +146,7 @@ def context_figure(gain: pd.DataFrame, palette=None, setup=None):
     """Gain by offset bin, one line per (model line, longer window), with its interval."""
     import matplotlib.pyplot as plt
 
-    from .figures import setup_caption
+    from .figures import _caption
 
     bins = gain[gain.offsets != "all"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -161,7 +161,6 @@ def context_figure(gain: pd.DataFrame, palette=None, setup=None):
     ax.set_ylabel("NLL(short) - NLL(long window), nats")
     ax.set_title("What the longer window adds, by offset (> 0: it helps)")
     ax.legend(fontsize="small")
-    if setup is not None:
-        fig.suptitle(setup_caption(setup), fontsize="small")
+    _caption(fig, setup)
     fig.tight_layout()
     return fig

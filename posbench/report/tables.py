@@ -73,6 +73,7 @@ from .figures import (
     MIN_BIN_WINDOWS,
     REFERENCE_MIN_TRAIN_LEN,
     Palette,
+    _caption,
     amount,
     positions_figure,
     positions_windows,
@@ -84,7 +85,6 @@ from .figures import (
     seed_counts,
     setup_caption,
     training_figure,
-    wrapped,
 )
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
 from .longppl import longppl_part
@@ -904,8 +904,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
         figures["training"] = training_figure(curves, palette, setup[setup.run.isin(set(curves.run))])
     for name, (rows, cls) in probes.items():
         figures[name] = probe_figure(rows, name, getattr(cls, "metric", "accuracy"), getattr(cls, "grid", None))
-        caption = setup_caption(setup[setup.run.isin(set(rows.run))])
-        figures[name].suptitle(wrapped(caption, figures[name]), fontsize="small")
+        _caption(figures[name], setup[setup.run.isin(set(rows.run))])
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], summary.to_csv(index=False))
     probe_text, probe_table, probe_lines = probes_section(probes, threshold)
