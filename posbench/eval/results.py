@@ -121,6 +121,17 @@ def variant_text(config: dict, keys: list[str]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={config.get(k, 'unset')}" for k in keys)
 
 
+def label_parts(label: str) -> tuple[str, list[list[str]] | None, str]:
+    """'rope [window=128, qk_norm=False] (1 seed)' -> ('rope', [['window', '128'], ['qk_norm', 'False']],
+    ' (1 seed)'): a line label's base, its ``[k=v, ...]`` variant (:func:`variant_text`) split into
+    pairs (a part without '=' stays a one-item list), and a figure's ' (...)' suffix; (label, None,
+    '') for a label without a variant."""
+    m = re.fullmatch(r"(.*?) \[(.*)\]((?: \([^()]*\))?)", label)
+    if not m:
+        return label, None, ""
+    return m[1], [kv.split("=", 1) for kv in m[2].split(", ")], m[3]
+
+
 def compact_labels(labels: list[str]) -> tuple[list[str], str]:
     """Line labels whose ``[k=v, ...]`` variants (:func:`variant_text`) repeat what most lines share,
     shortened: each ``k=v`` whose value is the one most of the labels with ``k`` have (strictly
@@ -131,11 +142,10 @@ def compact_labels(labels: list[str]) -> tuple[list[str], str]:
     them do where one variant does not read as ``k=v`` pairs; distinct labels stay distinct."""
     parsed = []
     for label in labels:
-        m = re.fullmatch(r"(.*?) \[(.*)\]((?: \([^()]*\))?)", label)  # base [variant] (a figure's suffix)
-        pairs = [kv.split("=", 1) for kv in m[2].split(", ")] if m else None
+        base, pairs, tail = label_parts(label)
         if pairs is not None and not all(len(kv) == 2 for kv in pairs):
             return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
-        parsed.append((m[1], pairs, m[3]) if pairs else (label, None, ""))
+        parsed.append((base, pairs, tail) if pairs else (label, None, ""))
     counts: dict[str, Counter] = {}
     for _, pairs, _ in dict(zip(labels, parsed)).values():  # each line once
         for k, v in pairs or []:

@@ -34,13 +34,12 @@ table's (a line below 3 seeds takes at least its column's pooled variance).
 from __future__ import annotations
 
 import math
-import re
 from itertools import combinations
 
 import numpy as np
 import pandas as pd
 
-from ..eval.results import LINE
+from ..eval.results import LINE, label_parts
 from ..intervals import Cell, Estimator, Interval
 
 SETUP = [c for c in LINE if c != "label"]  # one setup: lines compared with each other
@@ -88,15 +87,14 @@ def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], p
 
 def split_variant(label: str, key: str) -> tuple[str, str | None]:
     """'alibi [steps=488, bias_scale=none]', 'steps' -> ('alibi [bias_scale=none]', '488'): the label
-    without ``key``'s ``k=v`` (:func:`posbench.eval.results.variant_text`), and its value (None where
+    without ``key``'s ``k=v`` (:func:`posbench.eval.results.label_parts`), and its value (None where
     the label has none)."""
-    m = re.fullmatch(r"(.*?) \[(.*)\]", label)
-    if not m:
+    base, pairs, tail = label_parts(label)
+    if pairs is None:
         return label, None
-    pairs = m[2].split(", ")
-    value = next((kv.split("=", 1)[1] for kv in pairs if kv.startswith(key + "=")), None)
-    rest = [kv for kv in pairs if not kv.startswith(key + "=")]
-    return (f"{m[1]} [{', '.join(rest)}]" if rest else m[1]), value
+    value = next((kv[1] for kv in pairs if len(kv) == 2 and kv[0] == key), None)
+    rest = ["=".join(kv) for kv in pairs if not (len(kv) == 2 and kv[0] == key)]
+    return (f"{base} [{', '.join(rest)}]" if rest else base) + tail, value
 
 
 def _numeric_first(values: pd.Series) -> pd.Series:

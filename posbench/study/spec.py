@@ -226,7 +226,7 @@ def parse_where(items: list[str]) -> dict[str, set[str]]:
         if not sep or not key or not text:
             raise PosbenchError(f"study: --where {item!r} is not valid; valid: KEY=VALUE[,VALUE...], e.g. "
                                 "--where encoding=alibi,rope --where seed=1")
-        where.setdefault(key.lstrip("+"), set()).update(split_outside_brackets(text))
+        where.setdefault(override_key(item), set()).update(split_outside_brackets(text))
     return where
 
 
