@@ -39,7 +39,7 @@ DRIVERS = {
     "ablation_t5": [  # scripts/ablations.sh, t5/
         ["seed=0,1,2", "encoding=t5", "encoding.bias_scale=none"]],
     "ablation_embed_scale": [  # scripts/ablations.sh, embed_scale/
-        ["seed=0,1", "encoding=sinusoidal,learned,alibi,rope", "model.embed_scale=none"]],
+        ["seed=0,1,2", "encoding=sinusoidal,learned,alibi,rope", "model.embed_scale=none"]],
     "budget_study": [  # the five's 488-step runs and 122-step branches (their 1221 and 4883 steps are the
         # matched study's: test below), and T5 unscaled's 4883-step run and branches
         *([*steps, "encoding=alibi,rope,nope,t5,sinusoidal", "seed=0,1,2", "experiment=reference"]
