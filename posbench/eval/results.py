@@ -140,12 +140,9 @@ def compact_labels(labels: list[str]) -> tuple[list[str], str]:
     -> (the labels, in order, and 'length_scaling=none, ...' naming what was left out, for a
     legend's title; '' when nothing was). Labels without a variant stay as they are, and all of
     them do where one variant does not read as ``k=v`` pairs; distinct labels stay distinct."""
-    parsed = []
-    for label in labels:
-        base, pairs, tail = label_parts(label)
-        if pairs is not None and not all(len(kv) == 2 for kv in pairs):
-            return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
-        parsed.append((base, pairs, tail) if pairs else (label, None, ""))
+    parsed = [label_parts(label) for label in labels]  # (label, None, '') for a label without a variant
+    if any(pairs is not None and not all(len(kv) == 2 for kv in pairs) for _, pairs, _ in parsed):
+        return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
     counts: dict[str, Counter] = {}
     for _, pairs, _ in dict(zip(labels, parsed)).values():  # each line once
         for k, v in pairs or []:
