@@ -13,6 +13,7 @@ import yaml
 from conftest import ROOT
 from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
+from posbench.report.matched import matched_table, matched_verdict
 from posbench.report.tables import add_intervals, collect, summarize
 from posbench.report.verdicts import PREFIX, Verdicts, split_variant, verdict_lines
 
@@ -154,16 +155,18 @@ def test_some_readme_states_its_verdicts():
 
 @pytest.mark.parametrize("readme", readmes_with_verdicts(), ids=lambda p: str(p.parent.relative_to(ROOT)))
 def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
-    """A README's `> verdict: ...` lines are report.md's verdict lines, verbatim; where a study made
-    the folder, its runs give the same lines again now."""
+    """A README's `> verdict: ...` lines are report.md's (or matched.md's) verdict lines, verbatim;
+    where a study made the folder, its runs give the same lines again now."""
     if not (readme.parent / "report.md").is_file():  # an index (results/README.md) quotes its folders' reports
-        shipped = [v for report in readme.parent.rglob("report.md") for v in report_verdicts(report)]
+        shipped = [v for name in ("report.md", "matched.md") for report in readme.parent.rglob(name)
+                   for v in report_verdicts(report)]
         for line in quoted(readme):
-            assert line in shipped, f"{readme}: not a verdict of any report.md below it: {line}"
+            assert line in shipped, f"{readme}: not a verdict of any report.md or matched.md below it: {line}"
         return
-    shipped = report_verdicts(readme.parent / "report.md")
+    matched = readme.parent / "matched.md"  # `posbench report --matched` writes its verdict there
+    shipped = report_verdicts(readme.parent / "report.md") + (report_verdicts(matched) if matched.is_file() else [])
     for line in quoted(readme):
-        assert line in shipped, f"{readme}: not a verdict of its report.md: {line}"
+        assert line in shipped, f"{readme}: not a verdict of its report.md or matched.md: {line}"
     study = study_of(readme.parent)
     if study is None:
         return
@@ -172,6 +175,9 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     df = collect(paths, by=rep.get("by") or [])
     derived = verdict_lines(summarize(df, cells=True), [tuple(c) for c in rep.get("contrasts") or []],
                             per=rep.get("per") or [])
+    if "--matched" in (rep.get("args") or []):
+        table, cells, pool = matched_table(collect(paths))
+        derived += matched_verdict(cells, pool, float(table.target.iloc[0]))
     for line in quoted(readme):
         assert line in derived, f"{readme}: its runs no longer give: {line}"
 
