@@ -137,6 +137,14 @@ def report_verdicts(report: Path) -> list[str]:
     return [line[2:] for line in report.read_text().splitlines() if line.startswith("- " + PREFIX)]
 
 
+def linked_verdicts(readme: Path) -> list[str]:
+    """The verdicts of the results folders a README links to (``](../matched/README.md)``), whose
+    lines it may quote: their report.md and matched.md."""
+    folders = {(readme.parent / m).resolve() for m in re.findall(r"\]\((\.\./[\w/]+)/README\.md\)", readme.read_text())}
+    return [v for folder in sorted(folders) for name in ("report.md", "matched.md") if (folder / name).is_file()
+            for v in report_verdicts(folder / name)]
+
+
 def readmes_with_verdicts() -> list[Path]:
     return sorted(p for p in (ROOT / "results").rglob("README.md") if quoted(p))
 
@@ -155,18 +163,21 @@ def test_some_readme_states_its_verdicts():
 
 @pytest.mark.parametrize("readme", readmes_with_verdicts(), ids=lambda p: str(p.parent.relative_to(ROOT)))
 def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
-    """A README's `> verdict: ...` lines are report.md's (or matched.md's) verdict lines, verbatim;
-    where a study made the folder, its runs give the same lines again now."""
+    """A README's `> verdict: ...` lines are report.md's (or matched.md's, or those of a results
+    folder it links to) verdict lines, verbatim; where a study made the folder, its runs give its
+    own lines again now."""
     if not (readme.parent / "report.md").is_file():  # an index (results/README.md) quotes its folders' reports
         shipped = [v for name in ("report.md", "matched.md") for report in readme.parent.rglob(name)
                    for v in report_verdicts(report)]
         for line in quoted(readme):
             assert line in shipped, f"{readme}: not a verdict of any report.md or matched.md below it: {line}"
         return
-    matched = readme.parent / "matched.md"  # `posbench report --matched` writes its verdict there
-    shipped = report_verdicts(readme.parent / "report.md") + (report_verdicts(matched) if matched.is_file() else [])
+    own = [v for name in ("report.md", "matched.md") if (readme.parent / name).is_file()  # matched.md: --matched
+           for v in report_verdicts(readme.parent / name)]
     for line in quoted(readme):
-        assert line in shipped, f"{readme}: not a verdict of its report.md or matched.md: {line}"
+        assert line in own + linked_verdicts(readme), \
+            f"{readme}: not a verdict of its report.md or matched.md, nor of a results folder it links to: {line}"
+    quoted_here = [line for line in quoted(readme) if line in own]
     study = study_of(readme.parent)
     if study is None:
         return
@@ -178,7 +189,7 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     if "--matched" in (rep.get("args") or []):
         table, cells, pool = matched_table(collect(paths))
         derived += matched_verdict(cells, pool, float(table.target.iloc[0]))
-    for line in quoted(readme):
+    for line in quoted_here:  # a quote of a linked folder is re-derived by that folder's README's test
         assert line in derived, f"{readme}: its runs no longer give: {line}"
 
 
