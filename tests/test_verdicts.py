@@ -140,13 +140,13 @@ def report_verdicts(report: Path) -> list[str]:
 def linked_verdicts(readme: Path) -> list[str]:
     """The verdicts of the results folders a README links to (``](../matched/README.md)``), whose
     lines it may quote: their report.md and matched.md."""
-    folders = {(readme.parent / m).resolve() for m in re.findall(r"\]\((\.\./[\w/]+)/README\.md\)", readme.read_text())}
+    folders = {(readme.parent / m).resolve() for m in re.findall(r"\]\(([\w./]+)/README\.md\)", readme.read_text())}
     return [v for folder in sorted(folders) for name in ("report.md", "matched.md") if (folder / name).is_file()
             for v in report_verdicts(folder / name)]
 
 
 def readmes_with_verdicts() -> list[Path]:
-    return sorted(p for p in (ROOT / "results").rglob("README.md") if quoted(p))
+    return sorted(p for p in [ROOT / "README.md", *(ROOT / "results").rglob("README.md")] if quoted(p))
 
 
 def study_of(folder: Path) -> dict | None:
