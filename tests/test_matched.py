@@ -50,6 +50,11 @@ def test_the_matched_budget_and_ratio_by_hand():
     assert table.loc["alibi", "ratio"] == pytest.approx(want)
     assert table.loc["alibi", "matched_tokens"] == pytest.approx(math.exp((1 - w) * math.log(1000) + w * math.log(2000)))
     assert table.loc["alibi", "ratio_ci_low"] < want < table.loc["alibi", "ratio_ci_high"]
+    # each seed's own matched ratio beside the line's: seed:ratio, their geometric mean the line's
+    per_seed = dict(item.split(":") for item in table.loc["alibi", "seed_ratios"].split())
+    assert list(per_seed) == ["0", "1", "2"]
+    for s, value in per_seed.items():
+        assert float(value) == pytest.approx(math.exp((1 - w) * r_lo[int(s)] + w * r_hi[int(s)]), abs=5.1e-4)  # 3 decimals
     # rope: between 2000 (54) and 4000 (49); t5 reaches it at its last budget (w = 1)
     assert (table.loc["rope", "budget_lo"], table.loc["rope", "budget_hi"]) == (2000, 4000)
     assert table.loc["t5", "weight"] == pytest.approx(1.0)
@@ -68,6 +73,8 @@ def test_the_matched_budget_and_ratio_by_hand():
     assert "alibi" in lines[0] and "rope" in lines[0] and "t5" in lines[0]
     md = matched_markdown(table.reset_index(), lines)
     assert "| alibi | 3 | " in md and "| rope | 3 | " in md
+    assert f"| {', '.join(table.loc['alibi', 'seed_ratios'].split())} |" in md
+    assert {line.count("|") for line in md.splitlines() if line.startswith("|")} == {9}  # every row 8 cells
 
 
 def test_a_target_below_every_budget_and_runs_of_one_budget():

@@ -53,7 +53,7 @@ from .verdicts import PREFIX, ordering, ratio_cell
 
 COLUMNS = ["label", "target", "matched_tokens", "budget_lo", "budget_hi", "weight", "ppl_1x_lo", "ppl_1x_hi",
            "ratio", "ratio_ci_low", "ratio_ci_high", "final_tokens", "final_ppl_1x", "final_ratio", "lowest_tokens",
-           "lowest_ppl_1x", "seeds", "note"]
+           "lowest_ppl_1x", "seeds", "seed_ratios", "note"]
 
 
 def blend(a: Cell, b: Cell, w: float) -> Cell:
@@ -148,7 +148,7 @@ def matched_table(df: pd.DataFrame, target: float | None = None, estimator: Esti
         matched[label] = cell
         row.update(matched_tokens=math.exp((1 - w) * math.log(lo[2]) + w * math.log(hi[2])), budget_lo=lo[2],
                    budget_hi=hi[2], weight=w, ppl_1x_lo=ppl[i], ppl_1x_hi=ppl[i + 1], ratio=math.exp(iv.estimate),
-                   ratio_ci_low=math.exp(iv.low), ratio_ci_high=math.exp(iv.high))
+                   ratio_ci_low=math.exp(iv.low), ratio_ci_high=math.exp(iv.high), seed_ratios=seed_ratios(cell))
         rows.append(row)
     return pd.DataFrame(rows).reindex(columns=COLUMNS), matched, pool
 
@@ -166,20 +166,28 @@ def matched_verdict(matched: dict[str, Cell], pool, goal: float, estimator: Esti
             + ordering(estimator or Estimator(), matched, values, pool, 3)]
 
 
+def seed_ratios(cell: Cell) -> str:
+    """Each seed's matched 16x ratio, ``seed:ratio`` joined by spaces (the line's ratio is their
+    geometric mean; the interval adds the text's variation to their spread)."""
+    return " ".join(f"{int(s)}:{math.exp(v):.3f}" for s, v in zip(cell.seeds, cell.nll))
+
+
 def _fmt_tokens(x) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / 1e6:.2f}M"
 
 
 def matched_markdown(table: pd.DataFrame, verdicts: list[str]) -> str:
     head = ("| line | seeds | matched budget (bracket) | ppl at 1x there | 16x ratio there [95% interval] | "
-            "at its largest budget: tokens, ppl at 1x, 16x ratio | its lowest ppl at 1x (tokens) |")
-    rows = [head, "|---|---|---|---|---|---|---|"]
+            "each seed's 16x ratio there | at its largest budget: tokens, ppl at 1x, 16x ratio | "
+            "its lowest ppl at 1x (tokens) |")
+    rows = [head, "|---|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         if r.note:
-            there = f"{r.note} | | "
+            there = f"{r.note} | | | "
         else:
             there = (f"{_fmt_tokens(r.matched_tokens)} ({_fmt_tokens(r.budget_lo)} .. {_fmt_tokens(r.budget_hi)}) | "
-                     f"{r.target:.2f} | {r.ratio:.3f} [{r.ratio_ci_low:.3f}, {r.ratio_ci_high:.3f}]")
+                     f"{r.target:.2f} | {r.ratio:.3f} [{r.ratio_ci_low:.3f}, {r.ratio_ci_high:.3f}] | "
+                     + ", ".join(r.seed_ratios.split()))
         rows.append(f"| {r.label} | {r.seeds} | {there} | {_fmt_tokens(r.final_tokens)}, {r.final_ppl_1x:.2f}, "
                     f"{r.final_ratio:.3f} | {r.lowest_ppl_1x:.2f} ({_fmt_tokens(r.lowest_tokens)}) |")
     return ("# Length extrapolation at matched in-distribution perplexity\n\n"
