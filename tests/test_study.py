@@ -324,7 +324,7 @@ def test_a_branch_whose_parent_trained_elsewhere_is_named_and_not_started(tmp_pa
     import posbench.study.run as st
 
     trained = []
-    monkeypatch.setattr(st, "train", lambda study, todo, jobs, extra=(): trained.extend(todo) or [])
+    monkeypatch.setattr(st, "train", lambda study, todo, jobs, extra=(), stop=None: trained.extend(todo) or [])
     with pytest.raises(PosbenchError, match=rf"^study mini: 1 branch run\(s\) could not start, their parents' runs "
                                             rf"not under {tmp_path}/out; valid: what the lines above name \(remove the "
                                             rf"exports"):
@@ -637,3 +637,77 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
     assert (rows.long_len == 64).all() and (rows.short_len == 32).all() and (rows.short_stride == 8).all()
     assert (rows.key_tokens > 0).all() and rows.evaluator.str.endswith("judge/rope/seed=0").all()
     assert "## LongPPL" in (tmp_path / "results" / "report.md").read_text()
+
+
+CHILD = """import os, signal, sys, time
+out = sys.argv[1]
+open(out, "w").write(f"group {os.getpgid(0) == os.getpid()}\\n")
+def stop(signum, frame):
+    open(out, "a").write(f"got {signal.Signals(signum).name}\\n")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(60)
+"""
+
+
+def test_a_deadline_starts_nothing_more_and_stops_each_running_sweep_once(tmp_path, monkeypatch):
+    """At --deadline the running sweep gets one SIGTERM in its own process group (so a terminal's
+    Ctrl-C reaches the study alone), the next sweep never starts, and a stopped sweep is not a
+    failed one: its line is not marked dead and no log is listed as failed."""
+    import posbench.study.run as st
+
+    write_study(tmp_path, MINI.format(tmp=tmp_path).replace("encoding: [alibi]", "encoding: [alibi, rope]"))
+    study = load_study("mini", [tmp_path])
+    (tmp_path / "child.py").write_text(CHILD)
+    started = []
+
+    def child(study, sweep, jobs, extra=()):
+        started.append(sweep.name)
+        return [sys.executable, str(tmp_path / "child.py"), str(tmp_path / f"child{len(started)}.txt")]
+
+    monkeypatch.setattr(st, "train_command", child)
+    monkeypatch.setattr(st, "export", lambda study, sweep: [])
+    stop = st.Stop(deadline=1.5)
+    t0 = time.monotonic()
+    assert st.train(study, sweeps(study), jobs=1, stop=stop) == []
+    assert time.monotonic() - t0 < 30 and len(started) == 1
+    assert (tmp_path / "child1.txt").read_text() == "group True\ngot SIGTERM\n"
+    assert stop.reason == "its --deadline of 1.5 s passed"
+
+
+def test_sigterm_to_a_study_checkpoints_its_runs_and_the_same_command_resumes(tmp_path):
+    """`timeout` or a scheduler signals the study alone: its run saves a checkpoint and stops, the
+    study says what is left and exits non-zero, no process of the sweep outlives it, and the same
+    command resumes the run from that checkpoint."""
+    body = MINI.format(tmp=tmp_path).replace("train.steps=4", "train.steps=150")
+    cfg = write_study(tmp_path, body)
+    cmd = [sys.executable, "-m", "posbench.cli", "study", "--config-dir", str(cfg), "mini", "--jobs", "1",
+           "--step", "train"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "out" / "a" / "encoding=alibi" / "seed=0" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it logged"
+        time.sleep(0.05)
+    proc.terminate()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out + err  # a posbench error's exit status
+    assert "stopped because it got SIGTERM: 0 of 1 runs done, 1 left; re-run the same command" in err
+    assert "a encoding=alibi stopped; exported 0 run(s)" in out
+    assert (metrics.parent / "checkpoints" / "last.pt").is_file()
+    log = (tmp_path / "out" / "a" / "encoding=alibi.log").read_text()
+    assert "interrupted at step" in log
+    alive = subprocess.run(["pgrep", "-f", f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True).stdout
+    assert alive == ""
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming" in (tmp_path / "out" / "a" / "encoding=alibi.log").read_text()
+    assert "exported 1 run(s)" in again.stdout
+
+
+def test_a_deadline_that_is_not_positive_is_one_line(tmp_path):
+    cfg = write_study(tmp_path, MINI.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--deadline", "0")
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == \
+        "posbench: error: study: --deadline 0 is not valid; valid: seconds > 0"
+    assert not (tmp_path / "out").exists()

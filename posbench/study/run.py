@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -216,16 +218,85 @@ def _pending(sweep: Sweep, waiting: list[Sweep], running: list) -> bool:
     return bool(sweep.parent) and any(w.folder == sweep.parent for w in ahead + [r[0] for r in running])
 
 
-def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> list[str]:
+STOP_GRACE = 120.0  # seconds a signalled sweep has to save its checkpoints before its processes are killed
+
+
+class Stop:
+    """When the study stops early: at its ``--deadline`` (seconds from the start), or at SIGINT or
+    SIGTERM (Ctrl-C, ``timeout``, a cluster's or a GPU slot's end). Each sweep runs in a process
+    group of its own (a terminal's Ctrl-C reaches the study alone), so a stop reaches every run
+    once: the study starts nothing more and sends SIGTERM to each running sweep's group, whose runs
+    save a checkpoint after their current step and exit (posbench.train.loop); what finished is
+    exported, and the same command resumes the rest. A second signal kills the sweeps at once."""
+
+    def __init__(self, deadline: float | None = None):
+        self.end = None if deadline is None else time.monotonic() + deadline
+        self.deadline, self.reason, self.signalled_at = deadline, None, None
+        self.groups: list[int] = []
+
+    def due(self) -> bool:
+        if self.reason is None and self.end is not None and time.monotonic() >= self.end:
+            self.reason = f"its --deadline of {self.deadline:g} s passed"
+        return self.reason is not None
+
+    def handler(self, signum, frame):
+        if self.reason is not None and self.signalled_at is not None:
+            self.kill()
+            raise KeyboardInterrupt
+        self.reason = f"it got {signal.Signals(signum).name}"
+
+    def signal_all(self, running) -> None:
+        """SIGTERM to every running sweep's process group, once."""
+        self.signalled_at = time.monotonic()
+        for _, proc, _ in running:
+            _signal_group(proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        for pid in self.groups:
+            _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):  # the group has ended
+        pass
+
+
+def _install(stop: Stop) -> dict:
+    """The study's SIGINT and SIGTERM handlers (main thread only) -> the previous ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), stop: Stop | None = None) -> list[str]:
     """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
     ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
     first seed's run even when the study is cut off before the last), and each sweep as it ends.
     Of the sweeps ready to start, those whose parent has trained go first (stable otherwise): with
     fewer jobs than sweeps, a line's branches finish it before the next line's run starts, so a
-    study cut off early holds whole lines. -> the sweeps that failed (their logs' paths)."""
+    study cut off early holds whole lines. ``stop``: see :class:`Stop`; once it is due, sweeps not
+    started stay in ``todo``'s place for the next call. -> the sweeps that failed (their logs' paths)."""
+    stop = stop or Stop()
+    previous = _install(stop)
+    try:
+        return _schedule(study, todo, jobs, extra, stop)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> list[str]:
     waiting, running, failed, dead = list(todo), [], [], set()
     last_export = time.monotonic()
     while waiting or running:
+        if stop.due():
+            waiting.clear()
+            if stop.signalled_at is None:
+                stop.signal_all(running)
+            elif time.monotonic() - stop.signalled_at > STOP_GRACE:
+                stop.kill()
         busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
         for sweep in [w for w in waiting if w.parent in dead]:
             waiting.remove(sweep)  # its parent failed: nothing to start from
@@ -245,9 +316,10 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             with open(log, "a") as f:
                 f.write("$ " + shlex.join(cmd) + "\n")
                 f.flush()
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
             running.append((sweep, proc, log))
+            stop.groups.append(proc.pid)
             busy += min(jobs, len(sweep.seeds))
         time.sleep(1.0)
         if time.monotonic() - last_export >= EXPORT_EVERY:  # a sweep's seeds run one after another
@@ -259,9 +331,10 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = ()) -> 
             running.remove(item)
             sweep, proc, log = item
             written = export(study, sweep)
-            state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            stopped = proc.returncode != 0 and stop.signalled_at is not None
+            state = "done" if proc.returncode == 0 else "stopped" if stopped else f"FAILED (exit {proc.returncode})"
             print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
-            if proc.returncode != 0:
+            if proc.returncode != 0 and not stopped:
                 failed.append(str(log))
                 if not (sweep.evaluates or sweep.pretrained):  # else the runs are fine: their other evaluations go on
                     dead.add(sweep.folder)
@@ -331,6 +404,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--seed-major", action="store_true",
                         help="train the first seed of every line, then the second, ...: a study cut off early "
                              "(a GPU slot's end) holds one seed of every line rather than every seed of a few")
+    parser.add_argument("--deadline", type=float, default=None, metavar="S",
+                        help="stop after S seconds (as at SIGINT or SIGTERM): nothing new starts, running runs save "
+                             "a checkpoint and stop, finished ones are exported; the same command resumes")
     parser.add_argument("--extra", action="append", default=[], metavar="OVERRIDE",
                         help="an override added to every run that keeps its hash (train.compile=false, device=cuda)")
     ns = parser.parse_args(args)
@@ -342,6 +418,8 @@ def main(args: list[str]) -> None:
         return
     if ns.jobs < 1:
         raise PosbenchError(f"study: --jobs {ns.jobs} is not valid; valid: a count of runs >= 1")
+    if ns.deadline is not None and not ns.deadline > 0:
+        raise PosbenchError(f"study: --deadline {ns.deadline:g} is not valid; valid: seconds > 0")
     study = load_study(ns.name, dirs)
     only = [s for s in ns.only.split(",") if s] if ns.only else None
     where = parse_where(ns.where)
@@ -361,7 +439,13 @@ def main(args: list[str]) -> None:
             for s in todo:
                 print("  " + shlex.join(command(study, s, ns.jobs, ns.extra)))
             return
-        failed = train(study, todo, ns.jobs, ns.extra)
+        stop = Stop(ns.deadline)
+        failed = train(study, todo, ns.jobs, ns.extra, stop)
+        if stop.reason is not None:
+            left, done = plan(study, only, ns.extra, where)
+            raise PosbenchError(f"study {study.name}: stopped because {stop.reason}: {done} of {total} runs done, "
+                                f"{sum(len(s.seeds) for s in left)} left; re-run the same command to resume them "
+                                "(a stopped run from its checkpoint)")
         if failed:
             raise PosbenchError(f"study {study.name}: {len(failed)} sweep(s) failed; their logs: {', '.join(failed)}")
         if orphans:
