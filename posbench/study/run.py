@@ -232,7 +232,7 @@ class Stop:
     def __init__(self, deadline: float | None = None):
         self.end = None if deadline is None else time.monotonic() + deadline
         self.deadline, self.reason, self.signalled_at = deadline, None, None
-        self.groups: list[int] = []
+        self.running: list = []  # the scheduler's (sweep, process, log) of the sweeps running now
 
     def due(self) -> bool:
         if self.reason is None and self.end is not None and time.monotonic() >= self.end:
@@ -245,22 +245,21 @@ class Stop:
             raise KeyboardInterrupt
         self.reason = f"it got {signal.Signals(signum).name}"
 
-    def signal_all(self, running) -> None:
+    def signal_all(self) -> None:
         """SIGTERM to every running sweep's process group, once."""
         self.signalled_at = time.monotonic()
-        for _, proc, _ in running:
-            _signal_group(proc.pid, signal.SIGTERM)
+        self._send(signal.SIGTERM)
 
     def kill(self) -> None:
-        for pid in self.groups:
-            _signal_group(pid, signal.SIGKILL)
+        self._send(signal.SIGKILL)
 
-
-def _signal_group(pid: int, sig) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):  # the group has ended
-        pass
+    def _send(self, sig) -> None:
+        for _, proc, _ in self.running:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):  # the group has just ended
+                    pass
 
 
 def _install(stop: Stop) -> dict:
@@ -276,8 +275,8 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), sto
     first seed's run even when the study is cut off before the last), and each sweep as it ends.
     Of the sweeps ready to start, those whose parent has trained go first (stable otherwise): with
     fewer jobs than sweeps, a line's branches finish it before the next line's run starts, so a
-    study cut off early holds whole lines. ``stop``: see :class:`Stop`; once it is due, sweeps not
-    started stay in ``todo``'s place for the next call. -> the sweeps that failed (their logs' paths)."""
+    study cut off early holds whole lines. ``stop``: see :class:`Stop`; once it is due no sweep
+    starts, and those stopped are not failed ones. -> the sweeps that failed (their logs' paths)."""
     stop = stop or Stop()
     previous = _install(stop)
     try:
@@ -289,12 +288,13 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), sto
 
 def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> list[str]:
     waiting, running, failed, dead = list(todo), [], [], set()
+    stop.running = running
     last_export = time.monotonic()
     while waiting or running:
         if stop.due():
             waiting.clear()
             if stop.signalled_at is None:
-                stop.signal_all(running)
+                stop.signal_all()
             elif time.monotonic() - stop.signalled_at > STOP_GRACE:
                 stop.kill()
         busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
@@ -319,7 +319,6 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
             running.append((sweep, proc, log))
-            stop.groups.append(proc.pid)
             busy += min(jobs, len(sweep.seeds))
         time.sleep(1.0)
         if time.monotonic() - last_export >= EXPORT_EVERY:  # a sweep's seeds run one after another
