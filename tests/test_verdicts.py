@@ -138,11 +138,12 @@ def report_verdicts(report: Path) -> list[str]:
 
 
 def linked_verdicts(readme: Path) -> list[str]:
-    """The verdicts of the results folders a README links to (``](../matched/README.md)``), whose
-    lines it may quote: their report.md and matched.md."""
+    """The verdicts a README may quote from the results folders it links to (``](../matched/README.md)``):
+    lines of their report.md or matched.md that their own README quotes, so that its test re-derives them."""
     folders = {(readme.parent / m).resolve() for m in re.findall(r"\]\(([\w./]+)/README\.md\)", readme.read_text())}
-    return [v for folder in sorted(folders) for name in ("report.md", "matched.md") if (folder / name).is_file()
-            for v in report_verdicts(folder / name)]
+    return [v for folder in sorted(folders) if (folder / "README.md").is_file() and folder != readme.parent
+            for name in ("report.md", "matched.md") if (folder / name).is_file()
+            for v in report_verdicts(folder / name) if v in quoted(folder / "README.md")]
 
 
 def readmes_with_verdicts() -> list[Path]:
