@@ -679,14 +679,14 @@ def test_sigterm_to_a_study_checkpoints_its_runs_and_the_same_command_resumes(tm
     """`timeout` or a scheduler signals the study alone: its run saves a checkpoint and stops, the
     study says what is left and exits non-zero, no process of the sweep outlives it, and the same
     command resumes the run from that checkpoint."""
-    body = MINI.format(tmp=tmp_path).replace("train.steps=4", "train.steps=150")
+    body = MINI.format(tmp=tmp_path).replace("train.steps=4", "train.steps=80")
     cfg = write_study(tmp_path, body)
     cmd = [sys.executable, "-m", "posbench.cli", "study", "--config-dir", str(cfg), "mini", "--jobs", "1",
            "--step", "train"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "out" / "a" / "encoding=alibi" / "seed=0" / "metrics.jsonl"
     deadline = time.time() + 300
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+    while not (metrics.is_file() and metrics.read_text().strip()):  # step 5 logged: 75 to go
         assert proc.poll() is None and time.time() < deadline, "the run ended before it logged"
         time.sleep(0.05)
     proc.terminate()
