@@ -692,6 +692,7 @@ def test_sigterm_to_a_study_checkpoints_its_runs_and_the_same_command_resumes(tm
     proc.terminate()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 2, out + err  # a posbench error's exit status
+    assert "study mini: stopping because it got SIGTERM: nothing new starts; 1 sweep(s) save a checkpoint" in err
     assert "stopped because it got SIGTERM: 0 of 1 runs done, 1 left; re-run the same command" in err
     assert "a encoding=alibi stopped; exported 0 run(s)" in out
     assert (metrics.parent / "checkpoints" / "last.pt").is_file()

@@ -294,6 +294,8 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
         if stop.due():
             waiting.clear()
             if stop.signalled_at is None:
+                print(f"study {study.name}: stopping because {stop.reason}: nothing new starts; {len(running)} "
+                      f"sweep(s) save a checkpoint and stop (a second signal kills them)", file=sys.stderr, flush=True)
                 stop.signal_all()
             elif time.monotonic() - stop.signalled_at > STOP_GRACE:
                 stop.kill()
