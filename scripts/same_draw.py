@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from posbench.eval.results import read_results
+
 KEY = ["split", "mode", "eval_len"]
 
 
 def rows(run: Path) -> pd.DataFrame:
-    df = pd.read_csv(run / "results.csv")
+    df = read_results(run / "results.csv")  # backfilled: rows from before a column read as its default
     return df[df["status"] == "ok"] if "status" in df else df
 
 

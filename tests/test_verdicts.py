@@ -141,9 +141,12 @@ def linked_verdicts(readme: Path) -> list[str]:
     """The verdicts a README may quote from the results folders it links to (``](../matched/README.md)``):
     lines of their report.md or matched.md that their own README quotes, so that its test re-derives them."""
     folders = {(readme.parent / m).resolve() for m in re.findall(r"\]\(([\w./]+)/README\.md\)", readme.read_text())}
-    return [v for folder in sorted(folders) if (folder / "README.md").is_file() and folder != readme.parent
-            for name in ("report.md", "matched.md") if (folder / name).is_file()
-            for v in report_verdicts(folder / name) if v in quoted(folder / "README.md")]
+    found = []
+    for folder in sorted(f for f in folders if (f / "README.md").is_file() and f != readme.parent):
+        theirs = quoted(folder / "README.md")
+        found += [v for name in ("report.md", "matched.md") if (folder / name).is_file()
+                  for v in report_verdicts(folder / name) if v in theirs]
+    return found
 
 
 def readmes_with_verdicts() -> list[Path]:
@@ -175,10 +178,12 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
         return
     own = [v for name in ("report.md", "matched.md") if (readme.parent / name).is_file()  # matched.md: --matched
            for v in report_verdicts(readme.parent / name)]
-    for line in quoted(readme):
-        assert line in own + linked_verdicts(readme), \
+    quotes = quoted(readme)
+    allowed = own + linked_verdicts(readme)
+    for line in quotes:
+        assert line in allowed, \
             f"{readme}: not a verdict of its report.md or matched.md, nor of a results folder it links to: {line}"
-    quoted_here = [line for line in quoted(readme) if line in own]
+    quoted_here = [line for line in quotes if line in own]
     study = study_of(readme.parent)
     if study is None:
         return
