@@ -14,7 +14,7 @@ from conftest import ROOT
 from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
 from posbench.report.matched import matched_table, matched_verdict
-from posbench.report.tables import add_intervals, collect, summarize
+from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, extrapolation_summary, summarize
 from posbench.report.verdicts import PREFIX, Verdicts, split_variant, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
@@ -30,7 +30,7 @@ def line_cells(rng, k: int, nll_1x: float, log_ratio: float, sd_seed: float, tex
             for b in (base, far)]
 
 
-def summary_of(lines: dict, model: str = "tiny", seed: int = 0) -> pd.DataFrame:
+def summary_of(lines: dict, model: str = "tiny", seed: int = 0, per: list[str] = ()) -> pd.DataFrame:
     """A summary with cells, as summarize(cells=True) gives, for {name: (nll_1x, log_ratio, sd_seed)}."""
     rng = np.random.default_rng(seed)
     sizes = np.full(BLOCKS, 100)
@@ -40,8 +40,9 @@ def summary_of(lines: dict, model: str = "tiny", seed: int = 0) -> pd.DataFrame:
         for eval_len, cell in zip((128, 2048), line_cells(rng, 3, nll, log_ratio, sd, text, sizes)):
             rows.append({"label": name, "encoding": name, "variant": "", "rope_scaling": "none",
                          "mode": "nonoverlapping", "stride": eval_len, "model": model, "data": "sim",
-                         "train_len": 128, "split": "validation", "eval_len": eval_len, "cell": cell})
-    return add_intervals(pd.DataFrame(rows), Estimator(resamples=400))
+                         "train_len": 128, "split": "validation", "eval_len": eval_len, "cell": cell,
+                         "ppl_mean": math.exp(cell.mean)})
+    return add_intervals(pd.DataFrame(rows), Estimator(resamples=400), per)
 
 
 def test_ordering_says_below_only_where_the_interval_supports_it():
@@ -98,6 +99,31 @@ def test_per_key_orders_lines_within_each_value_and_says_what_holds_across_them(
     assert across[1] == ("across steps (488/1221), the ratio order that changes: "
                          "t5 [bias_scale=none] vs y (< / >)"), across
     assert Verdicts(summary_of(lines), Estimator(resamples=400)).across() == []  # without per: one setup
+
+
+def test_per_key_ranks_and_spreads_each_value_s_lines_apart_from_the_other_values():
+    """With --per train.steps the table's bold (vs_best, tied_best), the seeds' pools and the spread
+    at train_len are of one budget's lines: the longer budget's lower perplexity does not make every
+    line of the shorter one 'worse than the best'."""
+    lines = {"x [steps=488]": (3.0, 0.1, 0.005), "y [steps=488]": (3.05, 0.8, 0.005),
+             "x [steps=1221]": (2.5, 0.1, 0.005), "y [steps=1221]": (2.6, 0.8, 0.005)}
+    mixed, apart = summary_of(lines), summary_of(lines, per=["train.steps"])
+    at_1x = lambda s, name: s[(s.label == name) & (s.eval_len == 128)].iloc[0]  # noqa: E731
+    assert at_1x(mixed, "x [steps=488]").vs_best == pytest.approx(math.exp(0.5), rel=1e-2)
+    assert not at_1x(mixed, "x [steps=488]").tied_best
+    assert at_1x(apart, "x [steps=488]").vs_best == 1 and at_1x(apart, "x [steps=488]").tied_best
+    assert at_1x(apart, "y [steps=488]").vs_best == pytest.approx(math.exp(0.05), rel=1e-2)
+    assert at_1x(apart, "y [steps=1221]").vs_best == pytest.approx(math.exp(0.1), rel=1e-2)
+    # each budget's seeds pooled alone
+    assert at_1x(apart, "x [steps=488]").cell_pool != at_1x(apart, "x [steps=1221]").cell_pool
+    assert at_1x(mixed, "x [steps=488]").cell_pool == at_1x(mixed, "x [steps=1221]").cell_pool
+    spans = [line for line in extrapolation_summary(apart.drop(columns=list(CELL_COLUMNS), errors="ignore"), ["train.steps"])
+             if "spans" in line]
+    assert [line.split(":")[0] for line in spans] == ["train_len=128, steps=488", "train_len=128, steps=1221"]
+    spreads = [float(re.search(r"across 2 \w+ \(spread (\S+)%", line).group(1)) for line in spans]
+    assert spreads == pytest.approx([100 * (math.exp(0.05) - 1), 100 * (math.exp(0.1) - 1)], abs=0.6), spans
+    whole = [line for line in extrapolation_summary(mixed.drop(columns=list(CELL_COLUMNS), errors="ignore")) if "spans" in line]
+    assert len(whole) == 1 and "across 4 " in whole[0]
 
 
 def test_split_variant_takes_one_key_out_of_a_label():
@@ -190,8 +216,8 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     rep = study.get("report") or {}
     paths = [ROOT / d for d in rep.get("dirs") or []] + [ROOT / study["runs"]]
     df = collect(paths, by=rep.get("by") or [])
-    derived = verdict_lines(summarize(df, cells=True), [tuple(c) for c in rep.get("contrasts") or []],
-                            per=rep.get("per") or [])
+    derived = verdict_lines(summarize(df, cells=True, per=rep.get("per") or []),
+                            [tuple(c) for c in rep.get("contrasts") or []], per=rep.get("per") or [])
     if "--matched" in (rep.get("args") or []):
         table, cells, pool = matched_table(collect(paths))
         derived += matched_verdict(cells, pool, float(table.target.iloc[0]))

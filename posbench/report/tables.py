@@ -91,7 +91,7 @@ from .longppl import longppl_part
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
-from .verdicts import verdict_lines, verdicts_markdown
+from .verdicts import numeric_first, split_variant, verdict_lines, verdicts_markdown
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
@@ -322,7 +322,8 @@ def setup_header(df: pd.DataFrame, setup: pd.DataFrame, mixed: str = "") -> str:
 
 
 # ---------------------------------------------------------------- summary
-def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool = False) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool = False,
+              per: list[str] = ()) -> pd.DataFrame:
     """Geometric mean (``ppl_mean``: exp of the mean log ppl, the centre of its interval), std, min,
     max of ppl over seeds (and the mean nll, bpb, word_ppl), one row per
     (encoding, rope_scaling, mode, stride, ..., eval_len), with the line's ``label``, its
@@ -330,7 +331,8 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     interval columns of :func:`add_intervals` (bootstrap intervals where rows carry their ``run``
     dir and it holds token_nll.npz); ``cells``: keep each row's :class:`Cell` in a ``cell`` column
     and its column's pooled seed variances in ``cell_pool`` and ``ratio_pool`` (:func:`add_intervals`;
-    what :mod:`posbench.report.verdicts` compares)."""
+    what :mod:`posbench.report.verdicts` compares); ``per``: ``--per`` keys, whose values split the
+    columns that compare lines (:func:`add_intervals`)."""
     df = with_labels(backfill(df))
     ok = df.assign(**{c: df[c].where(df.status == "ok") for c in ("ppl", "nll", "bpb", "word_ppl")})
     stats = ok.assign(log_ppl=np.log(ok.ppl)).groupby(GROUP, dropna=False).agg(
@@ -343,12 +345,25 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     steps = pd.to_numeric(df["steps"], errors="coerce") if "steps" in df else pd.Series(0.0, index=df.index)
     trained = df.assign(trained=steps.fillna(0).gt(0)).groupby(GROUP, dropna=False).trained.any()
     out = with_labels(pd.concat([stats, seeds, means, counts, trained], axis=1).reset_index())
-    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator())
+    out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator(), per)
     out = out if cells else out.drop(columns=list(CELL_COLUMNS))
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
 # ---------------------------------------------------------------- intervals
+def per_values(summary: pd.DataFrame, per: list[str]) -> list[tuple[str, ...]]:
+    """Each row's value of each ``--per`` key (``train.steps`` -> the ``steps=`` of its label; 'unset'
+    where the label has none)."""
+    keys = [key.rsplit(".", 1)[-1] for key in per]
+    return [tuple(split_variant(label, k)[1] or "unset" for k in keys) for label in summary.label]
+
+
+def compared_keys(summary: pd.DataFrame, per: list[str] = ()) -> list[tuple[str, ...]]:
+    """Each row's column: the lines it is ranked and pooled with (:func:`add_intervals`)."""
+    base = [tuple(r) for r in summary[COMPARED].astype(str).itertuples(index=False)]
+    return [b + v for b, v in zip(base, per_values(summary, per))] if per else base
+
+
 def _cells(df: pd.DataFrame) -> list[Cell]:
     """One :class:`Cell` per GROUP key, in groupby order: the ok seeds' mean NLLs and, where every
     one of them has its block sums (from its run's token_nll.npz, or a shipped run's blocks.npz:
@@ -376,7 +391,7 @@ def _cells(df: pd.DataFrame) -> list[Cell]:
     return cells
 
 
-def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
+def add_intervals(summary: pd.DataFrame, estimator: Estimator, per: list[str] = ()) -> pd.DataFrame:
     """Interval columns from the summary's ``cell`` column (see docs/report.md):
 
     - ``ppl_ci_low``, ``ppl_ci_high``, ``ci_method``: exp of the 95% interval of the mean NLL;
@@ -391,8 +406,12 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
 
     A line of fewer than 3 seeds takes at least the seeds' variance pooled over its column's lines
     (:func:`posbench.intervals.seed_term`): of their mean NLLs for its cells, of their per-seed
-    log ratios for its ratios; those pools are the ``cell_pool`` and ``ratio_pool`` columns."""
-    column = [tuple(r) for r in summary[COMPARED].astype(str).itertuples(index=False)]
+    log ratios for its ratios; those pools are the ``cell_pool`` and ``ratio_pool`` columns.
+
+    A column is the lines of one train_len, eval_len, text and split, and, with ``per`` (``--per``
+    keys), of one value of each: a budget study's lines are ranked and pooled within their budget,
+    not against another budget's."""
+    column = compared_keys(summary, per)
     cell_pool = {key: pool_seeds(c.nll for c, k in zip(summary.cell, column) if k == key) for key in set(column)}
     cell_ci = [estimator.cell(c, cell_pool[k]) for c, k in zip(summary.cell, column)]
     out = summary.assign(ppl_ci_low=[math.exp(i.low) for i in cell_ci],
@@ -421,7 +440,7 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator) -> pd.DataFrame:
         ratio["ratio_std"][row] = float(per_seed.std(ddof=1)) if per_seed.size > 1 else math.nan
         ratio["ratio_ci_low"][row], ratio["ratio_ci_high"][row] = math.exp(d.low), math.exp(d.high)
         ratio["ratio_method"][row] = d.method
-    for _, g in out.groupby(COMPARED, dropna=False):  # lines of one text and train_len (mixed_data)
+    for _, g in out.groupby(pd.Series(column, index=out.index).map(str), sort=False):  # one column's lines
         means = g.cell.map(lambda c: c.mean).dropna()
         if means.empty:
             continue
@@ -552,19 +571,25 @@ def latex_table(summary: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-def extrapolation_summary(summary: pd.DataFrame) -> list[str]:
+def extrapolation_summary(summary: pd.DataFrame, per: list[str] = ()) -> list[str]:
     """How far apart the lines are at train_len (the spread, worst / lowest, with its 95%
     interval) and a warning when some differ beyond their intervals; for each line
     ppl(longest) / ppl(train_len) with its interval, and the longest length up to which every
     evaluated length is within 10% of its ppl at train_len: a length counts only when the whole
     interval of its ratio is at most 1.10, and one whose interval straddles 1.10 ends the range
-    as "not distinguishable"."""
+    as "not distinguishable". With ``per`` (``--per`` keys), the spread and the warning are of each
+    value's lines (a budget study's, per budget)."""
     summary = with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
     texts = [c for c in ("data", "split") if c in summary and summary[c].nunique() > 1]  # --mix: one text at a time
-    for keys, g in summary.groupby(["train_len", *texts], sort=True):
+    keys_of = [k.rsplit(".", 1)[-1] for k in per]
+    if per:
+        values = per_values(summary, per)
+        summary = summary.assign(**{f"per_{k}": numeric_first(pd.Series([v[i] for v in values])).to_numpy()
+                                     for i, k in enumerate(keys_of)})
+    for keys, g in summary.groupby(["train_len", *texts, *(f"per_{k}" for k in keys_of)], sort=True):
         tlen = keys[0]
-        where = "".join(f", {c}={v}" for c, v in zip(texts, keys[1:]))
+        where = "".join(f", {c}={v}" for c, v in zip([*texts, *keys_of], keys[1:]))
         at_train = g[g.eval_len == tlen].dropna(subset=["ppl_mean"])
         if len(at_train) > 1:
             lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
@@ -883,10 +908,10 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
 
-    summary = summarize(df, cells=True)
+    summary = summarize(df, cells=True, per=per)
     verdicts = verdict_lines(summary, contrasts, per=per)
     summary = summary.drop(columns=list(CELL_COLUMNS))
-    text = extrapolation_summary(summary)
+    text = extrapolation_summary(summary, per)
     table = markdown_table(summary)
     setup = run_setup(df)
     header = setup_header(df, setup, mixed)

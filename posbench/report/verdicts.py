@@ -97,7 +97,7 @@ def split_variant(label: str, key: str) -> tuple[str, str | None]:
     return (f"{base} [{', '.join(rest)}]" if rest else base) + tail, value
 
 
-def _numeric_first(values: pd.Series) -> pd.Series:
+def numeric_first(values: pd.Series) -> pd.Series:
     """A per-key column's values as numbers where every one reads as one (budgets sort 122 < 488 <
     1221), else as text."""
     numbers = pd.to_numeric(values, errors="coerce")
@@ -114,7 +114,7 @@ class Verdicts:
         for key in per:
             short = key.rsplit(".", 1)[-1]
             split = s.label.map(lambda label: split_variant(label, short))
-            s = s.assign(label=split.str[0], **{short: _numeric_first(split.str[1].fillna("unset"))})
+            s = s.assign(label=split.str[0], **{short: numeric_first(split.str[1].fillna("unset"))})
             self.setup.append(short)
         self.s = s
         self.est = estimator or Estimator()
