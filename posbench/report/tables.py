@@ -88,6 +88,7 @@ from .figures import (
 )
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
 from .longppl import longppl_part
+from .per import per_figures
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
@@ -768,6 +769,8 @@ FIGURE_TEXT = {  # report.md's line under each figure
     "ranked": "Every line's ppl(Mx) / ppl(1x) (Mx: the longest multiple of train_len every line was evaluated "
               "at) and its ppl at 1x, each with its 95% interval, grouped by the hook its encoding uses and sorted "
               "by ratio.",
+    "per": "Each line (named without the --per key) against the key's values: its ppl at train_len and its "
+           "ppl(Mx) / ppl(1x) (Mx: the longest length every line reached), with their 95% intervals.",
     "tradeoff": "Perplexity at 1x against ppl(Mx) / ppl(1x), one labelled point per line with both 95% intervals; "
                 "lower left is better on both. The right panel enlarges the lines whose ratio is at most "
                 f"{ZOOM_RATIO:g}, where there are several.",
@@ -920,6 +923,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     figures = shown.figures(setup)
     drawn = keep(summary)
     figures["report"] = ppl_figure(drawn, ref, log_y=log_y, palette=palette, setup=setup)
+    figures.update(per_figures(summary, per, setup))
     positions = keep(positions)
     few_windows = not positions.empty and positions_windows(positions) < MIN_BIN_WINDOWS
     if not positions.empty and not few_windows:
