@@ -4,7 +4,7 @@ With ``posbench report --per train.steps`` the table has one row per (line, budg
 figure one point each; what a reader of a budget study asks first is how each line moves with
 the budget. This figure answers it: one curve per line (its name without the key, as the
 verdicts name it), its ppl at train_len in the left panel and its ppl(Mx) / ppl(1x) in the right
-(Mx: the longest length every row reached), each point with its 95% interval from the table.
+(Mx: the longest length past train_len every row reached), each point with its 95% interval from the table.
 """
 
 from __future__ import annotations
@@ -12,25 +12,16 @@ from __future__ import annotations
 import pandas as pd
 
 from .figures import _caption, _pyplot
-from .verdicts import numeric_first, split_variant
+from .verdicts import common_longest, numeric_first, per_split
 
 
 def per_rows(summary: pd.DataFrame, key: str) -> pd.DataFrame:
     """``summary`` with ``name`` (the label without ``key``'s ``k=v``) and ``value`` (the key's value,
     a number where every one reads as one); rows whose label lacks the key are left out."""
-    short = key.rsplit(".", 1)[-1]
-    split = summary.label.map(lambda label: split_variant(label, short))
-    rows = summary.assign(name=split.str[0].to_numpy(), value=split.str[1].to_numpy())
+    names, values = per_split(summary.label, key)
+    rows = summary.assign(name=names.to_numpy(), value=values.to_numpy())
     rows = rows[rows.value.notna()]
     return rows.assign(value=numeric_first(rows.value.reset_index(drop=True)).to_numpy())
-
-
-def _longest(rows: pd.DataFrame) -> int | None:
-    """The longest length past train_len at which every row's line has a ratio."""
-    reached = [set(g[g.ratio_mean.notna() & (g.eval_len > g.train_len)].eval_len)
-               for _, g in rows.groupby(["name", "value"])]
-    common = set.intersection(*reached) if reached else set()
-    return max(common) if common else None
 
 
 def per_figure(summary: pd.DataFrame, key: str, setup: pd.DataFrame | None = None):
@@ -43,9 +34,10 @@ def per_figure(summary: pd.DataFrame, key: str, setup: pd.DataFrame | None = Non
     plt = _pyplot()
     from matplotlib.ticker import FormatStrFormatter, LogLocator
 
-    longest = _longest(rows)
-    fig, axes = plt.subplots(1, 2 if longest else 1, figsize=(11 if longest else 5.8, 4.4), squeeze=False)
     tlen = int(rows.train_len.iloc[0])
+    longest = common_longest(rows)  # rows keep their labels: one line per (name, value)
+    longest = longest if longest is not None and longest > tlen else None
+    fig, axes = plt.subplots(1, 2 if longest else 1, figsize=(11 if longest else 5.8, 4.4), squeeze=False)
     panels = [("ppl", tlen, f"perplexity at train_len ({tlen})")]
     if longest:
         panels.append(("ratio", longest, f"ppl({longest}) / ppl({tlen}) ({longest / tlen:g}x)"))

@@ -92,7 +92,7 @@ from .per import per_figures
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
-from .verdicts import numeric_first, split_variant, verdict_lines, verdicts_markdown
+from .verdicts import numeric_first, per_split, verdict_lines, verdicts_markdown
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
@@ -355,8 +355,8 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
 def per_values(summary: pd.DataFrame, per: list[str]) -> list[tuple[str, ...]]:
     """Each row's value of each ``--per`` key (``train.steps`` -> the ``steps=`` of its label; 'unset'
     where the label has none)."""
-    keys = [key.rsplit(".", 1)[-1] for key in per]
-    return [tuple(split_variant(label, k)[1] or "unset" for k in keys) for label in summary.label]
+    values = [per_split(summary.label, key)[1].fillna("unset") for key in per]
+    return list(zip(*values)) if values else [() for _ in range(len(summary))]
 
 
 def compared_keys(summary: pd.DataFrame, per: list[str] = ()) -> list[tuple[str, ...]]:

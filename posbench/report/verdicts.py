@@ -97,6 +97,30 @@ def split_variant(label: str, key: str) -> tuple[str, str | None]:
     return (f"{base} [{', '.join(rest)}]" if rest else base) + tail, value
 
 
+def per_split(labels: pd.Series, key: str) -> tuple[pd.Series, pd.Series]:
+    """Each label without the dotted ``--per`` key's ``k=v`` (``train.steps``: ``steps=``), and the
+    key's value (None where a label has none): :func:`split_variant` over a column."""
+    short = key.rsplit(".", 1)[-1]
+    split = labels.map(lambda label: split_variant(label, short))
+    return split.str[0], split.str[1]
+
+
+def common_longest(g: pd.DataFrame) -> int | None:
+    """The longest eval length past train_len every line (label) of ``g`` reached with a ratio; None
+    where some line reaches past train_len and not every one does, rather than a shorter length
+    every line has (:meth:`Verdicts._longest_most` then picks one and names the lines left out); the longest below
+    train_len only where no line runs past it."""
+    tlen = int(g.train_len.iloc[0])
+    reached = [set(e[e.ratio_mean.notna()].eval_len) for _, e in g.groupby("label")]
+    common = set.intersection(*reached) - {tlen} if reached else set()
+    past = {x for x in common if x > tlen}
+    if past:
+        return max(past)
+    if any(x > tlen for r in reached for x in r):
+        return None
+    return max(common) if common else None
+
+
 def numeric_first(values: pd.Series) -> pd.Series:
     """A per-key column's values as numbers where every one reads as one (budgets sort 122 < 488 <
     1221), else as text."""
@@ -113,8 +137,8 @@ class Verdicts:
         self.setup = list(SETUP)
         for key in per:
             short = key.rsplit(".", 1)[-1]
-            split = s.label.map(lambda label: split_variant(label, short))
-            s = s.assign(label=split.str[0], **{short: numeric_first(split.str[1].fillna("unset"))})
+            names, values = per_split(s.label, key)
+            s = s.assign(label=names, **{short: numeric_first(values.fillna("unset"))})
             self.setup.append(short)
         self.s = s
         self.est = estimator or Estimator()
@@ -123,21 +147,6 @@ class Verdicts:
     def setups(self):
         for keys, g in self.s.groupby(self.setup, dropna=False, sort=True):
             yield dict(zip(self.setup, keys)), g
-
-    def _longest(self, g: pd.DataFrame) -> int | None:
-        """The longest eval length past train_len every line of ``g`` reached with a ratio; None where
-        some line reaches past train_len and not every one does (:meth:`_longest_most` then names the
-        others), rather than a shorter length every line has; the longest below train_len only where
-        no line runs past it."""
-        tlen = int(g.train_len.iloc[0])
-        reached = [set(e[e.ratio_mean.notna()].eval_len) for _, e in g.groupby("label")]
-        common = set.intersection(*reached) - {tlen} if reached else set()
-        past = {x for x in common if x > tlen}
-        if past:
-            return max(past)
-        if any(x > tlen for r in reached for x in r):
-            return None
-        return max(common) if common else None
 
     def _longest_most(self, g: pd.DataFrame) -> tuple[int | None, list[str]]:
         """The longest eval length past train_len that at least two lines reached, and the lines
@@ -187,7 +196,7 @@ class Verdicts:
             if g.label.nunique() < 2:
                 continue
             tlen, where = int(setup["train_len"]), _setup_text(setup, self.varied)
-            length, missing = self._longest(g), []
+            length, missing = common_longest(g), []
             if length is None:  # a line that cannot run past train_len (a learned table): order the others
                 length, missing = self._longest_most(g)
             if length is not None:
@@ -212,7 +221,7 @@ class Verdicts:
                 if not {a, b} <= set(g.label):
                     continue
                 found = True
-                length = self._longest(g[g.label.isin([a, b])])
+                length = common_longest(g[g.label.isin([a, b])])
                 if length is None:
                     continue
                 cells = self._ratios(g[g.label.isin([a, b])], length)
@@ -230,7 +239,7 @@ class Verdicts:
         """Per setup with a common longest length: the decided order ('<', '>', '~') of each pair of lines."""
         out = []
         for setup, g in self.setups():
-            length = self._longest(g)
+            length = common_longest(g)
             if length is None:
                 continue
             cells, pool = self._ratios(g, length), self._pool(g, length, True)
