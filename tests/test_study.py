@@ -198,9 +198,10 @@ def test_a_study_trains_exports_reports_and_resumes_by_hash(tmp_path):
     assert have == 1 and [s.seeds for s in todo] == [(1,)]
 
 
-def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch):
+def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch, capsys):
     """A sweep whose seeds run one after another: its finished runs are looked for every
-    EXPORT_EVERY seconds, not only when the whole sweep ends."""
+    EXPORT_EVERY seconds, not only when the whole sweep ends, and the sweep's last line counts the
+    runs exported while it ran (the export at its end finds them written already)."""
     import posbench.study.run as st
 
     write_study(tmp_path, MINI.format(tmp=tmp_path))
@@ -208,10 +209,17 @@ def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(st, "EXPORT_EVERY", 0.5)
     monkeypatch.setattr(st, "train_command", lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(3)"])
-    monkeypatch.setattr(st, "export", lambda study, sweep: calls.append(time.monotonic()) or [])
+
+    def export(study, sweep):  # the run is found finished once, at the first look
+        calls.append(time.monotonic())
+        return [tmp_path / "runs" / "seed=0"] if len(calls) == 1 else []
+
+    monkeypatch.setattr(st, "export", export)
     start = time.monotonic()
     assert st.train(study, sweeps(study), jobs=1) == []
     assert len(calls) >= 3 and calls[0] - start < 2.5  # during the sweep, then at its end
+    out = capsys.readouterr().out
+    assert f"exported {tmp_path / 'runs' / 'seed=0'}" in out and "a encoding=alibi done; exported 1 run(s)" in out
 
 
 BRANCHED = """out: {tmp}/out

@@ -272,7 +272,8 @@ def _install(stop: Stop) -> dict:
 def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), stop: Stop | None = None) -> list[str]:
     """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
     ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
-    first seed's run even when the study is cut off before the last), and each sweep as it ends.
+    first seed's run even when the study is cut off before the last), and each sweep as it ends
+    (its line counts the runs exported while it ran too).
     Of the sweeps ready to start, those whose parent has trained go first (stable otherwise): with
     fewer jobs than sweeps, a line's branches finish it before the next line's run starts, so a
     study cut off early holds whole lines. ``stop``: see :class:`Stop`; once it is due no sweep
@@ -288,6 +289,7 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), sto
 
 def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> list[str]:
     waiting, running, failed, dead = list(todo), [], [], set()
+    exported: dict[int, set[Path]] = {}  # by sweep process: the runs exported while it ran
     stop.running = running
     last_export = time.monotonic()
     while waiting or running:
@@ -325,13 +327,14 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
         time.sleep(1.0)
         if time.monotonic() - last_export >= EXPORT_EVERY:  # a sweep's seeds run one after another
             last_export = time.monotonic()
-            for sweep, _, _ in running:
+            for sweep, proc, _ in running:
                 for dest in export(study, sweep):
+                    exported.setdefault(proc.pid, set()).add(dest)
                     print(f"study {study.name}: exported {dest}", flush=True)
         for item in [r for r in running if r[1].poll() is not None]:
             running.remove(item)
             sweep, proc, log = item
-            written = export(study, sweep)
+            written = exported.pop(proc.pid, set()) | set(export(study, sweep))
             stopped = proc.returncode != 0 and stop.signalled_at is not None
             state = "done" if proc.returncode == 0 else "stopped" if stopped else f"FAILED (exit {proc.returncode})"
             print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
