@@ -84,22 +84,6 @@ def test_a_micro_batch_that_does_not_divide_the_batch_is_one_line(tmp_path):
     assert not run.exists()
 
 
-SWEEP = QUICK + ["encoding=alibi,rope"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["submitit_local", "local_parallel"])
-def test_sweeps_through_other_launchers_leave_every_jobs_rows(tmp_path, launcher):
-    sweep = tmp_path / "sweep"
-    extra = ["hydra.launcher.timeout_min=10"] if launcher == "submitit_local" else []
-    posbench("-m", "train", *SWEEP, f"hydra/launcher={launcher}", *extra, f"hydra.sweep.dir={sweep}")
-    jobs = sorted(p.parent.parent.name for p in sweep.rglob("results.csv"))  # <encoding>/<overrides>/
-    assert jobs == ["alibi", "rope"]
-    posbench("report", sweep)
-    table = pd.read_csv(sweep / "report.csv")
-    assert sorted(table.encoding.unique()) == ["alibi", "rope"]
-
-
 @pytest.mark.slow
 def test_a_failed_job_under_the_parallel_launcher_fails_the_sweep(tmp_path):
     sweep = tmp_path / "sweep"

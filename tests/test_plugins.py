@@ -79,11 +79,16 @@ def test_a_config_dir_encoding_named_by_target_trains_and_evaluates(tmp_path, in
 
 @pytest.mark.parametrize("launcher", ["basic", "local_parallel", "submitit_local"])
 def test_plugins_run_under_every_launcher(tmp_path, installed, launcher):
+    """A sweep of two plugin encodings (one an entry point, one a config-dir file) under each
+    launcher: every job's rows are in its own run dir, and the report reads the sweep's rows
+    whichever process wrote them."""
     sweep = tmp_path / "sweep"
     extra = ["hydra.launcher.timeout_min=10"] if launcher == "submitit_local" else []
     posbench("-m", "train", "--config-dir", CONFIG_DIR, *QUICK, "eval.multiples=[1]", "encoding=logdist,scaled_sinusoidal",
              f"hydra/launcher={launcher}", *extra, f"hydra.sweep.dir={sweep}", env=installed)
     assert sorted(p.parent.parent.name for p in sweep.rglob("results.csv")) == ["logdist", "scaled_sinusoidal"]
+    posbench("report", sweep, "--no-reference", env=installed)
+    assert sorted(pd.read_csv(sweep / "report.csv").encoding.unique()) == ["logdist", "scaled_sinusoidal"]
 
 
 def test_listing_and_the_conformance_command(installed):
