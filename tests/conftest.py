@@ -42,9 +42,14 @@ def isolated_cache(tmp_path_factory):
 # OMP_NUM_THREADS is set), so their numbers do not depend on what else the machine runs;
 # tests/test_threads.py tests the policy itself. The suite runs its files on pytest-xdist
 # workers (pyproject's addopts: -n 2 --dist loadfile, one worker per core of this project's
-# 2-core CPU target), which share the cores: each takes its share of two threads.
+# 2-core CPU target), which share the cores: each takes its share of two threads. The workers
+# inherit the environment of the controlling process, which imports this file first and knows
+# no worker count: so what the user set is kept apart (POSBENCH_TESTS_OMP, "" where unset) and
+# each process sets its own share from it, else the workers would keep the controller's two
+# threads each and oversubscribe the cores (OpenMP's waits then made training steps x10 slower).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1) // _WORKERS)))
+_USER_OMP = os.environ.setdefault("POSBENCH_TESTS_OMP", os.environ.get("OMP_NUM_THREADS", ""))
+os.environ["OMP_NUM_THREADS"] = _USER_OMP or str(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 # Importing torch._inductor (torch.compile in tests/test_compile.py) sets TORCHINDUCTOR_CACHE_DIR in
 # the worker's environment where it is unset. Set first, to the same directory, it stays as the
 # zygote saw it; else every later command of that worker differs from the zygote in a variable read
