@@ -89,6 +89,23 @@ def naive_sliding(model, tokens, n, length, stride):
     return nll, where
 
 
+def test_a_log_gets_a_length_s_progress_between_its_batches(monkeypatch, capsys):
+    """Where stderr is not a terminal (capsys's is not), a length's windows report their progress
+    at most every PROGRESS_EVERY seconds, then the length's own line; none sooner than that."""
+    import posbench.eval.ladder as ladder
+
+    model, tokens = tiny_model(), random_tokens()
+    ecfg = EvalConfig(lengths=[8], max_tokens=200, batch_tokens=64)  # 25 windows, 8 a batch
+    perplexity_ladder(model, tokens, [8], ecfg, CPU, None)
+    assert [line.split(": ", 2)[1] for line in capsys.readouterr().err.splitlines()] == ["eval L=8"]
+    monkeypatch.setattr(ladder, "PROGRESS_EVERY", 0.0)
+    perplexity_ladder(model, tokens, [8], ecfg, CPU, None)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.rsplit(", ", 1)[0] for line in lines[:-1]] == [f"posbench: eval L=8: {k} of 25 windows"
+                                                                for k in (8, 16, 24)]
+    assert lines[-1].startswith("posbench: eval L=8: 25 windows in ")
+
+
 def expected_params(d=32, layers=1, d_ff=64, vocab=50, encoding=0):
     """Parameters of a LanguageModel counted from its shape: tied token embedding V*D; per block
     qkv 3D^2 and proj D^2 (no biases), two LayerNorms 2*2D, MLP D*d_ff + d_ff + d_ff*D + D; final

@@ -148,7 +148,9 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
     per_token = []  # target order: the first window's older positions, then each window's fresh ones
     per_batch = max(1, batch_tokens // length)
     generator = torch.Generator().manual_seed(length)
+    progress = Progress(desc, inputs.shape[0])
     for i in tqdm(range(0, inputs.shape[0], per_batch), desc=desc, leave=False, disable=None, file=sys.stderr):
+        progress.done(i)
         threads.tick()
         x = inputs[i:i + per_batch].contiguous().to(device)
         y = targets[i:i + per_batch].contiguous().to(device)
@@ -165,6 +167,30 @@ def window_nll(model: LanguageModel, ids: torch.Tensor, length: int, stride: int
     counts = np.full(length, inputs.shape[0], dtype=np.int64)
     counts[:fresh] = 1
     return sums.numpy(), counts, torch.cat(per_token).numpy()
+
+
+PROGRESS_EVERY = 60.0  # seconds between a length's progress lines in a log
+
+
+class Progress:
+    """A line ``posbench: eval L=...: k of K windows, t s`` at most every ``PROGRESS_EVERY``
+    seconds where stderr is not a terminal (logs, sweeps, studies), where tqdm hides its bar: a
+    pretrained model's long lengths take many minutes on a CPU, and a log that says nothing for
+    that long cannot be told from a stuck job."""
+
+    def __init__(self, desc: str, windows: int):
+        self.desc, self.windows = desc, windows
+        self.quiet = sys.stderr.isatty()  # the bar shows it
+        self.started = self.last = time.perf_counter()
+
+    def done(self, k: int) -> None:
+        """``k`` windows are scored."""
+        now = time.perf_counter()
+        if self.quiet or k == 0 or now - self.last < PROGRESS_EVERY:
+            return
+        self.last = now
+        print(f"posbench: {self.desc}: {k} of {self.windows} windows, {now - self.started:.0f} s",
+              file=sys.stderr, flush=True)
 
 
 @torch.no_grad()
