@@ -583,11 +583,9 @@ def extrapolation_summary(summary: pd.DataFrame, per: list[str] = ()) -> list[st
     summary = with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
     texts = [c for c in ("data", "split") if c in summary and summary[c].nunique() > 1]  # --mix: one text at a time
-    keys_of = [k.rsplit(".", 1)[-1] for k in per]
-    if per:
-        values = per_values(summary, per)
-        summary = summary.assign(**{f"per_{k}": numeric_first(pd.Series([v[i] for v in values])).to_numpy()
-                                     for i, k in enumerate(keys_of)})
+    keys_of = [k.rsplit(".", 1)[-1] for k in per]  # each key's value a column, as the verdicts split it
+    summary = summary.assign(**{f"per_{short}": numeric_first(per_split(summary.label, key)[1].fillna("unset"))
+                                for short, key in zip(keys_of, per)})
     for keys, g in summary.groupby(["train_len", *texts, *(f"per_{k}" for k in keys_of)], sort=True):
         tlen = keys[0]
         where = "".join(f", {c}={v}" for c, v in zip([*texts, *keys_of], keys[1:]))
