@@ -18,13 +18,14 @@ import hashlib
 import inspect
 import json
 import math
+import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import PosbenchError
 from .plugins import META_KEYS, MISSING, PACKAGE, TARGET, option_types
@@ -73,6 +74,29 @@ def conf_dir() -> Path:
         if (candidate / "app_train.yaml").is_file():
             return candidate
     raise PosbenchError(f"posbench's conf/ directory is missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+
+
+def default_cache_dir() -> Path:
+    """posbench's cache (tokenized corpora, assembled model files): ``$XDG_CACHE_HOME/posbench``,
+    else ``~/.cache/posbench``."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posbench"
+
+
+def resolve_pretrained(cfg) -> None:
+    """``pretrained=smollm2-135m`` (a name of :data:`posbench.plugins.KNOWN_MODELS`, where no such
+    path exists) -> the .gguf file inside its installed package, found without importing it; set in
+    ``cfg`` in place, before ``posbench eval`` or a study composes anything from it."""
+    from .plugins import KNOWN_MODELS, known_model_file
+
+    name = str(cfg.pretrained)
+    if Path(name).expanduser().exists():
+        return
+    if name not in KNOWN_MODELS:
+        raise PosbenchError(f"pretrained={name} does not exist; valid: a local model directory (config.json, weights, "
+                            f"tokenizer.json), a .gguf file, or an installed model: {', '.join(KNOWN_MODELS)} "
+                            "(nothing is downloaded)")
+    with open_dict(cfg):
+        cfg.pretrained = str(known_model_file(name, default_cache_dir() / "pretrained"))
 
 
 def shipped_dir(name: str) -> Path | None:

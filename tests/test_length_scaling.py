@@ -10,8 +10,7 @@ from conftest import compose
 from posbench.config import ModelConfig, TrainConfig, config_hash, model_config
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.encodings.extension import Extension
-from posbench.model.length_scaling import logn_factor
+from posbench.encodings.extension import Extension, logn_factor
 from posbench.model.transformer import LanguageModel
 from posbench.testing import check_encoding
 from posbench.train.optim import make_optimizer

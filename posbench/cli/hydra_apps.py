@@ -18,8 +18,8 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from ..config import conf_dir
-from ..errors import SWEEP_FAILURES, PosbenchError, fail
+from ..config import conf_dir, resolve_pretrained
+from ..errors import SWEEP_FAILURES, fail
 from .failures import user_errors
 from .validate import (
     check_app_groups,
@@ -137,25 +137,6 @@ def _eval_task(cfg) -> None:
         draw_run(subject.out)
         print(markdown_results(rows))
         print(f"\nresults in {subject.out / 'results.csv'} (binned loss by position: positions.csv)")
-
-
-def resolve_pretrained(cfg) -> None:
-    """``pretrained=smollm2-135m`` (a name of :data:`posbench.plugins.KNOWN_MODELS`, where no such
-    path exists) -> the .gguf file inside its installed package, found without importing it."""
-    from omegaconf import open_dict
-
-    from ..data.corpus import default_cache_dir
-    from ..plugins import KNOWN_MODELS, known_model_file
-
-    name = str(cfg.pretrained)
-    if Path(name).expanduser().exists():
-        return
-    if name not in KNOWN_MODELS:
-        raise PosbenchError(f"pretrained={name} does not exist; valid: a local model directory (config.json, weights, "
-                            f"tokenizer.json), a .gguf file, or an installed model: {', '.join(KNOWN_MODELS)} "
-                            "(nothing is downloaded)")
-    with open_dict(cfg):
-        cfg.pretrained = str(known_model_file(name, default_cache_dir() / "pretrained"))
 
 
 def model_shape(name: str, path: Path | None) -> tuple[str, int, str]:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import DataConfig, typed
+from ..config import DataConfig, default_cache_dir, typed
 from ..errors import PosbenchError
 
 SPLITS = ("train", "validation", "test")
@@ -61,10 +61,6 @@ class Corpus:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posbench"
 
 
 # ---------------------------------------------------------------- documents

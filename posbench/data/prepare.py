@@ -19,9 +19,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..config import DataConfig, conf_dir, typed
+from ..config import DataConfig, conf_dir, default_cache_dir, typed
 from ..errors import PosbenchError
-from .corpus import cache_key, default_cache_dir, load_corpus
+from .corpus import cache_key, load_corpus
 
 
 def data_config(overrides: list[str]) -> DataConfig:

@@ -12,9 +12,8 @@ rotation, R(p) the rotation by p, L the trained context (``train_len``) and T th
 * **ReRoPE** (Su 2023, bojone/rerope; window W): d < W as trained; d >= W: R(W)q . k, the
   relative position clipped at W.
 * **log-n** (Chiang & Cholak 2022; Qwen's ``use_logn_attn``): q times max(1, log_{L} (i + 1)),
-  so attention stays as sharp over more keys; the factor is
-  :func:`posbench.model.length_scaling.logn_factor`, the one posbench's own models train with
-  (``model.length_scaling=logn``).
+  so attention stays as sharp over more keys; the factor is :func:`logn_factor`, the one
+  posbench's own models train with (``model.length_scaling=logn``, :mod:`posbench.model.length_scaling`).
 * **llama3** (Meta 2024, "The Llama 3 Herd of Models"; ``apply_scaling`` in meta-llama/llama-models,
   Hugging Face ``rope_type: llama3``): every pair as trained, on new frequencies
   (:func:`llama3_inv_freq`): with wavelength lambda = 2 pi / theta, theta kept where
@@ -81,7 +80,6 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import PosbenchError
-from ..model.length_scaling import logn_factor
 from .rotation import rotate
 
 METHODS = ("none", "self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca")
@@ -92,6 +90,14 @@ SINKS = {"sinks": 4, "lm_infinite": 10}  # start_size (streaming-llm), global_br
 # what eval.extension_window and eval.extension_group are for each method, for labels and errors
 PARAMS = {"self_extend": ("W", "G"), "rerope": ("W", None), "string": ("S", "W"), "sinks": ("W", "n"),
           "lm_infinite": ("W", "n"), "dca": ("C", "w")}
+
+
+def logn_factor(n: torch.Tensor, train_len: int) -> torch.Tensor:
+    """max(1, log n / log ``train_len``) for key counts ``n`` (any shape, float): the ``logn``
+    method's factor on the query, and the one :mod:`posbench.model.length_scaling` trains with."""
+    if train_len < 2:
+        raise PosbenchError(f"log-n scaling needs a training length >= 2 (log base), got {train_len}")
+    return torch.clamp(torch.log(n.float()) / math.log(train_len), min=1.0)
 
 
 @dataclass(frozen=True)

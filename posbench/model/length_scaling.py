@@ -30,12 +30,11 @@ chunked content terms), so scaling costs one (T,) or (H, T) multiply per layer.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from ..config import LENGTH_SCALINGS
+from ..encodings.extension import logn_factor
 from ..errors import PosbenchError
 
 SCALINGS = LENGTH_SCALINGS  # the choices live in the torch-free config, which checks them
@@ -45,13 +44,6 @@ SSMAX_INIT = 0.43
 def key_counts(T: int, device=None) -> torch.Tensor:
     """(T,) float: the keys each of T causal queries sees, 1 .. T."""
     return torch.arange(1, T + 1, device=device, dtype=torch.float32)
-
-
-def logn_factor(n: torch.Tensor, train_len: int) -> torch.Tensor:
-    """max(1, log n / log ``train_len``) for key counts ``n`` (any shape, float)."""
-    if train_len < 2:
-        raise PosbenchError(f"log-n scaling needs a training length >= 2 (log base), got {train_len}")
-    return torch.clamp(torch.log(n.float()) / math.log(train_len), min=1.0)
 
 
 class LengthScaling(nn.Module):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import conf_dir, config_hash, task_config
+from ..config import conf_dir, config_hash, resolve_pretrained, task_config
 from ..errors import PosbenchError
 from .spec import Study, Sweep, override_key, restrict, sweeps
 
@@ -145,9 +145,7 @@ def seed_major(todo: list[Sweep]) -> list[Sweep]:
 
 def _pretrained_config(study: Study, sweep: Sweep, extra: list[str] = ()):
     """The ``posbench eval pretrained=...`` config of a pretrained sweep, composed as the command
-    would, its model resolved to its file (:func:`posbench.cli.hydra_apps.resolve_pretrained`)."""
-    from ..cli.hydra_apps import resolve_pretrained
-
+    would, its model resolved to its file (:func:`posbench.config.resolve_pretrained`)."""
     cfg = _compose(study, sweep, "app_eval", pretrained_overrides(study, sweep, extra))
     resolve_pretrained(cfg)
     return cfg
