@@ -28,7 +28,7 @@ from typing import Any, get_type_hints
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import PosbenchError
-from .plugins import META_KEYS, MISSING, PACKAGE, TARGET, option_types
+from .plugins import KNOWN_MODELS, META_KEYS, MISSING, PACKAGE, TARGET, known_model_file, option_types
 
 SCHEDULES = ("cosine", "wsd", "constant")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -86,8 +86,6 @@ def resolve_pretrained(cfg) -> None:
     """``pretrained=smollm2-135m`` (a name of :data:`posbench.plugins.KNOWN_MODELS`, where no such
     path exists) -> the .gguf file inside its installed package, found without importing it; set in
     ``cfg`` in place, before ``posbench eval`` or a study composes anything from it."""
-    from .plugins import KNOWN_MODELS, known_model_file
-
     name = str(cfg.pretrained)
     if Path(name).expanduser().exists():
         return
