@@ -39,19 +39,24 @@ def reference(q, k, v, ext, scaling):
 
 
 @pytest.mark.parametrize("ext", NEW, ids=lambda e: e.label)
-@pytest.mark.parametrize("chunk", [5, 256], ids=["query chunks of 5", "one chunk"])
-def test_each_method_equals_its_definition_pair_by_pair(ext, chunk):
+@pytest.mark.parametrize("chunk, fused", [(5, False), (256, False), (5, True), (256, True)],
+                         ids=["query chunks of 5", "one chunk", "fused blocks of 5", "one fused block"])
+def test_each_method_equals_its_definition_pair_by_pair(ext, chunk, fused):
+    """Both paths: the score blocks (:func:`parts_attention`) and, on the CPU, each part one
+    fused attention merged by its log-sum-exp, whose blocks of 5 hold queries with no key in a
+    part (sinks' and LM-Infinite's far part before the window, DCA's parts of the first chunks)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, H, T, HS) * 2 for _ in range(3))
-    out = extended_attention(q, k, v, INV_FREQ, ext, scaling=HS ** -0.5, chunk=chunk)
+    out = extended_attention(q, k, v, INV_FREQ, ext, scaling=HS ** -0.5, chunk=chunk, fused=fused, block=chunk)
     torch.testing.assert_close(out, reference(q, k, v, ext, HS ** -0.5), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("ext", NEW[2::2], ids=lambda e: e.label)
-def test_grouped_query_heads_attend_as_their_key_value_head_repeated(ext):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused blocks", "query chunks"])
+def test_grouped_query_heads_attend_as_their_key_value_head_repeated(ext, fused):
     torch.manual_seed(3)
     q, k, v = torch.randn(1, 4, T, HS), torch.randn(1, 2, T, HS), torch.randn(1, 2, T, HS)
-    grouped = extended_attention(q, k, v, INV_FREQ, ext, HS ** -0.5, chunk=7)
+    grouped = extended_attention(q, k, v, INV_FREQ, ext, HS ** -0.5, chunk=7, fused=fused, block=7)
     repeated = extended_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), INV_FREQ, ext, HS ** -0.5)
     torch.testing.assert_close(grouped, repeated, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grouped[:, 2:3], reference(q[:, 2:3], k[:, 1:2], v[:, 1:2], ext, HS ** -0.5),

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from ..encodings.extension import FUSED_BLOCK, PARTS_METHODS
 from ..errors import PosbenchError
 from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
 
@@ -123,8 +124,10 @@ def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: 
     """Peak bytes of evaluating a pretrained model (:class:`posbench.model.pretrained.PretrainedLM`) at the
     longest of ``lengths``: its weights as loaded, one layer's activations of a forward pass (the
     terms above, with the model's own widths), its SDPA attention O(T) but for the keys and values
-    its grouped-query heads repeat, and for Self-Extend or ReRoPE (``extension``) a few fp32 score
-    blocks of (heads, ``chunk``, T) per window (:func:`posbench.encodings.extension.extended_attention`)."""
+    its grouped-query heads repeat, and for an extension that moves positions (``extension``) a few
+    fp32 score blocks of (heads, ``chunk``, T) per window (:func:`posbench.encodings.extension.extended_attention`),
+    with, for the methods computed from their parts, the fused path's mask of (block, T) and its keys
+    rotated per part."""
     config = model.model.config
     D, F = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     H, V = config.num_attention_heads, model.head.weight.shape[0]
@@ -133,8 +136,10 @@ def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: 
     N = windows * T
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     attention = 2 * N * D * 4  # keys and values repeated to every query head
-    if extension in ("self_extend", "rerope"):
+    if extension in ("self_extend", "rerope", *PARTS_METHODS):
         attention += 4 * 4 * windows * H * min(chunk, T) * T + 2 * N * D * 4  # score blocks; rotated keys
+    if extension in PARTS_METHODS:
+        attention += 5 * min(FUSED_BLOCK, T) * T + 3 * N * D * 4  # fp32 and bool mask; keys of up to 3 parts
     return Estimate({"weights": weights, "activations": N * (16 * D + 2 * F) * 4, "attention": attention,
                      "logits": 3 * 4 * min(N, model.head_rows) * V})
 
