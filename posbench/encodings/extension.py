@@ -61,9 +61,9 @@ per query and a key position per key, so any method is a few rotations and a mas
 grows with the length, not its square: on the CPU each part of a block is one fused attention that
 also returns its log-sum-exp (the CPU flash kernel, :func:`_fused_parts`), the parts merged as one
 softmax over their keys would; elsewhere one score block of (chunk, keys) at a time
-(:func:`parts_attention`). One layer at SmolLM2-135M's shapes and 8k tokens took 2.8-3.0x less
-time fused than in score blocks for STRING, sinks and DCA, and 1.5-1.8x Self-Extend's own two
-fused calls (``scripts/extension_speed.py``, beside a busy process). And
+(:func:`parts_attention`). One layer at SmolLM2-135M's shapes and 16k tokens took 2.8-3.3x less
+time fused than in score blocks for STRING, sinks, LM-Infinite and DCA, 1.1-1.3x Self-Extend's
+own two fused calls (results/bench/extension_speed.md, ``scripts/extension_speed.py``). And
 :func:`direct_logits` is the definitions above written out pair by pair, which the tests hold it
 to. Hugging Face models use it through transformers' attention interface
 (:func:`hf_attention`): the q and k it receives are already rotated by positions 0..T-1, so it
