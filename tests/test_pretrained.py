@@ -296,13 +296,25 @@ def test_every_scaling_at_factor_one_is_the_model_as_trained(models, kind):
         assert attention == 1.0
 
 
+def stored_state(out) -> str:
+    """The rows and per-token arrays of ``out``, as text: what an assertion on reuse shows when it fails."""
+    from posbench.eval.token_nll import read_token_nll
+
+    rows = pd.read_csv(out / "results.csv")
+    columns = ["rope_scaling", "eval_len", "stride", "tokens", "rope_factor", "status", "config_hash", "nll"]
+    arrays = {key: value.size for key, value in read_token_nll(out / "token_nll.npz").items()}
+    return f"{rows[columns].to_string()}\ntoken_nll.npz: {arrays}"
+
+
 def test_a_comparison_computes_each_row_once_and_resumes(models, tmp_path):
     out = tmp_path / "out"
     common = (f"pretrained={models / 'llama'}", "eval.max_tokens=1024", f"out={out}")
     yarn = posbench("eval", *common, "eval.lengths=[64,256]", "eval.rope_scaling=yarn")
     assert "eval_len 64 run the model as trained" in yarn.stderr and yarn.stderr.count("posbench: eval L=") == 2
+    before = stored_state(out)
     rope = posbench("eval", *common, "eval.lengths=[32,64,256]", "eval.extension=rerope", "eval.extension_window=64")
-    assert "eval_len 32, 64 run the model as trained" in rope.stderr and "eval L=64:" not in rope.stderr
+    assert "eval_len 32, 64 run the model as trained" in rope.stderr and "eval L=64:" not in rope.stderr, (
+        f"{rope.stderr}\nwhat the yarn run stored:\n{before}")
     rows = pd.read_csv(out / "results.csv").set_index(["rope_scaling", "eval_len"])
     assert sorted(rows.index) == [("none", 32), ("none", 64), ("rerope(W=64)", 32), ("rerope(W=64)", 64),
                                   ("rerope(W=64)", 256), ("yarn", 64), ("yarn", 256)]
