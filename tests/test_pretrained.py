@@ -343,6 +343,13 @@ def test_the_preflight_refuses_a_pretrained_evaluation_that_cannot_fit(models, t
     extended = pretrained_memory(model, [64, 256], 16384, 1024, "self_extend")
     assert plain.parts["logits"] == 3 * 4 * 1024 * 2000  # the scored tokens' logits, 2,048 rows at most
     assert extended.total > plain.total and plain.parts["weights"] == 4 * model.num_params()
+    from posbench.encodings.extension import FUSED_BLOCK
+
+    for method in ("string", "sinks", "lm_infinite", "dca"):  # the score blocks, and the fused path's mask and keys
+        parts = pretrained_memory(model, [64, 256], 16384, 1024, method)
+        # 4 windows of 256 in a batch (1,024 scored tokens); the mask is one (block, 256) for all
+        fused = 5 * min(FUSED_BLOCK, 256) * 256 + 3 * (4 * 256) * model.model.config.hidden_size * 4
+        assert parts.parts["attention"] == extended.parts["attention"] + fused
     out = tmp_path / "out"
     bad = posbench("eval", f"pretrained={models / 'llama'}", "eval.lengths=[256]", "eval.max_tokens=1024",
                    f"out={out}", env={"POSBENCH_MEMORY_LIMIT": "0.001"}, check=False)
