@@ -91,6 +91,7 @@ METHODS = ("none", "self_extend", "rerope", "logn", "llama3", "string", "sinks",
 LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Meta's apply_scaling and HF's defaults
 STRING_FACTOR = 0.1 * math.log(2) + 1  # the reference's attention_factor on cos and sin
 STRING_LOCAL = 128  # the reference's small_local_value
+ONE_ATTENTION_METHODS = ("none", "logn", "llama3")  # one fused causal attention: no position moves
 PARTS_METHODS = ("string", "sinks", "lm_infinite", "dca")  # computed from their parts (Extension.parts)
 # queries per fused call of the parts path: its mask is (block, keys) fp32. At SmolLM2's shapes, 8k
 # tokens, one STRING layer took 7.9, 5.1, 3.4 and 4.1 s at 512, 1,024, 2,048 and 4,096 (one run,
@@ -336,14 +337,15 @@ def extended_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_fr
     pos = torch.arange(T, device=q.device)
     freq = ext.frequencies(inv_freq.float(), T).to(q.device)
     qs, v = q.float() * ext.query_scale(pos)[:, None], v.float()
+    flash = fused and q.device.type == "cpu" and _FLASH is not None
     if ext.method in PARTS_METHODS:
-        if fused and q.device.type == "cpu" and _FLASH is not None:
+        if flash:
             return _fused_parts(qs, k.float(), v, freq, ext, scaling, block or FUSED_BLOCK)
         return parts_attention(qs, k.float(), v, freq, ext, scaling, chunk)
-    if fused and ext.method in ("self_extend", "rerope") and q.device.type == "cpu" and _FLASH is not None:
+    if flash and ext.method in ("self_extend", "rerope"):
         return _two_fused(qs, k.float(), v, pos, freq, ext, scaling, groups)  # rotates q and k itself
     k_near = rotate(k.float(), pos[:, None] * freq)
-    if ext.method in ("none", "logn", "llama3"):
+    if ext.method in ONE_ATTENTION_METHODS:
         return F.scaled_dot_product_attention(rotate(qs, pos[:, None] * freq), k_near, v, is_causal=True,
                                               scale=scaling, enable_gqa=groups > 1)
     qs = qs.view(B, k.shape[1], groups, T, hs)  # (B, H_kv, G, T, hs): query heads by their KV head

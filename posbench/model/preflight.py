@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from ..encodings.extension import FUSED_BLOCK, PARTS_METHODS
+from ..encodings.extension import FUSED_BLOCK, ONE_ATTENTION_METHODS, PARTS_METHODS
 from ..errors import PosbenchError
 from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
 
@@ -136,7 +136,7 @@ def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: 
     N = windows * T
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     attention = 2 * N * D * 4  # keys and values repeated to every query head
-    if extension in ("self_extend", "rerope", *PARTS_METHODS):
+    if extension not in ONE_ATTENTION_METHODS:
         attention += 4 * 4 * windows * H * min(chunk, T) * T + 2 * N * D * 4  # score blocks; rotated keys
     if extension in PARTS_METHODS:
         attention += 5 * min(FUSED_BLOCK, T) * T + 3 * N * D * 4  # fp32 and bool mask; keys of up to 3 parts
