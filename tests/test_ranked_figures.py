@@ -154,10 +154,13 @@ def test_labels_keep_apart_in_a_tight_cluster():
 
 def test_a_line_at_one_length_does_not_narrow_the_ranked_multiple():
     """common_multiple: the longest multiple every line with a ratio has; a line at one length only
-    (LongPPL's sliding row) is left out of the choice, unless every line is such a line."""
+    (LongPPL's sliding row), or at several none of which is train_len (two short contexts' sliding
+    rows as one line), is left out of the choice, unless every line is such a line."""
 
-    summary = pd.DataFrame({"eval_len": [32, 64, 128, 32, 64, 128, 4], "train_len": [32] * 7})
-    names = pd.Series(["a"] * 3 + ["b"] * 3 + ["sliding"])
-    assert common_multiple(summary, names) == 4.0
-    assert common_multiple(summary.iloc[:5], names.iloc[:5]) == 2.0
-    assert common_multiple(summary.iloc[[6]], names.iloc[[6]]) == 0.125
+    summary = pd.DataFrame({"eval_len": [16, 32, 64, 128, 16, 32, 64, 128, 4, 8, 16], "train_len": [32] * 11})
+    names = pd.Series(["a"] * 4 + ["b"] * 4 + ["sliding"] + ["sliding2"] * 2)
+    assert common_multiple(summary.iloc[:9], names.iloc[:9]) == 4.0
+    assert common_multiple(summary, names) == 4.0  # sliding2 has 0.25x and 0.5x, no 1x: no ratio
+    assert common_multiple(summary.iloc[:7], names.iloc[:7]) == 2.0
+    assert common_multiple(summary.iloc[[8]], names.iloc[[8]]) == 0.125
+    assert common_multiple(summary.iloc[9:], names.iloc[9:]) == 0.5  # no line with a ratio: the longest shared

@@ -159,6 +159,21 @@ def test_latex_table_is_booktabs_with_escaped_names_and_bold_best(tmp_path):
     assert r"mean $\pm$ std over seeds [95\% interval covering the seeds' spread and the text's" in tex[-3]
 
 
+def test_lines_of_one_model_apart_at_train_len_are_warned_of_as_inference_methods(tmp_path):
+    """Lines that differ only in an inference-time method are one model, which the method changes
+    inside its context: the warning says so, and keeps 'stages of training' for other lines."""
+    write_run(tmp_path / "a", rows("rope", 0, {32: 100.0, 64: 300.0}))
+    write_run(tmp_path / "b", rows("rope", 0, {32: 130.0, 64: 135.0}, scaling="rerope(W=8)", chash="h2"))
+    warning = [line for line in extrapolation_summary(summarize(collect([tmp_path]))) if "warning" in line]
+    assert warning == ["  warning: at train_len=32 rope+rerope(W=8) differs from rope by more than their 95% "
+                       "intervals: one model under different inference-time methods, which change it inside its "
+                       "context: each ratio ppl(L) / ppl(train_len) is to its own line's ppl at train_len"]
+    write_run(tmp_path / "c", rows("t5", 0, {32: 160.0, 64: 170.0}, chash="h3"))
+    warning = [line for line in extrapolation_summary(summarize(collect([tmp_path]))) if "warning" in line]
+    assert warning == ["  warning: at train_len=32 rope+rerope(W=8), t5 differ from rope by more than their 95% "
+                       "intervals: the ratios ppl(L) / ppl(train_len) compare models at different stages of training"]
+
+
 def test_extrapolation_summary_ratio_and_how_far_within_ten_percent(tmp_path):
     write_run(tmp_path / "a", rows("rope", 0, {32: 100.0, 64: 105.0, 128: 108.0, 256: 115.0}))
     write_run(tmp_path / "b", rows("t5", 0, {32: 100.1, 64: 120.0, 128: 105.0, 256: 104.0}, chash="h2"))

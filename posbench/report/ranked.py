@@ -59,11 +59,11 @@ def family(encoding: str) -> str:
 def common_multiple(summary: pd.DataFrame, names: pd.Series) -> float:
     """The longest multiple eval_len / train_len every line was evaluated at (with or without a
     ppl: a learned table that cannot run there still has the row), else the longest of all. A
-    line evaluated at one length alone (a sliding row kept for LongPPL's short context) has no
-    ratio to rank and does not narrow the choice."""
+    line with no row at train_len (sliding rows kept for LongPPL's short contexts, at one length
+    or several) has no ratio to rank and does not narrow the choice."""
     multiple = summary.eval_len / summary.train_len
     per_line = [set(m) for _, m in multiple.groupby(names, sort=False)]
-    per_line = [m for m in per_line if len(m) > 1] or per_line
+    per_line = [m for m in per_line if 1.0 in m and len(m) > 1] or per_line
     common = set.intersection(*per_line) if per_line else set()
     return float(max(common)) if common else float(multiple.max())
 

@@ -572,6 +572,19 @@ def latex_table(summary: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def _apart_why(at_train: pd.DataFrame, apart: pd.DataFrame, best: str) -> str:
+    """What lines apart at train_len mean for their ratios: lines of one trained configuration
+    that differ only in an inference-time method (``rope_scaling``: a scaling or a training-free
+    extension, on a pretrained model or a trained run) are one model, which the method changes
+    inside its context; other lines are models at different stages of training."""
+    same = [c for c in ("encoding", "variant", "model", "data", "mode", "stride") if c in at_train]
+    group = pd.concat([apart, at_train[at_train.name == best]])
+    if "rope_scaling" in group and len(group[same].astype(str).drop_duplicates()) == 1:
+        return ("one model under different inference-time methods, which change it inside its context: "
+                "each ratio ppl(L) / ppl(train_len) is to its own line's ppl at train_len")
+    return "the ratios ppl(L) / ppl(train_len) compare models at different stages of training"
+
+
 def extrapolation_summary(summary: pd.DataFrame, per: list[str] = ()) -> list[str]:
     """How far apart the lines are at train_len (the spread, worst / lowest, with its 95%
     interval) and a warning when some differ beyond their intervals; for each line
@@ -603,8 +616,7 @@ def extrapolation_summary(summary: pd.DataFrame, per: list[str] = ()) -> list[st
                 best = at_train.loc[at_train.vs_best.idxmin(), "name"]
                 verb = "differs" if len(apart) == 1 else "differ"
                 lines.append(f"  warning: at train_len={tlen} {', '.join(apart.name)} {verb} from {best} by more "
-                             "than their 95% intervals: the ratios ppl(L) / ppl(train_len) compare models at "
-                             "different stages of training")
+                             f"than their 95% intervals: {_apart_why(at_train, apart, best)}")
         for name, e in g.groupby("name", sort=False):
             e = e.sort_values("eval_len")
             base = e[e.eval_len == tlen].ppl_mean
