@@ -164,3 +164,27 @@ def test_a_parent_run_dir_of_a_sweep_is_taken_as_typed(tmp_path):
     job.mkdir(parents=True)
     for key in ("train.init_from", "train.branch_from"):
         assert path_arguments("train", [f"{key}={job}", "seed=1"], False) == [f"{key}='{job}'", "seed=1"]
+
+
+def test_an_evaluation_reads_its_code_version_before_it_evaluates(monkeypatch):
+    """``posbench eval`` reads the code version as it starts: rows written after an hour of
+    evaluation name the code it imported, not what the checkout holds by then."""
+    from omegaconf import OmegaConf
+
+    from posbench.cli import hydra_apps
+    from posbench.config import code_version
+
+    class Stop(Exception):
+        pass
+
+    read = []
+
+    def stop(cfg):
+        read.append(code_version.cache_info().currsize)
+        raise Stop
+
+    code_version.cache_clear()
+    monkeypatch.setattr(hydra_apps, "_check_subject", stop)
+    with pytest.raises(Stop):
+        hydra_apps._eval_task(OmegaConf.create({"pretrained": "smollm2-135m", "checkpoint": None}))
+    assert read == [1]

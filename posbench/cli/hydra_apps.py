@@ -115,12 +115,14 @@ def _check_subject(cfg) -> None:
 def _eval_task(cfg) -> None:
     """``posbench eval``: a trained run (``checkpoint=``) or a pretrained model (``pretrained=``)
     opened once as a subject (:mod:`posbench.eval.subject`), then its ladder or ``probe=``."""
+    from ..config import code_version
     from ..eval.ladder import evaluate_subject
     from ..eval.probes import build_probe, probe_subject
     from ..eval.results import markdown_results
     from ..eval.subject import open_subject
     from ..report.tables import draw_run
 
+    code_version()  # read now, as the code is imported: rows written an hour on name this code, not the checkout's then
     _use_threads()
     fill_choice_names(cfg, ("probe",))
     with user_errors(None), _eval_lock(cfg):
