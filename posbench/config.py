@@ -654,8 +654,9 @@ def code_version() -> str:
     """Package version, plus the git commit when running from a source checkout, and ``.dirty``
     when the checkout's tracked files differ from that commit (the code that ran is then not
     the commit's: a row says so rather than naming a commit it did not run). Read once a
-    process, at its first call (a training run's start, versions.json; an evaluation's start, ``_eval_task``): a run that evaluates
-    an hour later ran the code it imported then, not the checkout's by that time."""
+    process, at its first call (a training run's start, versions.json; an evaluation's start,
+    ``_eval_task``): a run that evaluates an hour later ran the code it imported then, not the
+    checkout's by that time."""
     from . import __version__
 
     def git(*args: str) -> str:
