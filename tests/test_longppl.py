@@ -210,3 +210,20 @@ def test_the_report_says_when_no_token_is_a_key_token(setting, tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## LongPPL\n\nNo key tokens" in text and "1000000000.0 nats" in text
     assert not (tmp_path / "report" / "longppl.png").exists() and (tmp_path / "report" / "report.png") in done.files
+
+
+def test_the_longppl_figure_of_many_lines_tells_them_apart_and_hides_no_point():
+    """Fifteen lines (a pretrained study's methods): no two share colour and marker, and the
+    legend lies below both panels, overlapping neither."""
+    from posbench.report.longppl import longppl_figure
+
+    lengths = [1024, 2048, 4096]
+    summary = pd.DataFrame([{"line": f"rope+method_{i}", "eval_len": n, "longppl": 2.0 + i + n / 1024,
+                             "ppl": 20.0 + i} for i in range(15) for n in lengths])
+    fig = longppl_figure(summary)
+    styles = [(line.get_color(), line.get_marker()) for line in fig.axes[0].get_lines()]
+    assert len(styles) == 15 and len(set(styles)) == 15
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(dict.fromkeys(summary.line))
+    assert not any(legend.overlaps(ax.get_tightbbox(renderer)) for ax in fig.axes)

@@ -77,21 +77,31 @@ def longppl_markdown(summary: pd.DataFrame) -> str:
 
 
 def longppl_figure(summary: pd.DataFrame):
-    """LongPPL (left) and perplexity over the same tokens (right) against length, one line each."""
+    """LongPPL (left) and perplexity over the same tokens (right) against length, one line each.
+    Past ten lines colours come from tab20 and markers vary too, as in the report's other figures
+    of many lines, and the legend goes below both panels, where it hides no point."""
     from .figures import _pyplot
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    for line, g in summary.groupby("line", sort=False):
+    lines = list(dict.fromkeys(summary.line))
+    many = len(lines) > 10
+    colours = plt.get_cmap("tab20").colors if many else plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^v<>ph*" if many else "o"
+    legend_height = 0.2 * ((len(lines) + 2) // 3) + 0.15  # inches: three names a row
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2 + legend_height), sharex=True)
+    for i, (line, g) in enumerate(summary.groupby("line", sort=False)):
         g = g.sort_values("eval_len")
+        style = {"color": colours[i % len(colours)], "marker": markers[i % len(markers)], "label": line}
         for ax, column in zip(axes, ("longppl", "ppl")):
-            ax.plot(g.eval_len, g[column], marker="o", label=line)
+            ax.plot(g.eval_len, g[column], **style)
+            style.pop("label", None)
     for ax, title in zip(axes, ("LongPPL (key tokens)", "perplexity (same tokens)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_title(title)
-    axes[0].legend(fontsize="small")
+    fig.legend(loc="lower center", ncol=3, fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, legend_height / (4.2 + legend_height), 1, 1))
     return fig
 
 
