@@ -195,11 +195,15 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
         assert summary.loc[row.eval_len, "longppl"] == pytest.approx(row.longppl, rel=1e-9)
         assert f"| rope | {row.eval_len} | {row.longppl:.2f} | {row.ppl:.2f} |" in text
     crossed = pd.DataFrame({"line": ["a", "b", "c"], "eval_len": [64] * 3, "ppl": [10.0, 11.0, 12.0],
-                            "longppl": [30.0, 20.0, 40.0]})
-    assert order_changes(crossed) == ["at 64: a < b by perplexity (10.00 < 11.00), b < a by LongPPL (20.00 < 30.00)"]
+                            "longppl": [30.0, 20.0, 40.0], "key_tokens": [29] * 3})
+    apart = f"{29 * math.log(30 / 20):.1f}"  # 11.8: 29 key tokens, LongPPL 1.5x apart
+    assert order_changes(crossed) == ["at 64: a < b by perplexity (10.00 < 11.00), b < a by LongPPL (20.00 < 30.00; "
+                                      f"{apart} nats apart over the key tokens)"]
     same = pd.concat([crossed, crossed.iloc[[0]].assign(line="a2")], ignore_index=True)  # a2: a's rows again
     assert order_changes(same) == ["at 64: a = a2 < b by perplexity (10.00 < 11.00), b < a = a2 by LongPPL "
-                                   "(20.00 < 30.00)"]
+                                   f"(20.00 < 30.00; {apart} nats apart over the key tokens)"]
+    k = int(table.key_tokens.iloc[0])
+    assert f"a factor e^(1/k), {math.exp(1 / k):.3f} for these {k:,}:" in text
 
 
 def test_the_report_says_when_no_token_is_a_key_token(setting, tmp_path):

@@ -49,15 +49,22 @@ def longppl_summary(rows: pd.DataFrame) -> pd.DataFrame:
 def order_changes(summary: pd.DataFrame) -> list[str]:
     """Each length's pairs of lines that LongPPL and perplexity order oppositely. Lines with the
     same two values at a length (a method that leaves the model as trained there reuses its rows)
-    are one entry, named ``a = b``, so one fact is said once."""
+    are one entry, named ``a = b``, so one fact is said once. Each entry gives how far apart the
+    two LongPPLs are in nats summed over the key tokens, k |ln(LongPPL_a / LongPPL_b)| (k key
+    tokens): below 1, less than one key token's NLL moving by one nat, which on a few dozen key
+    tokens is no finding."""
     found = []
+    summary = summary if "key_tokens" in summary else summary.assign(key_tokens=np.nan)
     for length, g in summary.groupby("eval_len"):
-        g = g.groupby(["ppl", "longppl"], sort=False, as_index=False).agg(line=("line", " = ".join))
+        g = g.groupby(["ppl", "longppl"], sort=False, as_index=False).agg(
+            line=("line", " = ".join), key_tokens=("key_tokens", "first"))
         for a, b in itertools.combinations(g.itertuples(), 2):
             if (a.ppl - b.ppl) * (a.longppl - b.longppl) < 0:
                 lo, hi = (a, b) if a.ppl < b.ppl else (b, a)
+                nats = "" if np.isnan(a.key_tokens) else \
+                    f"; {a.key_tokens * abs(np.log(a.longppl / b.longppl)):.1f} nats apart over the key tokens"
                 found.append(f"at {length}: {lo.line} < {hi.line} by perplexity ({lo.ppl:.2f} < {hi.ppl:.2f}), "
-                             f"{hi.line} < {lo.line} by LongPPL ({hi.longppl:.2f} < {lo.longppl:.2f})")
+                             f"{hi.line} < {lo.line} by LongPPL ({hi.longppl:.2f} < {lo.longppl:.2f}{nats})")
     return found
 
 
@@ -73,7 +80,10 @@ def longppl_markdown(summary: pd.DataFrame) -> str:
             f"{first.long_len:,}, short {first.short_len:,} (stride {first.short_stride:,}). Geometric means over "
             "the seeds; `ppl` is over the same scored tokens. No interval: these compare point estimates.\n\n"
             "| line | eval_len | LongPPL | ppl | key tokens | seeds |\n|---|---|---|---|---|---|\n" + rows
-            + "\nWhere LongPPL orders two lines oppositely to perplexity (point estimates):\n\n" + said)
+            + "\nWhere LongPPL orders two lines oppositely to perplexity (point estimates; with k key tokens, one "
+            "key token's NLL moving by one nat moves LongPPL by a factor e^(1/k)"
+            + (f", {np.exp(1 / first.key_tokens):.3f} for these {first.key_tokens:,}" if first.key_tokens else "")
+            + ": a pair less than a nat apart over the key tokens is within that):\n\n" + said)
 
 
 def longppl_figure(summary: pd.DataFrame):
