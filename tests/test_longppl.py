@@ -155,6 +155,13 @@ def test_posbench_longppl_reads_run_dirs_and_names_a_missing_row(setting, tmp_pa
     for length, nll in stored.items():
         assert table.loc[length, "longppl"] == pytest.approx(longppl(nll, keys.mask[:256])[0], rel=1e-6)
         assert table.loc[length, "ppl"] == pytest.approx(math.exp(nll.astype(np.float64).mean()), rel=1e-6)
+        # the per-block sums the report's intervals read: 20 contiguous blocks that add up to the row
+        sums, key_sums, counts = (np.array([float(v) for v in table.loc[length, c].split(";")])
+                                  for c in ("nll_blocks", "key_nll_blocks", "key_block_tokens"))
+        assert sums.size == key_sums.size == counts.size == 20 and counts.sum() == table.loc[length, "key_tokens"]
+        assert sums.sum() == pytest.approx(256 * math.log(table.loc[length, "ppl"]), rel=1e-9)
+        assert key_sums.sum() == pytest.approx(counts.sum() * math.log(table.loc[length, "longppl"]), rel=1e-9)
+        assert counts[:2].sum() == keys.mask[:26].sum()  # blocks 0 and 1 hold tokens 1 .. 26 (256 / 20 each, rounded)
     other = tmp_path / "other"
     write_run(other, [ladder_row(evaluated, prefix, 256)], 8, "other")
     OmegaConf.save(OmegaConf.merge(OmegaConf.load(other / "config.yaml"), {"data": {"name": "sotu"}}),
@@ -193,7 +200,9 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
     summary = pd.read_csv(tmp_path / "report" / "longppl.csv").set_index("eval_len")
     for row in table.itertuples():
         assert summary.loc[row.eval_len, "longppl"] == pytest.approx(row.longppl, rel=1e-9)
-        assert f"| rope | {row.eval_len} | {row.longppl:.2f} | {row.ppl:.2f} |" in text
+        low, high = summary.loc[row.eval_len, ["longppl_ci_low", "longppl_ci_high"]]
+        assert low < row.longppl < high
+        assert f"| rope | {row.eval_len} | {row.longppl:.2f} [{low:.2f}, {high:.2f}] | {row.ppl:.2f} |" in text
     crossed = pd.DataFrame({"line": ["a", "b", "c"], "eval_len": [64] * 3, "ppl": [10.0, 11.0, 12.0],
                             "longppl": [30.0, 20.0, 40.0], "key_tokens": [29] * 3})
     apart = f"{29 * math.log(30 / 20):.1f}"  # 11.8: 29 key tokens, LongPPL 1.5x apart
@@ -231,3 +240,58 @@ def test_the_longppl_figure_of_many_lines_tells_them_apart_and_hides_no_point():
     legend = fig.legends[0].get_window_extent(renderer)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == list(dict.fromkeys(summary.line))
     assert not any(legend.overlaps(ax.get_tightbbox(renderer)) for ax in fig.axes)
+
+
+def test_key_blocks_merge_each_empty_block_into_the_next_that_holds_a_key_token():
+    from posbench.report.longppl import key_blocks
+
+    assert key_blocks(np.array([0, 2, 0, 0, 1, 0])).tolist() == [0, 0, 1, 1, 1, 1]
+    assert key_blocks(np.array([1, 1, 1])).tolist() == [0, 1, 2]
+    assert key_blocks(np.array([0, 0, 3])).tolist() == [0, 0, 0]
+
+
+def _block_rows(line_nll: dict[str, np.ndarray], key: np.ndarray, seeds=(0,)) -> pd.DataFrame:
+    """longppl.csv rows for lines of per-token NLLs (one per seed: the line's NLL plus a seed's
+    offset) on one key-token mask, as ``posbench longppl`` writes them."""
+    from posbench.eval.longppl import block_columns
+
+    rows = []
+    for name, nll in line_nll.items():
+        for seed in seeds:
+            x = nll + 0.01 * seed
+            rows.append({"encoding": "rope", "rope_scaling": name, "mode": "nonoverlapping", "stride": 64,
+                         "eval_len": 64, "seed": seed, "model": "m", "tokens": x.size, "key_tokens": int(key.sum()),
+                         "longppl": math.exp(x[key].mean()), "ppl": math.exp(x.mean()), "evaluator": "judge",
+                         "long_len": 64, "short_len": 16, "short_stride": 4, **block_columns(x, key)})
+    return pd.DataFrame(rows)
+
+
+def test_a_reversal_holds_only_where_both_paired_intervals_exclude_one():
+    """Two lines of one model on the same tokens: 'a' lower by perplexity everywhere, 'b' lower on
+    every key token: the reversal holds (both paired intervals exclude 1). Made noisy on the key
+    tokens, the same reversal of the point estimates is not told apart. Rows without block sums
+    (written before they were kept) give no interval and say so."""
+    from posbench.report.longppl import longppl_markdown, longppl_summary, order_changes
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    base = rng.gamma(2.0, 1.5, n)
+    key = np.zeros(n, bool)
+    key[rng.choice(n, 60, replace=False)] = True
+    a = base.copy()
+    b = base + 0.05
+    b[key] -= 0.3  # b: worse on the text, better on every key token
+    summary = longppl_summary(_block_rows({"a": a, "b": b}, key))
+    assert (summary.longppl_ci_low < summary.longppl).all() and (summary.longppl < summary.longppl_ci_high).all()
+    (change,) = order_changes(summary)
+    assert change.startswith("at 64: rope+a < rope+b by perplexity") and change.endswith(
+        "; holds: both intervals exclude 1"), change
+    noisy = b.copy()
+    noisy[key] = a[key] + rng.normal(-0.05, 2.0, key.sum())
+    noisy[key] += a[key].mean() - noisy[key].mean() - 0.02  # LongPPL a hair below a's: the same reversal
+    (change,) = order_changes(longppl_summary(_block_rows({"a": a, "b": noisy}, key)))
+    assert change.endswith("; not told apart: an interval holds 1"), change
+    old = _block_rows({"a": a, "b": b}, key).drop(columns=["nll_blocks", "key_nll_blocks", "key_block_tokens"])
+    text = longppl_markdown(longppl_summary(old))
+    assert "No interval: these rows keep no per-block sums" in text and "; holds:" not in text
+    assert "| rope+b | 64 | " in text and " [" not in text.split("| rope+b | 64 | ")[1].split("|")[0]

@@ -59,7 +59,8 @@ BETA = -2.0  # LCL threshold, log-probability (the reference's beta)
 SHORT_STRIDE_DIVISOR = 4  # default short row: sliding, stride = eval_len // 4
 FILE = "longppl.csv"
 COLUMNS = KEY + ["model", "data", "tokens", "key_tokens", "longppl", "ppl", "evaluator", "long_len", "short_len",
-                 "short_stride", "alpha", "beta", "config_hash"]
+                 "short_stride", "alpha", "beta", "config_hash", "nll_blocks", "key_nll_blocks", "key_block_tokens"]
+BLOCK_COLUMNS = ("nll_blocks", "key_nll_blocks", "key_block_tokens")  # ';'-joined, one value per bootstrap block
 
 
 def context_lengths(count: int, eval_len: int, stride: int) -> np.ndarray:
@@ -187,9 +188,28 @@ def check_same_text(evaluator: str | Path, run: str | Path) -> None:
                             "corpus and tokenizer")
 
 
+def joined(values: np.ndarray) -> str:
+    """A block column's cell: the values ';'-joined (counts as integers, sums to 17 digits)."""
+    return ";".join(str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v)) for v in values)
+
+
+def block_columns(nll: np.ndarray, key: np.ndarray) -> dict[str, str]:
+    """The per-block sums a report's intervals need (:func:`posbench.intervals.block_sums`: the
+    scored tokens cut into BLOCKS contiguous blocks, as the perplexity bootstrap cuts them): each
+    block's NLL sum over all tokens and over the key tokens, and its key-token count."""
+    from ..intervals import block_sums
+
+    x = np.asarray(nll, np.float64)
+    sums, _ = block_sums(x)
+    key_sums, _ = block_sums(np.where(key, x, 0.0))
+    counts, _ = block_sums(key.astype(np.float64))
+    return {"nll_blocks": joined(sums), "key_nll_blocks": joined(key_sums), "key_block_tokens": joined(counts)}
+
+
 def longppl_rows(run: str | Path, keys: KeyTokens) -> pd.DataFrame:
     """One row (:data:`COLUMNS`) per results row of ``run`` in the key tokens' split with its
-    per-token NLL stored: LongPPL and the perplexity over the same tokens 1 .. ``tokens``."""
+    per-token NLL stored: LongPPL and the perplexity over the same tokens 1 .. ``tokens``, with
+    their per-block sums (:func:`block_columns`) for the report's intervals."""
     rows, stored = _scored_rows(Path(run), keys.split)
     out = []
     for row in rows.to_dict("records"):
@@ -200,7 +220,7 @@ def longppl_rows(run: str | Path, keys: KeyTokens) -> pd.DataFrame:
                     "key_tokens": count, "longppl": value, "ppl": math.exp(float(np.mean(nll[:n], dtype=np.float64))),
                     "evaluator": keys.evaluator, "long_len": keys.long_len, "short_len": keys.short_len,
                     "short_stride": keys.short_stride, "alpha": keys.alpha, "beta": keys.beta,
-                    "config_hash": row["config_hash"]})
+                    "config_hash": row["config_hash"], **block_columns(nll[:n], keys.mask[:n])})
     return pd.DataFrame(out, columns=COLUMNS)
 
 
