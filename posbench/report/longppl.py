@@ -75,7 +75,10 @@ def _cells(g: pd.DataFrame) -> tuple[Cell | None, Cell | None]:
     if counts0.sum() <= 0 or any(not np.array_equal(c, counts0) for c in counts):
         return None, None
     groups = key_blocks(counts0)
-    merge = lambda x: np.bincount(groups, weights=x)  # noqa: E731
+
+    def merge(x: np.ndarray) -> np.ndarray:  # per block -> per group of key_blocks
+        return np.bincount(groups, weights=x)
+
     sizes = block_sums(np.zeros(int(g.tokens.iloc[0])))[1]
     seeds = g.seed.to_numpy()
     tokens_id = (str(g.evaluator.iloc[0]), int(g.tokens.iloc[0]))
@@ -134,8 +137,8 @@ def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> 
 
 
 def _reversal_intervals(hi, lo, estimator: Estimator) -> str:
-    """', LongPPL ratio r [a, b], ppl ratio ...: holds' for the line lower by LongPPL (``hi``)
-    against the one lower by perplexity (``lo``); '' where either lacks block sums."""
+    """': LongPPL ratio r [a, b], ppl ratio r' [a', b']; holds: ...' for the line lower by LongPPL
+    (``hi``) against the one lower by perplexity (``lo``); '' where either lacks block sums."""
     if any(c is None for c in (*hi, *lo)):
         return ""
     lp, pp = estimator.difference(hi[0], lo[0]), estimator.difference(hi[1], lo[1])
