@@ -16,7 +16,15 @@ from omegaconf import OmegaConf
 from posbench.config import EvalConfig
 from posbench.errors import PosbenchError
 from posbench.eval.ladder import perplexity_ladder, result_rows
-from posbench.eval.longppl import context_lengths, key_tokens, longppl, select_key_tokens, study_longppl
+from posbench.eval.longppl import (
+    context_lengths,
+    key_tokens,
+    load_keys,
+    longppl,
+    longppl_table,
+    select_key_tokens,
+    study_longppl,
+)
 from posbench.eval.results import write_results
 from posbench.runs.rundir import RunDir, atomic_write_text
 
@@ -169,6 +177,42 @@ def test_posbench_longppl_reads_run_dirs_and_names_a_missing_row(setting, tmp_pa
     with pytest.raises(PosbenchError, match="differ in data"):
         study_longppl(judge, [other], SHORT_LEN, SHORT_STRIDE)
 
+
+
+def test_key_tokens_saved_and_rows_kept_survive_the_loss_of_per_token_nlls(setting, tmp_path):
+    """A study's LongPPL outlives its outputs: the key tokens saved and loaded back are the same
+    selection, and rows of a run whose token_nll.npz is gone stay as written while the runs still
+    here are computed again; rows chosen otherwise, or over more tokens than the new rows share,
+    are one line each."""
+    _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
+    n = tokens.size - 1
+    judge, a, b = tmp_path / "judge", tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    write_run(judge, [ladder_row(wrapped, tokens, n), ladder_row(wrapped, tokens, SHORT_LEN, SHORT_STRIDE)], n,
+              "judge")
+    prefix = tokens[:257]
+    write_run(a, [ladder_row(evaluated, prefix, 256), ladder_row(evaluated, prefix, 8)], 8, "a")
+    write_run(b, [ladder_row(wrapped, prefix, 256)], 8, "b")
+    keys = select_key_tokens(judge, SHORT_LEN, SHORT_STRIDE, alpha=0.01, beta=-10.0)
+    keys.save(tmp_path / "keys.npz")
+    back = load_keys(tmp_path / "keys.npz")
+    assert np.array_equal(back.mask, keys.mask) and back.mask.dtype == bool and 0 < back.mask.sum() < back.mask.size
+    assert (back.how(), back.split) == (keys.how(), keys.split)
+    both = study_longppl(judge, [a, b], SHORT_LEN, SHORT_STRIDE, alpha=0.01, beta=-10.0)
+    assert len(both) == 3
+    (b / "token_nll.npz").unlink()  # b's per-token NLLs gone: its row comes from the earlier table
+    written = tmp_path / "longppl.csv"
+    atomic_write_text(written, both.to_csv(index=False))
+    again = longppl_table(back, [a, b], pd.read_csv(written))
+    assert sorted(again.model) == ["a", "a", "b"]
+    pd.testing.assert_frame_equal(again.sort_values(["model", "eval_len"]).reset_index(drop=True),
+                                  both.sort_values(["model", "eval_len"]).reset_index(drop=True), check_dtype=False)
+    assert len(longppl_table(back, [a], pd.read_csv(written))) == 3  # a recomputed replaces its own rows
+    other = pd.read_csv(written).assign(short_len=SHORT_LEN + 1)
+    with pytest.raises(PosbenchError, match=r"the rows kept were chosen otherwise \(evaluator .*, short 24/8"):
+        longppl_table(back, [a], other)
+    wider = pd.read_csv(written).assign(tokens=300)
+    with pytest.raises(PosbenchError, match="kept row.s. scored 300 tokens, more than the 256 the new rows share"):
+        longppl_table(back, [a], wider)
 
 def reported(setting, tmp_path, **thresholds):
     """A judge run (the wrapped model's long and short rows) and a small run scored on its key

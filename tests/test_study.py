@@ -2,6 +2,7 @@
 export or finished run holds them, exported, reported; one-line errors for a bad study."""
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -633,11 +634,25 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
     """conf/study/headline_longppl.yaml's shape at smoke size: the runs, a judge trained at twice
     their length with a sliding row at theirs (an eval stage), and report.longppl naming the judge's
     run dir: runs/longppl.csv holds every row of every run dir of the study, on the judge's key
-    tokens (its 64-token row against its sliding 32-token row), and report.md its section."""
+    tokens (its 64-token row against its sliding 32-token row), and report.md its section.
+
+    The runner writes it as sweeps finish (not only at the report), with the key tokens beside it,
+    so it outlives out: a run whose per-token NLLs are gone keeps its rows, and one exported without
+    rows and without them is named with how to train it again."""
     write_study(tmp_path, JUDGED.format(tmp=tmp_path))
-    r = posbench("study", "--config-dir", str(tmp_path), "mini")
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no LongPPL yet" in r.stdout or "no LongPPL: the evaluator's rows are not under" in r.stdout
+    trained = pd.read_csv(tmp_path / "runs" / "longppl.csv")  # written after the last sweep, no report step
+    assert (tmp_path / "runs" / "longppl_keys.npz").is_file() and len(trained) == 7
+    shutil.rmtree(tmp_path / "out" / "main" / "alibi")  # alibi's per-token NLLs gone, its export still here
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "report")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = pd.read_csv(tmp_path / "runs" / "longppl.csv")
+    order = ["encoding", "train_len", "eval_len", "mode"]
+    pd.testing.assert_frame_equal(rows.sort_values(order).reset_index(drop=True),
+                                  trained.sort_values(order).reset_index(drop=True))
+    assert "have no LongPPL" not in r.stdout
     assert sorted(zip(rows.encoding, rows.train_len, rows.eval_len, rows["mode"])) == [
         ("alibi", 32, 32, "nonoverlapping"), ("alibi", 32, 64, "nonoverlapping"),
         ("rope", 32, 32, "nonoverlapping"), ("rope", 32, 64, "nonoverlapping"),
@@ -645,6 +660,16 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
     assert (rows.long_len == 64).all() and (rows.short_len == 32).all() and (rows.short_stride == 8).all()
     assert (rows.key_tokens > 0).all() and rows.evaluator.str.endswith("judge/rope/seed=0").all()
     assert "## LongPPL" in (tmp_path / "results" / "report.md").read_text()
+    (tmp_path / "runs" / "longppl.csv").unlink()  # and now its rows too: the export alone is left
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "study mini: 1 exported run(s) have no LongPPL and no per-token NLLs under" in r.stdout
+    assert f"rm -r {tmp_path / 'runs' / 'main' / 'alibi' / 'seed=0'}" in r.stdout
+    assert len(pd.read_csv(tmp_path / "runs" / "longppl.csv")) == 5
+    shutil.rmtree(tmp_path / "out")  # a fresh machine: the key tokens come from their file, the rows stay
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(pd.read_csv(tmp_path / "runs" / "longppl.csv")) == 5
 
 
 CHILD = """import os, signal, sys, time

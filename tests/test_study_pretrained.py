@@ -96,7 +96,7 @@ LONGPPL = STUDY.split("  - name: passkey")[0] + """report:
 def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_rows(models, tmp_path):  # noqa: F811
     """``report: {longppl: ...}``: the study's report step writes runs/longppl.csv with the rows
     ``posbench longppl`` gives for the same evaluator and folders, the report draws it, and a
-    machine without the folders under out keeps the exported file."""
+    machine without the folders under out keeps the exported rows (on the exported key tokens)."""
     conf = write_study(tmp_path / "conf", LONGPPL.format(tmp=tmp_path, model=models / "llama"))
     r = posbench("study", "--config-dir", str(conf), "mini")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -112,7 +112,7 @@ def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_ro
     shutil.rmtree(tmp_path / "out")
     r = posbench("study", "--config-dir", str(conf), "mini", "--step", "report")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "no LongPPL" in r.stdout and "kept as it is" in r.stdout
+    assert "LongPPL of 7 row(s) on the key tokens of" in r.stdout  # from runs/longppl_keys.npz, the rows kept
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "runs" / "longppl.csv"), direct)
 
 

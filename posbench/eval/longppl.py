@@ -41,6 +41,7 @@ not done here: :func:`check_same_text` refuses it.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ ALPHA = 2.0  # LSD threshold, nats (the reference's alpha)
 BETA = -2.0  # LCL threshold, log-probability (the reference's beta)
 SHORT_STRIDE_DIVISOR = 4  # default short row: sliding, stride = eval_len // 4
 FILE = "longppl.csv"
+KEYS = "longppl_keys.npz"  # a study's key tokens, beside its runs/longppl.csv (KeyTokens.save)
 COLUMNS = KEY + ["model", "data", "tokens", "key_tokens", "longppl", "ppl", "evaluator", "long_len", "short_len",
                  "short_stride", "alpha", "beta", "config_hash", "nll_blocks", "key_nll_blocks", "key_block_tokens"]
 BLOCK_COLUMNS = ("nll_blocks", "key_nll_blocks", "key_block_tokens")  # ';'-joined, one value per bootstrap block
@@ -110,6 +112,29 @@ class KeyTokens:
     def truncated(self, count: int) -> "KeyTokens":
         return KeyTokens(self.mask[:count], self.evaluator, self.split, self.long_len, self.short_len,
                          self.short_stride, self.alpha, self.beta)
+
+    def how(self) -> dict:
+        """The selection's columns of longppl.csv (all but the mask)."""
+        return {"evaluator": self.evaluator, "long_len": self.long_len, "short_len": self.short_len,
+                "short_stride": self.short_stride, "alpha": self.alpha, "beta": self.beta}
+
+    def save(self, path: Path) -> None:
+        """Write the selection to ``path`` (npz: the mask as bits, a few KiB for 10^5 tokens, and
+        how it was chosen), so rows can be added on the same key tokens once the evaluator's
+        per-token NLLs are gone (:func:`load_keys`)."""
+        from ..runs.rundir import atomic_write
+
+        how = json.dumps({**self.how(), "split": self.split, "tokens": int(self.mask.size)})
+        atomic_write(Path(path), lambda f: np.savez_compressed(f, mask=np.packbits(self.mask), how=np.array(how)))
+
+
+def load_keys(path: str | Path) -> KeyTokens:
+    """The key tokens :meth:`KeyTokens.save` wrote."""
+    with np.load(path) as z:
+        how = json.loads(str(z["how"]))
+        mask = np.unpackbits(z["mask"], count=int(how["tokens"])).astype(bool)
+    return KeyTokens(mask, how["evaluator"], how["split"], int(how["long_len"]), int(how["short_len"]),
+                     int(how["short_stride"]), float(how["alpha"]), float(how["beta"]))
 
 
 def _scored_rows(run: Path, split: str) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
@@ -218,9 +243,7 @@ def longppl_rows(run: str | Path, keys: KeyTokens) -> pd.DataFrame:
         value, count = longppl(nll[:n], keys.mask[:n])
         out.append({**{k: row[k] for k in KEY}, "model": row["model"], "data": row["data"], "tokens": n,
                     "key_tokens": count, "longppl": value, "ppl": math.exp(float(np.mean(nll[:n], dtype=np.float64))),
-                    "evaluator": keys.evaluator, "long_len": keys.long_len, "short_len": keys.short_len,
-                    "short_stride": keys.short_stride, "alpha": keys.alpha, "beta": keys.beta,
-                    "config_hash": row["config_hash"], **block_columns(nll[:n], keys.mask[:n])})
+                    **keys.how(), "config_hash": row["config_hash"], **block_columns(nll[:n], keys.mask[:n])})
     return pd.DataFrame(out, columns=COLUMNS)
 
 
@@ -230,16 +253,69 @@ def study_longppl(evaluator: str | Path, runs: list[str | Path], short_len: int 
     """LongPPL of every row of ``runs`` (run dirs) on one key-token set: the evaluator's
     (:func:`select_key_tokens`, ``short_len`` default the smallest train_len of ``runs``), cut to
     the fewest tokens any row scored, so every row averages over the same key tokens."""
+    return longppl_table(study_keys(evaluator, runs, short_len, short_stride, long_len, split, alpha, beta), runs)
+
+
+def study_keys(evaluator: str | Path, runs: list[str | Path], short_len: int | None = None,
+               short_stride: int | None = None, long_len: int | None = None, split: str = "validation",
+               alpha: float = ALPHA, beta: float = BETA) -> KeyTokens:
+    """The evaluator's key tokens for ``runs`` (:func:`select_key_tokens`; ``short_len`` default the
+    smallest train_len of ``runs``), once each run is checked to score the same text."""
     if not runs:
         raise PosbenchError("longppl: no runs given; valid: run dirs or sweep dirs holding results.csv")
     _scored_rows(Path(evaluator), split)  # one line where the evaluator has no results
-    scored = {Path(run): _scored_rows(Path(run), split) for run in runs}
+    scored = [_scored_rows(Path(run), split)[0] for run in runs]
     for run in runs:
         check_same_text(evaluator, run)
     if short_len is None:
-        short_len = int(min(rows.train_len.min() for rows, _ in scored.values() if len(rows)))
-    keys = select_key_tokens(evaluator, short_len, short_stride, long_len, split, alpha, beta)
-    fewest = min([keys.mask.size] + [stored[row_key(r)].size for rows, stored in scored.values()
-                                     for r in rows.to_dict("records")])
-    keys = keys.truncated(fewest)
-    return pd.concat([longppl_rows(run, keys) for run in runs], ignore_index=True)
+        short_len = int(min(rows.train_len.min() for rows in scored if len(rows)))
+    return select_key_tokens(evaluator, short_len, short_stride, long_len, split, alpha, beta)
+
+
+def longppl_table(keys: KeyTokens, runs: list[str | Path], kept: pd.DataFrame | None = None) -> pd.DataFrame:
+    """LongPPL of every row of ``runs`` on ``keys``, cut to the fewest tokens any row scored (so every
+    row averages over the same key tokens), and the rows of ``kept`` (an earlier longppl.csv on the
+    same key tokens) that ``runs`` do not compute again: where a run's per-token NLLs are gone (a
+    fresh machine), its rows written before stay. A kept row that scored more tokens than the new
+    fewest cannot be cut without them: one line names it."""
+    scored = [_scored_rows(Path(run), keys.split) for run in runs]
+    counts = [stored[row_key(r)].size for rows, stored in scored for r in rows.to_dict("records")]
+    if kept is not None and len(kept):
+        how = keys.how()
+        if any(kept[k].nunique() != 1 or kept[k].iloc[0] != v for k, v in how.items()):
+            raise PosbenchError(f"longppl: the rows kept were chosen otherwise ({_how_text(kept)}) than now "
+                                f"({_how_text(pd.DataFrame([how]))}); valid: the same evaluator and options, or "
+                                "remove the old longppl.csv")
+        counts.append(int(kept.tokens.min()))
+    fewest = min([keys.mask.size] + counts)
+    parts = [longppl_rows(run, keys.truncated(fewest)) for run in runs]
+    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+    if kept is None or not len(kept):
+        return table
+    kept = kept.reindex(columns=COLUMNS)  # rows written before the block sums were kept: those columns empty
+    new = set(_identities(table))
+    kept = kept[[r not in new for r in _identities(kept)]]
+    long = kept[kept.tokens > fewest]
+    if len(long):
+        r = long.iloc[0]
+        raise PosbenchError(f"longppl: {len(long)} kept row(s) scored {int(r.tokens)} tokens, more than the "
+                            f"{fewest} the new rows share (first: {r.encoding} seed={r.seed} eval_len={r.eval_len}), "
+                            "and their per-token NLLs are gone; valid: evaluate them again, or remove the old "
+                            "longppl.csv")
+    return pd.concat([kept, table], ignore_index=True) if len(table) else kept.reset_index(drop=True)
+
+
+def _identities(rows: pd.DataFrame) -> list[tuple]:
+    """Each row's results key, model, data and config hash, as text that reads the same from a frame
+    built here and one read back from csv (where a column with a gap turns 128 into 128.0)."""
+    def text(v) -> str:
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+    cols = KEY + ["model", "data", "config_hash"]
+    return [tuple(map(text, r)) for r in rows[cols].itertuples(index=False)]
+
+
+def _how_text(rows: pd.DataFrame) -> str:
+    r = rows.iloc[0]
+    return (f"evaluator {r.evaluator}, long {r.long_len}, short {r.short_len}/{r.short_stride}, alpha {r.alpha}, "
+            f"beta {r.beta}")

@@ -27,7 +27,8 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
                                       # study on the key tokens of the folder under out named here
                                       # (posbench longppl --evaluator; short, short_stride, long, alpha,
                                       # beta: its options of those names), written to runs/longppl.csv
-                                      # before the report, which reads it (optional)
+                                      # after each sweep and before the report, which reads it, the
+                                      # key tokens to runs/longppl_keys.npz (optional)
 
 A run is keyed by its config hash and seed, not by its path: ``posbench study`` composes each
 run's config as ``posbench train`` would, and trains only the runs whose (hash, seed) neither an

@@ -338,6 +338,8 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
             stopped = proc.returncode != 0 and stop.signalled_at is not None
             state = "done" if proc.returncode == 0 else "stopped" if stopped else f"FAILED (exit {proc.returncode})"
             print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
+            if proc.returncode == 0 and study.report.get("longppl"):
+                _longppl_so_far(study)
             if proc.returncode != 0 and not stopped:
                 failed.append(str(log))
                 if not (sweep.evaluates or sweep.pretrained):  # else the runs are fine: their other evaluations go on
@@ -355,31 +357,70 @@ def report_command(study: Study) -> list[str]:
 
 
 def longppl(study: Study) -> Path | None:
-    """The study's ``report.longppl``: LongPPL (:func:`posbench.eval.longppl.study_longppl`) of every
-    row of its folders under ``out`` that kept per-token NLLs, on the key tokens of the folder it
-    names, written to ``runs/longppl.csv`` for the report. -> that file, or None where the study
-    declares none or the evaluator's folder is not under ``out`` (a fresh machine: the exported
-    file, if any, stays as it is)."""
+    """The study's ``report.longppl``: LongPPL (:mod:`posbench.eval.longppl`) of every row of its
+    folders under ``out`` that kept per-token NLLs, on the key tokens of the folder it names, written
+    to ``runs/longppl.csv`` for the report. -> that file, or None where there are no key tokens yet.
+
+    Outputs may be lost between machines while a study's runs export one by one, so what LongPPL
+    needs is exported too: the key tokens to ``runs/longppl_keys.npz`` (:meth:`KeyTokens.save`) as
+    soon as the evaluator's rows are under ``out``, and each run's rows to runs/longppl.csv, where
+    they stay when that run's per-token NLLs are gone (:func:`posbench.eval.longppl.longppl_table`).
+    The study runner calls this after each sweep (:func:`_longppl_so_far`); exported runs that have
+    no LongPPL row and no per-token NLLs left are named with how to train them again."""
     spec = study.report.get("longppl")
     if not spec:
         return None
-    from ..eval.longppl import FILE, study_longppl
+    from ..eval.longppl import FILE, KEYS, load_keys, longppl_table, study_keys
     from ..eval.results import RESULTS, find_files
     from ..runs.rundir import atomic_write_text
 
-    evaluator, dest = study.out / str(spec["evaluator"]), study.runs / FILE
-    if not (evaluator / RESULTS).is_file():
-        kept = f"; {dest} kept as it is" if dest.is_file() else ""
-        print(f"study {study.name}: no LongPPL: the evaluator's rows are not under {evaluator}{kept}", flush=True)
-        return None
+    evaluator, dest, saved = study.out / str(spec["evaluator"]), study.runs / FILE, study.runs / KEYS
     folders = sorted({study.out / s.folder for s in sweeps(study, None)})
     runs = sorted({f.parent for f in find_files([f for f in folders if f.is_dir()], RESULTS)})
-    thresholds = {k: float(spec[k]) for k in ("alpha", "beta") if k in spec}
-    table = study_longppl(evaluator, runs, spec.get("short"), spec.get("short_stride"), spec.get("long"),
+    kept = pd.read_csv(dest) if dest.is_file() else None
+    if (evaluator / RESULTS).is_file():
+        thresholds = {k: float(spec[k]) for k in ("alpha", "beta") if k in spec}
+        keys = study_keys(evaluator, runs, spec.get("short"), spec.get("short_stride"), spec.get("long"),
                           **thresholds)
+        keys.save(saved)
+    elif saved.is_file():
+        keys = load_keys(saved)
+    else:
+        left = f"; {dest} kept as it is" if dest.is_file() else ""
+        print(f"study {study.name}: no LongPPL: the evaluator's rows are not under {evaluator}{left}", flush=True)
+        return None
+    table = longppl_table(keys, runs, kept)
     atomic_write_text(dest, table.to_csv(index=False))
-    print(f"study {study.name}: LongPPL of {len(table)} row(s) on the key tokens of {evaluator} -> {dest}", flush=True)
+    print(f"study {study.name}: LongPPL of {len(table)} row(s) on the key tokens of {keys.evaluator} -> {dest}",
+          flush=True)
+    _without_longppl(study, table)
     return dest
+
+
+def _without_longppl(study: Study, table) -> None:
+    """Name the exported runs with no row in ``table``: trained before the key tokens existed, their
+    per-token NLLs gone with ``out`` (a fresh machine); removing the export trains them again."""
+    from ..eval.results import RESULTS, find_files, read_results
+
+    have = {(str(h), int(s)) for h, s in zip(table.config_hash, table.seed)}
+    folders = [study.runs / s.folder for s in sweeps(study, None) if not s.pretrained]
+    lacking = []
+    for f in find_files([f for f in sorted(set(folders)) if f.is_dir()], RESULTS):
+        rows = read_results(f)
+        if len(rows) and not any((str(h), int(s)) in have for h, s in zip(rows.config_hash, rows.seed)):
+            lacking.append(f.parent)
+    if lacking:
+        print(f"study {study.name}: {len(lacking)} exported run(s) have no LongPPL and no per-token NLLs under "
+              f"{study.out}; to train them again: rm -r {' '.join(shlex.quote(str(p)) for p in lacking)}", flush=True)
+
+
+def _longppl_so_far(study: Study) -> None:
+    """LongPPL of what has finished (:func:`longppl`), where the evaluator's rows exist: a line, not a
+    failure, where they are not complete yet (its short row still to evaluate)."""
+    try:
+        longppl(study)
+    except PosbenchError as e:
+        print(f"study {study.name}: no LongPPL yet: {e}", flush=True)
 
 
 def report(study: Study) -> None:
