@@ -8,10 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from posbench.errors import PosbenchError
+from posbench.eval.longppl import load_keys
 from posbench.study import load_study, plan, report_command, study_files, sweep_hash, sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -653,6 +655,15 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
     pd.testing.assert_frame_equal(rows.sort_values(order).reset_index(drop=True),
                                   trained.sort_values(order).reset_index(drop=True))
     assert "have no LongPPL" not in r.stdout
+    saved = tmp_path / "runs" / "longppl_keys.npz"
+    original = saved.read_bytes()
+    keys = load_keys(saved)
+    keys.mask[np.flatnonzero(keys.mask)[0]] = False  # key tokens not the evaluator's: rows on them cannot mix
+    keys.save(saved)
+    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "report")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "the key tokens of" in r.stderr and "differ from those saved in" in r.stderr
+    saved.write_bytes(original)
     assert sorted(zip(rows.encoding, rows.train_len, rows.eval_len, rows["mode"])) == [
         ("alibi", 32, 32, "nonoverlapping"), ("alibi", 32, 64, "nonoverlapping"),
         ("rope", 32, 32, "nonoverlapping"), ("rope", 32, 64, "nonoverlapping"),

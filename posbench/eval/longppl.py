@@ -118,6 +118,10 @@ class KeyTokens:
         return {"evaluator": self.evaluator, "long_len": self.long_len, "short_len": self.short_len,
                 "short_stride": self.short_stride, "alpha": self.alpha, "beta": self.beta}
 
+    def same_as(self, other: "KeyTokens") -> bool:
+        """The same tokens chosen the same way."""
+        return (self.how(), self.split) == (other.how(), other.split) and np.array_equal(self.mask, other.mask)
+
     def save(self, path: Path) -> None:
         """Write the selection to ``path`` (npz: the mask as bits, a few KiB for 10^5 tokens, and
         how it was chosen), so rows can be added on the same key tokens once the evaluator's

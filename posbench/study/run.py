@@ -382,6 +382,11 @@ def longppl(study: Study) -> Path | None:
         thresholds = {k: float(spec[k]) for k in ("alpha", "beta") if k in spec}
         keys = study_keys(evaluator, runs, spec.get("short"), spec.get("short_stride"), spec.get("long"),
                           **thresholds)
+        if kept is not None and len(kept) and saved.is_file() and not keys.same_as(load_keys(saved)):
+            raise PosbenchError(f"study {study.name}: the key tokens of {evaluator} differ from those saved in "
+                                f"{saved}, on which {dest} was computed (the evaluator trained or evaluated again); "
+                                f"valid: the evaluator that chose them, or remove {dest} and {saved} to compute "
+                                "every row again (exported runs whose per-token NLLs are gone then train again)")
         keys.save(saved)
     elif saved.is_file():
         keys = load_keys(saved)
