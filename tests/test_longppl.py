@@ -337,5 +337,24 @@ def test_a_reversal_holds_only_where_both_paired_intervals_exclude_one():
     assert change.endswith("; not told apart: an interval holds 1"), change
     old = _block_rows({"a": a, "b": b}, key).drop(columns=["nll_blocks", "key_nll_blocks", "key_block_tokens"])
     text = longppl_markdown(longppl_summary(old))
-    assert "No interval: these rows keep no per-block sums" in text and "; holds:" not in text
+    assert "No interval: these rows keep no per-block sums, or their key tokens lie in fewer than 3" in text
+    assert "; holds:" not in text
     assert "| rope+b | 64 | " in text and " [" not in text.split("| rope+b | 64 | ")[1].split("|")[0]
+
+
+def test_key_tokens_in_two_blocks_get_no_interval():
+    """Three key tokens in two of the text's blocks (the headline's judge chose 3 of 122,880): the
+    summary shows the point estimate, no interval, and does not fail."""
+    from posbench.report.longppl import longppl_summary
+
+    counts = np.zeros(20)
+    counts[[3, 11]] = [2, 1]
+    rows = pd.DataFrame([{"encoding": "rope", "rope_scaling": "none", "mode": "nonoverlapping", "stride": 64,
+                          "model": "tiny", "eval_len": 64, "seed": seed, "tokens": 2000, "key_tokens": 3,
+                          "longppl": 5.0 + seed, "ppl": 50.0, "evaluator": "judge", "long_len": 128, "short_len": 32,
+                          "short_stride": 8, "nll_blocks": ";".join(["400"] * 20),
+                          "key_nll_blocks": ";".join(str(2.0 * c) for c in counts),
+                          "key_block_tokens": ";".join(str(int(c)) for c in counts)} for seed in (0, 1)])
+    summary = longppl_summary(rows)
+    assert len(summary) == 1 and summary.longppl.iloc[0] == pytest.approx(math.sqrt(5.0 * 6.0))
+    assert math.isnan(summary.longppl_ci_low.iloc[0]) and math.isnan(summary.longppl_ci_high.iloc[0])

@@ -33,6 +33,7 @@ from ..eval.results import find_files, line_label
 from ..intervals import Cell, Estimator, block_sums
 from ..runs.rundir import atomic_write_text
 
+MIN_GROUPS = 3  # blocks holding key tokens that an interval needs (with two, Student's t has one df)
 SUMMARY = "longppl.csv"  # in the report folder: the summary below, not the rows ``posbench longppl`` wrote
 
 
@@ -75,6 +76,8 @@ def _cells(g: pd.DataFrame) -> tuple[Cell | None, Cell | None]:
     if counts0.sum() <= 0 or any(not np.array_equal(c, counts0) for c in counts):
         return None, None
     groups = key_blocks(counts0)
+    if groups.max() + 1 < MIN_GROUPS:  # key tokens in one or two blocks: no spread of the text to measure
+        return None, None
 
     def merge(x: np.ndarray) -> np.ndarray:  # per block -> per group of key_blocks
         return np.bincount(groups, weights=x)
@@ -169,7 +172,8 @@ def longppl_markdown(summary: pd.DataFrame, estimator: Estimator | None = None) 
         cis = ("Intervals where the rows carry per-block sums (the perplexity estimator on the key tokens); the "
                "rows without them are point estimates.")
     else:
-        cis = "No interval: these rows keep no per-block sums, so they compare point estimates."
+        cis = (f"No interval: these rows keep no per-block sums, or their key tokens lie in fewer than {MIN_GROUPS} "
+               "of the text's blocks, so they compare point estimates.")
     return ("\n## LongPPL\n\nPerplexity over the key tokens only (Fang et al., ICLR 2025: the tokens the evaluator "
             f"predicts more than 2 nats better with a long context): evaluator `{first.evaluator}`, long context "
             f"{first.long_len:,}, short {first.short_len:,} (stride {first.short_stride:,}). Geometric means over "
