@@ -235,11 +235,12 @@ def block_columns(nll: np.ndarray, key: np.ndarray) -> dict[str, str]:
     return {"nll_blocks": joined(sums), "key_nll_blocks": joined(key_sums), "key_block_tokens": joined(counts)}
 
 
-def longppl_rows(run: str | Path, keys: KeyTokens) -> pd.DataFrame:
+def longppl_rows(run: str | Path, keys: KeyTokens, scored: tuple | None = None) -> pd.DataFrame:
     """One row (:data:`COLUMNS`) per results row of ``run`` in the key tokens' split with its
     per-token NLL stored: LongPPL and the perplexity over the same tokens 1 .. ``tokens``, with
-    their per-block sums (:func:`block_columns`) for the report's intervals."""
-    rows, stored = _scored_rows(Path(run), keys.split)
+    their per-block sums (:func:`block_columns`) for the report's intervals. ``scored``: the run's
+    :func:`_scored_rows`, where the caller has read them already."""
+    rows, stored = scored or _scored_rows(Path(run), keys.split)
     out = []
     for row in rows.to_dict("records"):
         nll = stored[row_key(row)]
@@ -292,13 +293,13 @@ def longppl_table(keys: KeyTokens, runs: list[str | Path], kept: pd.DataFrame | 
                                 "remove the old longppl.csv")
         counts.append(int(kept.tokens.min()))
     fewest = min([keys.mask.size] + counts)
-    parts = [longppl_rows(run, keys.truncated(fewest)) for run in runs]
+    parts = [longppl_rows(run, keys.truncated(fewest), got) for run, got in zip(runs, scored)]
     table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
     if kept is None or not len(kept):
         return table
     kept = kept.reindex(columns=COLUMNS)  # rows written before the block sums were kept: those columns empty
-    new = set(_identities(table))
-    kept = kept[[r not in new for r in _identities(kept)]]
+    identity = KEY + ["model", "data", "config_hash"]  # as merge_csv drops the old rows a new one replaces
+    kept = kept[~kept.set_index(identity).index.isin(table.set_index(identity).index)]
     long = kept[kept.tokens > fewest]
     if len(long):
         r = long.iloc[0]
@@ -307,16 +308,6 @@ def longppl_table(keys: KeyTokens, runs: list[str | Path], kept: pd.DataFrame | 
                             "and their per-token NLLs are gone; valid: evaluate them again, or remove the old "
                             "longppl.csv")
     return pd.concat([kept, table], ignore_index=True) if len(table) else kept.reset_index(drop=True)
-
-
-def _identities(rows: pd.DataFrame) -> list[tuple]:
-    """Each row's results key, model, data and config hash, as text that reads the same from a frame
-    built here and one read back from csv (where a column with a gap turns 128 into 128.0)."""
-    def text(v) -> str:
-        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-    cols = KEY + ["model", "data", "config_hash"]
-    return [tuple(map(text, r)) for r in rows[cols].itertuples(index=False)]
 
 
 def _how_text(rows: pd.DataFrame) -> str:
