@@ -368,7 +368,7 @@ def combined_interval(estimate: float, seeds: list[tuple[float, float]], text: n
     v_seeds = sum(v for v, _ in seeds)
     v_text = float(np.var(text, ddof=1)) if text is not None else 0.0
     text_df = blocks - 1 if text is not None and blocks is not None and blocks > 1 else math.inf
-    v_text *= text_df / (text_df - 1) if text_df < math.inf else 1.0  # n / (n - 1), with df = n - 1
+    v_text *= blocks / text_df if text_df < math.inf else 1.0  # n / (n - 1), at df = n - 1
     total = v_seeds + v_text
     if total == 0:
         return Interval(estimate, estimate, estimate, method)

@@ -9,12 +9,26 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import ROOT, SMOKE, posbench
-from posbench.intervals import (BLOCKS, Cell, Estimator, SeedPool, block_sums, bootstrap_means, percentile_interval,
-                                pool_seeds, resample_indices, seed_term, t_interval, t_quantile, welch_interval)
+
 from posbench.eval.results import read_results
 from posbench.eval.token_nll import read_token_nll, row_key
+from posbench.intervals import (
+    BLOCKS,
+    Cell,
+    Estimator,
+    SeedPool,
+    block_sums,
+    bootstrap_means,
+    combined_interval,
+    percentile_interval,
+    pool_seeds,
+    resample_indices,
+    seed_term,
+    t_interval,
+    t_quantile,
+    welch_interval,
+)
 
 
 def test_t_quantiles_match_the_printed_tables():
@@ -240,6 +254,21 @@ def test_intervals_cover_the_truth_when_seeds_and_text_both_vary(k, sd_seed, sd_
         assert (0.82 if k == 2 else 0.9) <= coverage[name] <= (0.995 if k == 2 else 0.99), coverage
     if sd_text >= sd_seed:
         assert coverage["seeds only"] < 0.85, coverage  # what the interval ignored before
+
+
+def test_text_alone_is_student_t_over_the_blocks():
+    """The bootstrap's variance of a mean of n equal blocks is var(block means, ddof=0) / n, n - 1 of
+    n of the unbiased s² / n: corrected by n / (n - 1), the text-only interval is the textbook t
+    interval over the n block means, mean ± t_{n-1} s / sqrt(n) (t from printed tables)."""
+    for n, t_table in ((3, 4.303), (20, 2.093)):
+        means = np.random.default_rng(n).normal(4.0, 0.05, n)
+        boot_var = np.var(means) / n  # exact: n equally likely blocks drawn n times with replacement
+        a = math.sqrt(boot_var / 2)  # two resamples whose ddof=1 variance is exactly boot_var
+        text = np.array([means.mean() - a, means.mean() + a])
+        iv = combined_interval(float(means.mean()), [], text, one_seed=True, blocks=n)
+        half = t_table * np.std(means, ddof=1) / math.sqrt(n)
+        assert iv.method == "text (1 seed)"
+        assert (iv.high - iv.low) / 2 == pytest.approx(half, rel=2e-4), n
 
 
 def test_one_seed_covers_the_text_and_says_so():

@@ -22,6 +22,9 @@ The rules, per row of a checked table:
 3. A line of exactly 2 seeds with ``ci_method`` ``seeds+text`` has an interval at least as wide as
    its seeds' range: ``ppl_min`` and ``ppl_max`` inside [``ppl_ci_low``, ``ppl_ci_high``] (same
    tolerance; two seeds that agree by chance must not give an interval narrower than the seeds).
+
+And a shipped table is what the code computes today: the headline study's report command, run again
+on its shipped runs, gives its report.csv to 1e-9.
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ import csv
 import math
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import ROOT
+
+from posbench.study.run import report_command
+from posbench.study.spec import load_study
 
 RESULTS = ROOT / "results"
 ALLOWED = {"seeds+text", "text (1 seed)", "t", "none"}
@@ -210,3 +219,23 @@ def test_retired_folders_are_parsed_from_the_list(tmp_path):
                       "- **[ablations](ablations/README.md)**: old estimator\n\n## What each one found\n\n"
                       "- [headline](headline/README.md): current\n")
     assert retired_folders(readme) == ["cpu_quick", "ablations"]
+
+
+# ---------------------------------------------------------------- shipped tables are the code's output today
+def test_a_shipped_report_is_what_its_study_s_report_computes_now(tmp_path, name="headline"):
+    """The study's report command, run on its shipped runs into a scratch folder, gives the shipped
+    report.csv to 1e-9: a change to the estimator (or anything upstream of a table) that leaves the
+    shipped tables behind fails here until they are regenerated (`posbench study NAME --step report`).
+    The headline's study: the table to cite, and the one every figure of docs/ starts from."""
+    study = load_study(name, [])
+    cmd = report_command(study)
+    cmd[cmd.index("--out") + 1] = str(tmp_path)
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    shipped, now = pd.read_csv(study.results / "report.csv"), pd.read_csv(tmp_path / "report.csv")
+    assert list(now.columns) == list(shipped.columns) and len(now) == len(shipped)
+    for col in shipped.columns:
+        if pd.api.types.is_float_dtype(shipped[col]):
+            assert np.allclose(now[col], shipped[col], rtol=1e-9, atol=0, equal_nan=True), \
+                f"{study.results / 'report.csv'}: {col} differs from what the report computes now"
+        else:
+            assert now[col].astype(str).tolist() == shipped[col].astype(str).tolist(), col

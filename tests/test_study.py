@@ -15,6 +15,7 @@ import pytest
 from posbench.errors import PosbenchError
 from posbench.eval.longppl import load_keys
 from posbench.study import load_study, plan, report_command, study_files, sweep_hash, sweeps
+from posbench.study.run import longppl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -632,7 +633,7 @@ report:
 
 
 @pytest.mark.slow
-def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
+def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path, capsys):
     """conf/study/headline_longppl.yaml's shape at smoke size: the runs, a judge trained at twice
     their length with a sliding row at theirs (an eval stage), and report.longppl naming the judge's
     run dir: runs/longppl.csv holds every row of every run dir of the study, on the judge's key
@@ -671,15 +672,15 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path):
     assert (rows.long_len == 64).all() and (rows.short_len == 32).all() and (rows.short_stride == 8).all()
     assert (rows.key_tokens > 0).all() and rows.evaluator.str.endswith("judge/rope/seed=0").all()
     assert "## LongPPL" in (tmp_path / "results" / "report.md").read_text()
+    study = load_study("mini", [tmp_path])  # the report's LongPPL step, in this process from here on
     (tmp_path / "runs" / "longppl.csv").unlink()  # and now its rows too: the export alone is left
-    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "report")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "study mini: 1 exported run(s) have no LongPPL and no per-token NLLs under" in r.stdout
-    assert f"rm -r {tmp_path / 'runs' / 'main' / 'alibi' / 'seed=0'}" in r.stdout
+    longppl(study)
+    said = capsys.readouterr().out
+    assert "study mini: 1 exported run(s) have no LongPPL and no per-token NLLs under" in said
+    assert f"rm -r {tmp_path / 'runs' / 'main' / 'alibi' / 'seed=0'}" in said
     assert len(pd.read_csv(tmp_path / "runs" / "longppl.csv")) == 5
     shutil.rmtree(tmp_path / "out")  # a fresh machine: the key tokens come from their file, the rows stay
-    r = posbench("study", "--config-dir", str(tmp_path), "mini", "--step", "report")
-    assert r.returncode == 0, r.stdout + r.stderr
+    longppl(study)
     assert len(pd.read_csv(tmp_path / "runs" / "longppl.csv")) == 5
 
 
