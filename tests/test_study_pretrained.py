@@ -12,6 +12,7 @@ from test_study import posbench, write_study
 
 from posbench.errors import PosbenchError
 from posbench.study import load_study, plan
+from posbench.study.run import longppl
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -93,7 +94,7 @@ LONGPPL = STUDY.split("  - name: passkey")[0] + """report:
 """
 
 
-def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_rows(models, tmp_path):  # noqa: F811
+def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_rows(models, tmp_path, capsys):  # noqa: F811
     """``report: {longppl: ...}``: the study's report step writes runs/longppl.csv with the rows
     ``posbench longppl`` gives for the same evaluator and folders, the report draws it, and a
     machine without the folders under out keeps the exported rows (on the exported key tokens)."""
@@ -110,9 +111,9 @@ def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_ro
     pd.testing.assert_frame_equal(shipped, direct)
     assert "LongPPL" in (tmp_path / "results" / "report.md").read_text()
     shutil.rmtree(tmp_path / "out")
-    r = posbench("study", "--config-dir", str(conf), "mini", "--step", "report")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "LongPPL of 7 row(s) on the key tokens of" in r.stdout  # from runs/longppl_keys.npz, the rows kept
+    capsys.readouterr()
+    longppl(load_study("mini", [conf]))  # the report step's LongPPL, in this process
+    assert "LongPPL of 7 row(s) on the key tokens of" in capsys.readouterr().out  # from runs/longppl_keys.npz
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "runs" / "longppl.csv"), direct)
 
 
