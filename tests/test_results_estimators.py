@@ -41,8 +41,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from posbench.study.run import report_command
-from posbench.study.spec import load_study
+from posbench.study import load_study, report_command
 
 RESULTS = ROOT / "results"
 ALLOWED = {"seeds+text", "text (1 seed)", "t", "none"}
@@ -222,12 +221,12 @@ def test_retired_folders_are_parsed_from_the_list(tmp_path):
 
 
 # ---------------------------------------------------------------- shipped tables are the code's output today
-def test_a_shipped_report_is_what_its_study_s_report_computes_now(tmp_path, name="headline"):
+def test_a_shipped_report_is_what_the_headline_study_s_report_computes_now(tmp_path):
     """The study's report command, run on its shipped runs into a scratch folder, gives the shipped
     report.csv to 1e-9: a change to the estimator (or anything upstream of a table) that leaves the
     shipped tables behind fails here until they are regenerated (`posbench study NAME --step report`).
-    The headline's study: the table to cite, and the one every figure of docs/ starts from."""
-    study = load_study(name, [])
+    The headline: the table to cite."""
+    study = load_study("headline", [])
     cmd = report_command(study)
     cmd[cmd.index("--out") + 1] = str(tmp_path)
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
