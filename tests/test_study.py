@@ -628,7 +628,8 @@ stages:
     overrides: [eval.mode=sliding, eval.stride=8, "eval.lengths=[32]"]
 report:
   args: [--mix]                  # the judge's sliding row scores another token count
-  longppl: {{evaluator: judge/rope/seed=0, short: 32, short_stride: 8, alpha: -1.0e+9, beta: -1.0e+9}}
+  longppl: {{evaluator: judge/rope/seed=0, short: 32, short_stride: 8, alpha: -1.0e+9, beta: -1.0e+9,
+            sensitivity: {{lower: {{alpha: -2.0e+9}}}}}}
 """
 
 
@@ -672,11 +673,20 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path, capsys):
     assert (rows.long_len == 64).all() and (rows.short_len == 32).all() and (rows.short_stride == 8).all()
     assert (rows.key_tokens > 0).all() and rows.evaluator.str.endswith("judge/rope/seed=0").all()
     assert "## LongPPL" in (tmp_path / "results" / "report.md").read_text()
+    # the sensitivity: the same rows on the key tokens its change chooses, kept and reported apart
+    lower = pd.read_csv(tmp_path / "runs" / "longppl_lower.csv")
+    assert (tmp_path / "runs" / "longppl_lower_keys.npz").is_file() and len(lower) == 7
+    assert (lower.alpha == -2.0e9).all() and (rows.alpha == -1.0e9).all()
+    assert load_keys(tmp_path / "runs" / "longppl_lower_keys.npz").alpha == -2.0e9
+    text = (tmp_path / "results" / "longppl_lower.md").read_text()
+    assert text.startswith("# mini: ## LongPPL sensitivity lower (alpha -2000000000.0)")
+    assert "more than -2e+09 nats better" in text and "sensitivity" not in (tmp_path / "results" / "report.md").read_text()
+    assert all((tmp_path / "results" / f"longppl_lower.{x}").is_file() for x in ("csv", "png", "svg"))
     study = load_study("mini", [tmp_path])  # the report's LongPPL step, in this process from here on
     (tmp_path / "runs" / "longppl.csv").unlink()  # and now its rows too: the export alone is left
     longppl(study)
     said = capsys.readouterr().out
-    assert "study mini: 1 exported run(s) have no LongPPL and no per-token NLLs under" in said
+    assert "study mini: 1 exported run(s) have no LongPPL in longppl.csv and no per-token NLLs under" in said
     assert f"rm -r {tmp_path / 'runs' / 'main' / 'alibi' / 'seed=0'}" in said
     assert len(pd.read_csv(tmp_path / "runs" / "longppl.csv")) == 5
     shutil.rmtree(tmp_path / "out")  # a fresh machine: the key tokens come from their file, the rows stay

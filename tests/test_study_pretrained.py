@@ -2,6 +2,7 @@
 on the ladder under two scalings, in sliding windows and on passkey, planned from its rows, resumed, exported with
 its blocks, the export keeping its rows when the folder under ``out`` is made again."""
 
+import re
 import shutil
 
 import numpy as np
@@ -120,4 +121,20 @@ def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_ro
 def test_a_study_s_longppl_without_an_evaluator_is_one_line(tmp_path):
     conf = write_study(tmp_path / "conf", LONGPPL.format(tmp=tmp_path, model="m").replace("evaluator: llama, ", ""))
     with pytest.raises(PosbenchError, match="report.longppl has no evaluator; valid: the folder under out"):
+        load_study("mini", [conf])
+
+
+@pytest.mark.parametrize("sensitivity, said", [
+    ("[0.5]", "report.longppl.sensitivity is [0.5]; valid: NAME: {key: value}, e.g. {alpha0.5: {alpha: 0.5}}"),
+    ("{a/b: {alpha: 0.5}}", "sensitivity name 'a/b' is not valid; valid: letters, digits, '.', '_' and '-'"),
+    ("{low: 0.5}", "sensitivity low is 0.5; valid: a mapping of some of short, short_stride, long, alpha, beta"),
+    ("{low: {evaluator: x}}", "sensitivity low has an unknown key 'evaluator'; valid keys: short, short_stride, long, "
+                              "alpha, beta"),
+])
+def test_a_study_s_longppl_sensitivity_is_checked_as_the_file_is_read(tmp_path, sensitivity, said):
+    """report.longppl.sensitivity names files and changes thresholds or contexts, nothing else."""
+    text = LONGPPL.format(tmp=tmp_path, model="m").replace("evaluator: llama, ", f"evaluator: llama, sensitivity: "
+                                                           f"{sensitivity}, ")
+    conf = write_study(tmp_path / "conf", text)
+    with pytest.raises(PosbenchError, match=re.escape(said)):
         load_study("mini", [conf])

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..eval.longppl import BLOCK_COLUMNS, FILE
+from ..eval.longppl import ALPHA, BLOCK_COLUMNS, FILE
 from ..eval.results import find_files, line_label
 from ..intervals import Cell, Estimator, block_sums
 from ..runs.rundir import atomic_write_text
@@ -153,7 +153,10 @@ def _reversal_intervals(hi, lo, estimator: Estimator) -> str:
             + ("; holds: both intervals exclude 1" if holds else "; not told apart: an interval holds 1"))
 
 
-def longppl_markdown(summary: pd.DataFrame, estimator: Estimator | None = None) -> str:
+def longppl_markdown(summary: pd.DataFrame, estimator: Estimator | None = None, alpha: float = ALPHA,
+                     title: str = "LongPPL") -> str:
+    """The LongPPL section: its table, intervals and order changes; ``alpha`` the key tokens' LSD
+    threshold the rows were chosen with, ``title`` the section's heading."""
     first = summary.iloc[0]
     with_ci = summary.longppl_ci_low.notna() if "longppl_ci_low" in summary else pd.Series(False, summary.index)
 
@@ -174,10 +177,10 @@ def longppl_markdown(summary: pd.DataFrame, estimator: Estimator | None = None) 
     else:
         cis = (f"No interval: these rows keep no per-block sums, or their key tokens lie in fewer than {MIN_GROUPS} "
                "of the text's blocks, so they compare point estimates.")
-    return ("\n## LongPPL\n\nPerplexity over the key tokens only (Fang et al., ICLR 2025: the tokens the evaluator "
-            f"predicts more than 2 nats better with a long context): evaluator `{first.evaluator}`, long context "
-            f"{first.long_len:,}, short {first.short_len:,} (stride {first.short_stride:,}). Geometric means over "
-            f"the seeds; `ppl` is over the same scored tokens. {cis}\n\n"
+    return (f"\n## {title}\n\nPerplexity over the key tokens only (Fang et al., ICLR 2025: the tokens the evaluator "
+            f"predicts more than {alpha:g} nats better with a long context): evaluator `{first.evaluator}`, long "
+            f"context {first.long_len:,}, short {first.short_len:,} (stride {first.short_stride:,}). Geometric means "
+            f"over the seeds; `ppl` is over the same scored tokens. {cis}\n\n"
             "| line | eval_len | LongPPL | ppl | key tokens | seeds |\n|---|---|---|---|---|---|\n" + rows
             + "\nWhere LongPPL orders two lines oppositely to perplexity (with k key tokens, one "
             "key token's NLL moving by one nat moves LongPPL by a factor e^(1/k)"
@@ -221,20 +224,27 @@ def longppl_figure(summary: pd.DataFrame):
 
 def longppl_part(paths: list[str | Path], out: Path) -> tuple[str, list[Path]]:
     """report.md's LongPPL section and the files written (none where no longppl.csv is found)."""
+    return longppl_section(read_longppl(paths, out), out)
+
+
+def longppl_section(rows: pd.DataFrame, out: Path, name: str = "longppl", title: str = "LongPPL"
+                    ) -> tuple[str, list[Path]]:
+    """The section on ``rows`` (a longppl.csv's) and the files written to ``out``: ``name``.csv
+    (the summary) and ``name``.png/.svg; none where ``rows`` is empty."""
     from .figures import save
 
-    rows = read_longppl(paths, out)
     if rows.empty:
         return "", []
     if not (rows.key_tokens > 0).any():  # LongPPL is the mean over no tokens: say so, draw nothing
         first = rows.iloc[0]
-        return ("\n## LongPPL\n\nNo key tokens: the evaluator `{}` (long context {:,}, short {:,}, stride {:,}) "
+        return ("\n## {}\n\nNo key tokens: the evaluator `{}` (long context {:,}, short {:,}, stride {:,}) "
                 "predicts no scored token more than {} nats better with the long context, with at least {} "
                 "log-probability, so LongPPL is not defined for these rows.\n").format(
-                    first.evaluator, first.long_len, first.short_len, first.short_stride, first.alpha,
+                    title, first.evaluator, first.long_len, first.short_len, first.short_stride, first.alpha,
                     first.beta), []
     estimator = Estimator()
     summary = longppl_summary(rows[rows.key_tokens > 0], estimator)
-    atomic_write_text(out / SUMMARY, summary.drop(columns="cells").to_csv(index=False))
-    files = [out / SUMMARY] + save(longppl_figure(summary), out / "longppl.png", also_svg=True)
-    return longppl_markdown(summary, estimator), files
+    atomic_write_text(out / f"{name}.csv", summary.drop(columns="cells").to_csv(index=False))
+    files = [out / f"{name}.csv"] + save(longppl_figure(summary), out / f"{name}.png", also_svg=True)
+    alpha = float(rows.alpha.iloc[0]) if "alpha" in rows else ALPHA
+    return longppl_markdown(summary, estimator, alpha, title), files

@@ -28,7 +28,11 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
                                       # (posbench longppl --evaluator; short, short_stride, long, alpha,
                                       # beta: its options of those names), written to runs/longppl.csv
                                       # after each sweep and before the report, which reads it, the
-                                      # key tokens to runs/longppl_keys.npz (optional)
+                                      # key tokens to runs/longppl_keys.npz (optional); its
+                                      # sensitivity: {alpha0.5: {alpha: 0.5}} (NAME: a change of short,
+                                      # short_stride, long, alpha or beta) the same on the key tokens so
+                                      # chosen, to runs/longppl_NAME.csv and the report's
+                                      # results/longppl_NAME.md (optional)
 
 A run is keyed by its config hash and seed, not by its path: ``posbench study`` composes each
 run's config as ``posbench train`` would, and trains only the runs whose (hash, seed) neither an

@@ -366,15 +366,31 @@ def longppl(study: Study) -> Path | None:
     soon as the evaluator's rows are under ``out``, and each run's rows to runs/longppl.csv, where
     they stay when that run's per-token NLLs are gone (:func:`posbench.eval.longppl.longppl_table`).
     The study runner calls this after each sweep (:func:`_longppl_so_far`); exported runs that have
-    no LongPPL row and no per-token NLLs left are named with how to train them again."""
+    no LongPPL row and no per-token NLLs left are named with how to train them again.
+
+    Each of ``sensitivity`` (NAME: a change of the thresholds or contexts) is the same computation
+    on the key tokens so chosen, kept the same way in ``runs/longppl_NAME.csv`` and
+    ``runs/longppl_NAME_keys.npz``: a stated sensitivity of the study's LongPPL, which the report
+    does not mix into its own (:func:`report` writes each its section)."""
     spec = study.report.get("longppl")
     if not spec:
         return None
-    from ..eval.longppl import FILE, KEYS, load_keys, longppl_table, study_keys
+    main = {k: v for k, v in spec.items() if k != "sensitivity"}
+    dest = _longppl_rows(study, main, "longppl")
+    if dest is not None:
+        for label, change in (spec.get("sensitivity") or {}).items():
+            _longppl_rows(study, {**main, **change}, f"longppl_{label}")
+    return dest
+
+
+def _longppl_rows(study: Study, spec: dict, stem: str) -> Path | None:
+    """:func:`longppl` for one setting: rows to runs/STEM.csv, key tokens to runs/STEM_keys.npz."""
+    from ..eval.longppl import load_keys, longppl_table, study_keys
     from ..eval.results import RESULTS, find_files
     from ..runs.rundir import atomic_write_text
 
-    evaluator, dest, saved = study.out / str(spec["evaluator"]), study.runs / FILE, study.runs / KEYS
+    evaluator, dest, saved = study.out / str(spec["evaluator"]), study.runs / f"{stem}.csv", \
+        study.runs / f"{stem}_keys.npz"
     folders = sorted({study.out / s.folder for s in sweeps(study, None)})
     runs = sorted({f.parent for f in find_files([f for f in folders if f.is_dir()], RESULTS)})
     kept = pd.read_csv(dest) if dest.is_file() else None
@@ -398,13 +414,14 @@ def longppl(study: Study) -> Path | None:
     atomic_write_text(dest, table.to_csv(index=False))
     print(f"study {study.name}: LongPPL of {len(table)} row(s) on the key tokens of {keys.evaluator} -> {dest}",
           flush=True)
-    _without_longppl(study, table)
+    _without_longppl(study, table, dest)
     return dest
 
 
-def _without_longppl(study: Study, table) -> None:
-    """Name the exported runs with no row in ``table``: trained before the key tokens existed, their
-    per-token NLLs gone with ``out`` (a fresh machine); removing the export trains them again."""
+def _without_longppl(study: Study, table, dest: Path) -> None:
+    """Name the exported runs with no row in ``table`` (``dest``'s): trained before the key tokens
+    existed, their per-token NLLs gone with ``out`` (a fresh machine); removing the export trains
+    them again."""
     from ..eval.results import RESULTS, find_files, read_results
 
     have = {(str(h), int(s)) for h, s in zip(table.config_hash, table.seed)}
@@ -415,8 +432,9 @@ def _without_longppl(study: Study, table) -> None:
         if len(rows) and not any((str(h), int(s)) in have for h, s in zip(rows.config_hash, rows.seed)):
             lacking.append(f.parent)
     if lacking:
-        print(f"study {study.name}: {len(lacking)} exported run(s) have no LongPPL and no per-token NLLs under "
-              f"{study.out}; to train them again: rm -r {' '.join(shlex.quote(str(p)) for p in lacking)}", flush=True)
+        again = " ".join(shlex.quote(str(p)) for p in lacking)
+        print(f"study {study.name}: {len(lacking)} exported run(s) have no LongPPL in {dest.name} and no "
+              f"per-token NLLs under {study.out}; to train them again: rm -r {again}", flush=True)
 
 
 def _longppl_so_far(study: Study) -> None:
@@ -430,12 +448,36 @@ def _longppl_so_far(study: Study) -> None:
 
 def report(study: Study) -> None:
     """LongPPL where the study declares it (:func:`longppl`), ``posbench report`` on the exported runs
-    (and ``dirs`` beside them), then each of ``tables``."""
+    (and ``dirs`` beside them), then each LongPPL sensitivity's section (:func:`sensitivity_reports`)
+    and each of ``tables``."""
     longppl(study)
     subprocess.run(report_command(study), check=True)
+    sensitivity_reports(study)
     for name, script in (study.report.get("tables") or {}).items():
         with open(study.results / name, "w") as f:
             subprocess.run([sys.executable, str(script), str(study.results / "report.csv")], stdout=f, check=True)
+
+
+def sensitivity_reports(study: Study) -> list[Path]:
+    """Each ``report.longppl.sensitivity`` NAME's LongPPL section (the report's, on its rows in
+    runs/longppl_NAME.csv) to results/longppl_NAME.md, with its summary .csv and figure. -> the
+    .md files written."""
+    from ..report.longppl import longppl_section
+    from ..runs.rundir import atomic_write_text
+
+    written = []
+    for label, change in ((study.report.get("longppl") or {}).get("sensitivity") or {}).items():
+        rows_file = study.runs / f"longppl_{label}.csv"
+        if not rows_file.is_file():
+            print(f"study {study.name}: no LongPPL sensitivity {label}: {rows_file} is not written yet", flush=True)
+            continue
+        said = ", ".join(f"{k} {v}" for k, v in change.items())
+        text, _ = longppl_section(pd.read_csv(rows_file), study.results, f"longppl_{label}",
+                                  f"LongPPL sensitivity {label} ({said})")
+        if text:
+            atomic_write_text(study.results / f"longppl_{label}.md", f"# {study.name}: {text.lstrip()}")
+            written.append(study.results / f"longppl_{label}.md")
+    return written
 
 
 def main(args: list[str]) -> None:

@@ -5,6 +5,7 @@ evaluates, or its pretrained model. The file's format is the package's docstring
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from ..errors import PosbenchError
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
 STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained", "folder")
 REPORT_KEYS = ("by", "per", "dirs", "args", "tables", "contrasts", "longppl")
-LONGPPL_KEYS = ("evaluator", "short", "short_stride", "long", "alpha", "beta")
+LONGPPL_KEYS = ("evaluator", "short", "short_stride", "long", "alpha", "beta", "sensitivity")
+SENSITIVITY_KEYS = ("short", "short_stride", "long", "alpha", "beta")  # what a sensitivity may change
 FOLDER = "{stage}/{point}"
 
 
@@ -91,9 +93,28 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
     if longppl and not longppl.get("evaluator"):
         raise PosbenchError(f"study: {files[name]} report.longppl has no evaluator; valid: the folder under out whose "
                             "rows choose the key tokens, e.g. {evaluator: gemma3-270m/bos=first, short: 4096}")
+    _check_sensitivity(files[name], (longppl or {}).get("sensitivity"))
     return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
                  list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
                  str(data.get("folder") or FOLDER))
+
+
+def _check_sensitivity(path: Path, sensitivity) -> None:
+    """report.longppl.sensitivity: {NAME: {key: value}}, each NAME a file name's part (the rows go to
+    runs/longppl_NAME.csv), each a change of some of :data:`SENSITIVITY_KEYS`."""
+    if sensitivity is None:
+        return
+    if not isinstance(sensitivity, dict) or not sensitivity:
+        raise PosbenchError(f"study: {path} report.longppl.sensitivity is {sensitivity!r}; valid: NAME: "
+                            "{key: value}, e.g. {alpha0.5: {alpha: 0.5}}")
+    for label, change in sensitivity.items():
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", str(label)):
+            raise PosbenchError(f"study: {path} report.longppl.sensitivity name {label!r} is not valid; valid: "
+                                "letters, digits, '.', '_' and '-' (it names the file runs/longppl_NAME.csv)")
+        if not isinstance(change, dict) or not change:
+            raise PosbenchError(f"study: {path} report.longppl.sensitivity {label} is {change!r}; valid: a mapping of "
+                                f"some of {', '.join(SENSITIVITY_KEYS)}")
+        _unknown(f"{path} report.longppl.sensitivity {label}", change, SENSITIVITY_KEYS)
 
 
 def _check_pretrained_stage(path: Path, stage: dict) -> None:
