@@ -358,3 +358,21 @@ def test_key_tokens_in_two_blocks_get_no_interval():
     summary = longppl_summary(rows)
     assert len(summary) == 1 and summary.longppl.iloc[0] == pytest.approx(math.sqrt(5.0 * 6.0))
     assert math.isnan(summary.longppl_ci_low.iloc[0]) and math.isnan(summary.longppl_ci_high.iloc[0])
+
+
+def test_runs_of_another_train_len_are_another_line():
+    """A study's judge (RoPE trained at 4x) beside the RoPE runs it judges: its rows are its own
+    line, never pooled with theirs as another seed, and the label says which is which."""
+    from posbench.report.longppl import longppl_summary
+
+    rng = np.random.default_rng(1)
+    nll = rng.gamma(2.0, 1.5, 2000)
+    key = np.zeros(2000, bool)
+    key[rng.choice(2000, 60, replace=False)] = True
+    runs = _block_rows({"none": nll}, key, seeds=(0, 1, 2)).assign(train_len=16)
+    judge = _block_rows({"none": nll - 0.5}, key).assign(train_len=64)
+    summary = longppl_summary(pd.concat([runs, judge], ignore_index=True))
+    assert sorted(zip(summary.line, summary.seeds)) == [("rope [train_len=16]", 3), ("rope [train_len=64]", 1)]
+    judged = summary.set_index("line").longppl
+    assert judged["rope [train_len=64]"] == pytest.approx(math.exp(nll[key].mean() - 0.5))
+    assert longppl_summary(runs).line.tolist() == ["rope"]  # one train_len: no label

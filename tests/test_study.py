@@ -679,7 +679,7 @@ def test_a_trained_study_s_longppl_uses_its_judge_run(tmp_path, capsys):
     assert (lower.alpha == -2.0e9).all() and (rows.alpha == -1.0e9).all()
     assert load_keys(tmp_path / "runs" / "longppl_lower_keys.npz").alpha == -2.0e9
     text = (tmp_path / "results" / "longppl_lower.md").read_text()
-    assert text.startswith("# mini: ## LongPPL sensitivity lower (alpha -2000000000.0)")
+    assert text.startswith("# mini: LongPPL sensitivity lower (alpha -2000000000.0)\n")
     assert "more than -2e+09 nats better" in text and "sensitivity" not in (tmp_path / "results" / "report.md").read_text()
     assert all((tmp_path / "results" / f"longppl_lower.{x}").is_file() for x in ("csv", "png", "svg"))
     study = load_study("mini", [tmp_path])  # the report's LongPPL step, in this process from here on

@@ -94,10 +94,14 @@ def _cells(g: pd.DataFrame) -> tuple[Cell | None, Cell | None]:
 def longppl_summary(rows: pd.DataFrame, estimator: Estimator | None = None) -> pd.DataFrame:
     """(line, eval_len) -> LongPPL and ppl over the same tokens (geometric means over seeds), with
     95% intervals where the rows carry block sums (module docstring); ``cells`` holds each
-    line's (LongPPL, ppl) cells for :func:`order_changes`."""
+    line's (LongPPL, ppl) cells for :func:`order_changes`. A line is named by its encoding and
+    method, with its train_len where the rows have several (a study's judge, trained longer, is
+    never pooled with the runs it judges) and its model where they have several."""
     estimator = estimator or Estimator()
     several = rows.model.nunique() > 1
-    line = [line_label(r.encoding, r.rope_scaling, r["mode"], r.stride) + (f" ({r.model})" if several else "")
+    lengths = "train_len" in rows and rows.train_len.nunique() > 1  # e.g. a judge trained longer beside the runs
+    line = [line_label(r.encoding, r.rope_scaling, r["mode"], r.stride)
+            + (f" [train_len={r.train_len}]" if lengths else "") + (f" ({r.model})" if several else "")
             for _, r in rows.iterrows()]
     rows = rows.assign(line=line, log_longppl=np.log(rows.longppl), log_ppl=np.log(rows.ppl))
     out = []

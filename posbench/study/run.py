@@ -474,8 +474,9 @@ def sensitivity_reports(study: Study) -> list[Path]:
         said = ", ".join(f"{k} {v}" for k, v in change.items())
         text, _ = longppl_section(pd.read_csv(rows_file), study.results, f"longppl_{label}",
                                   f"LongPPL sensitivity {label} ({said})")
-        if text:
-            atomic_write_text(study.results / f"longppl_{label}.md", f"# {study.name}: {text.lstrip()}")
+        if text:  # the section's "## title" as the file's title
+            heading = f"# {study.name}: {text.lstrip().removeprefix('## ')}"
+            atomic_write_text(study.results / f"longppl_{label}.md", heading)
             written.append(study.results / f"longppl_{label}.md")
     return written
 
