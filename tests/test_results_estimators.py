@@ -238,3 +238,25 @@ def test_a_shipped_report_is_what_the_headline_study_s_report_computes_now(tmp_p
                 f"{study.results / 'report.csv'}: {col} differs from what the report computes now"
         else:
             assert now[col].astype(str).tolist() == shipped[col].astype(str).tolist(), col
+
+
+@pytest.mark.parametrize("summary, rows", [
+    ("pretrained/smollm2-135m/longppl.csv", "pretrained/smollm2-135m/runs/longppl.csv"),
+    ("pretrained/smollm2-135m/longppl_short2048.csv", "pretrained/smollm2-135m/runs/longppl_short2048.csv"),
+    ("pretrained/gemma3-270m/longppl.csv", "pretrained/gemma3-270m/runs/longppl.csv"),
+])
+def test_a_shipped_longppl_summary_is_what_the_report_computes_now_from_its_rows(summary, rows):
+    """Each shipped LongPPL summary (the report's, a study's sensitivity's) is
+    :func:`longppl_summary` of its shipped rows today, intervals included, to 1e-9: a change to the
+    LongPPL estimator or its line labels that leaves a shipped table behind fails here."""
+    from posbench.report.longppl import longppl_summary
+
+    kept = pd.read_csv(RESULTS / rows)
+    now = longppl_summary(kept[kept.key_tokens > 0]).drop(columns="cells")
+    shipped = pd.read_csv(RESULTS / summary)
+    assert list(now.columns) == list(shipped.columns) and len(now) == len(shipped)
+    for col in shipped.columns:
+        if pd.api.types.is_float_dtype(shipped[col]):
+            assert np.allclose(now[col], shipped[col], rtol=TOL, atol=0, equal_nan=True), f"{summary}: {col}"
+        else:
+            assert now[col].astype(str).tolist() == shipped[col].astype(str).tolist(), f"{summary}: {col}"
