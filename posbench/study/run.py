@@ -376,21 +376,32 @@ def longppl(study: Study) -> Path | None:
     if not spec:
         return None
     main = {k: v for k, v in spec.items() if k != "sensitivity"}
-    dest = _longppl_rows(study, main, "longppl")
+    dest = _longppl_rows(study, main, *longppl_files(study))
     if dest is not None:
         for label, change in (spec.get("sensitivity") or {}).items():
-            _longppl_rows(study, {**main, **change}, f"longppl_{label}")
+            _longppl_rows(study, {**main, **change}, *longppl_files(study, label))
     return dest
 
 
-def _longppl_rows(study: Study, spec: dict, stem: str) -> Path | None:
-    """:func:`longppl` for one setting: rows to runs/STEM.csv, key tokens to runs/STEM_keys.npz."""
+def longppl_files(study: Study, label: str | None = None) -> tuple[Path, Path]:
+    """(rows, key tokens) of the study's LongPPL under ``runs``: longppl.csv and longppl_keys.npz
+    (:data:`posbench.eval.longppl.FILE`, ``KEYS``), or for its sensitivity ``label``
+    longppl_LABEL.csv and longppl_LABEL_keys.npz."""
+    from ..eval.longppl import FILE, KEYS
+
+    if label is None:
+        return study.runs / FILE, study.runs / KEYS
+    stem = Path(FILE).stem
+    return study.runs / f"{stem}_{label}.csv", study.runs / KEYS.replace(f"{stem}_", f"{stem}_{label}_", 1)
+
+
+def _longppl_rows(study: Study, spec: dict, dest: Path, saved: Path) -> Path | None:
+    """:func:`longppl` for one setting: its rows to ``dest``, its key tokens to ``saved``."""
     from ..eval.longppl import load_keys, longppl_table, study_keys
     from ..eval.results import RESULTS, find_files
     from ..runs.rundir import atomic_write_text
 
-    evaluator, dest, saved = study.out / str(spec["evaluator"]), study.runs / f"{stem}.csv", \
-        study.runs / f"{stem}_keys.npz"
+    evaluator = study.out / str(spec["evaluator"])
     folders = sorted({study.out / s.folder for s in sweeps(study, None)})
     runs = sorted({f.parent for f in find_files([f for f in folders if f.is_dir()], RESULTS)})
     kept = pd.read_csv(dest) if dest.is_file() else None
@@ -467,17 +478,17 @@ def sensitivity_reports(study: Study) -> list[Path]:
 
     written = []
     for label, change in ((study.report.get("longppl") or {}).get("sensitivity") or {}).items():
-        rows_file = study.runs / f"longppl_{label}.csv"
+        rows_file, _ = longppl_files(study, label)
         if not rows_file.is_file():
             print(f"study {study.name}: no LongPPL sensitivity {label}: {rows_file} is not written yet", flush=True)
             continue
         said = ", ".join(f"{k} {v}" for k, v in change.items())
-        text, _ = longppl_section(pd.read_csv(rows_file), study.results, f"longppl_{label}",
+        text, _ = longppl_section(pd.read_csv(rows_file), study.results, rows_file.stem,
                                   f"LongPPL sensitivity {label} ({said})")
         if text:  # the section's "## title" as the file's title
-            heading = f"# {study.name}: {text.lstrip().removeprefix('## ')}"
-            atomic_write_text(study.results / f"longppl_{label}.md", heading)
-            written.append(study.results / f"longppl_{label}.md")
+            md = study.results / f"{rows_file.stem}.md"
+            atomic_write_text(md, f"# {study.name}: {text.lstrip().removeprefix('## ')}")
+            written.append(md)
     return written
 
 
