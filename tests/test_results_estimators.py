@@ -230,14 +230,19 @@ def test_a_shipped_report_is_what_the_headline_study_s_report_computes_now(tmp_p
     cmd = report_command(study)
     cmd[cmd.index("--out") + 1] = str(tmp_path)
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-    shipped, now = pd.read_csv(study.results / "report.csv"), pd.read_csv(tmp_path / "report.csv")
-    assert list(now.columns) == list(shipped.columns) and len(now) == len(shipped)
+    assert_same_table(pd.read_csv(tmp_path / "report.csv"), pd.read_csv(study.results / "report.csv"),
+                      study.results / "report.csv")
+
+
+def assert_same_table(now: pd.DataFrame, shipped: pd.DataFrame, where) -> None:
+    """The same columns and rows: floats to a relative TOL, the rest as text."""
+    assert list(now.columns) == list(shipped.columns) and len(now) == len(shipped), where
     for col in shipped.columns:
         if pd.api.types.is_float_dtype(shipped[col]):
-            assert np.allclose(now[col], shipped[col], rtol=1e-9, atol=0, equal_nan=True), \
-                f"{study.results / 'report.csv'}: {col} differs from what the report computes now"
+            assert np.allclose(now[col], shipped[col], rtol=TOL, atol=0, equal_nan=True), \
+                f"{where}: {col} differs from what the report computes now"
         else:
-            assert now[col].astype(str).tolist() == shipped[col].astype(str).tolist(), col
+            assert now[col].astype(str).tolist() == shipped[col].astype(str).tolist(), f"{where}: {col}"
 
 
 @pytest.mark.parametrize("summary, rows", [
@@ -253,10 +258,4 @@ def test_a_shipped_longppl_summary_is_what_the_report_computes_now_from_its_rows
 
     kept = pd.read_csv(RESULTS / rows)
     now = longppl_summary(kept[kept.key_tokens > 0]).drop(columns="cells")
-    shipped = pd.read_csv(RESULTS / summary)
-    assert list(now.columns) == list(shipped.columns) and len(now) == len(shipped)
-    for col in shipped.columns:
-        if pd.api.types.is_float_dtype(shipped[col]):
-            assert np.allclose(now[col], shipped[col], rtol=TOL, atol=0, equal_nan=True), f"{summary}: {col}"
-        else:
-            assert now[col].astype(str).tolist() == shipped[col].astype(str).tolist(), f"{summary}: {col}"
+    assert_same_table(now, pd.read_csv(RESULTS / summary), summary)
