@@ -266,10 +266,41 @@ def test_by_tells_runs_apart_by_a_config_key(tmp_path):
     for key, message in [("encoding", "names a config group, not a key; valid: one of its keys, e.g. "
                                       "encoding.bias_scale, encoding.name"),
                          ("encoding.bias_scal", "is not a key of any run's config; valid: a dotted key such as "
-                                                "encoding.bias_scale, encoding.name")]:
+                                                "encoding.bias_scale, encoding.name, or dir (the dir given that "
+                                                "holds each run)")]:
         bad = posbench("report", *runs, "--out", tmp_path / "bad", "--by", key, check=False)
         assert bad.returncode == 2 and bad.stderr.strip() == f"posbench: error: report: --by {key!r} {message}"
         assert not (tmp_path / "bad").exists()
+
+
+def test_a_seed_in_two_runs_is_refused_and_by_dir_tells_them_apart(tmp_path, monkeypatch):
+    """The same config and seed exported to two folders (a study's copy beside the shipped one) would
+    pool as two seeds of one line and narrow its interval: the report stops, names both runs and
+    leaves no out dir; ``--by dir`` makes each path given a line of its own."""
+    monkeypatch.chdir(tmp_path)
+    for where in ("shipped", "again"):
+        for seed in (0, 1):
+            write_run(Path(where) / f"alibi/seed={seed}", rows("alibi", seed, {32: 10.0 + seed + (where == "again"),
+                                                                           64: 11.0 + seed}))
+    with pytest.raises(PosbenchError) as e:
+        report(["shipped", "again"], tmp_path / "out")
+    assert str(e.value) == ("report: seed 0 of alibi (train_len 32, L=32) is in two runs, shipped/alibi/seed=0 and "
+                            "again/alibi/seed=0: pooled, it would count as two seeds and narrow the interval; pass "
+                            "each run once, or --by dir to draw the runs under each path given as lines of their own")
+    assert not (tmp_path / "out").exists()
+    # a seed apart from the other copy's is no duplicate: seed 0 from one folder, seed 1 from the other
+    one_each = report(["shipped/alibi/seed=0", "again/alibi/seed=1"], tmp_path / "one").summary
+    assert one_each.seeds.tolist() == [2, 2]
+    summary = report(["shipped", str(tmp_path / "again")], tmp_path / "out", by=["dir"]).summary
+    at32 = summary[summary.eval_len == 32].set_index("label")
+    assert sorted(at32.index) == ["alibi [dir=again]", "alibi [dir=shipped]"]  # an absolute path given: relative
+    assert at32.seeds.tolist() == [2, 2]
+    assert at32.loc["alibi [dir=again]", "ppl_mean"] == pytest.approx(math.sqrt(11 * 12))
+    assert at32.loc["alibi [dir=shipped]", "ppl_mean"] == pytest.approx(math.sqrt(10 * 11))
+    # beside a config key, in the order given
+    proc = posbench("report", "shipped", "again", "--out", tmp_path / "cli", "--by", "train.steps,dir", "--no-reference",
+                    cwd=tmp_path)
+    assert "| alibi [steps=10, dir=again] |" in proc.stdout
 
 
 def reference_csv(tmp_path) -> Path:

@@ -30,7 +30,8 @@ def main(args: list[str]) -> None:
     parser.add_argument("--by", action="append", default=[], metavar="KEY",
                         help="a dotted config key (e.g. encoding.bias_scale, model.embed_scale, train.steps) whose "
                              "value joins each line's label, so runs that differ in it are lines of their own; "
-                             "repeat or comma-separate for several")
+                             "dir: the path given that holds each run (the same configs from two places as two "
+                             "lines); repeat or comma-separate for several")
     parser.add_argument("--baseline", action="append", default=[], metavar="NAME|DIR",
                         help="shipped runs reported beside yours with paired intervals, without retraining them: "
                              f"a shipped baseline ({', '.join(shipped_baselines()) or 'none shipped'}) or a folder "

@@ -15,7 +15,13 @@ than the seed (their rows carry different ``config_hash`` values), the report st
 the differing config keys, read from each run's ``config.yaml``. Runs that differ on purpose (an
 ablation, a budget study) are told apart with ``--by KEY``: each run's value of the dotted config
 key joins its label, ``t5 [bias_scale=none]`` for ``--by encoding.bias_scale``, so each value is
-a line of its own.
+a line of its own. ``--by dir`` does the same by where a run was found: the label names the path
+given (a run, sweep or results dir) that holds it, so the same configs trained twice (on two
+devices, by two code versions) are two lines the verdicts compare.
+
+A seed is counted once: a line whose seed appears in two runs (the same config exported to two
+folders, or retrained and reported beside the shipped copy) would pool the two as two seeds and
+narrow its interval, so the report stops and names both runs (:func:`check_one_run_per_seed`).
 
 One report, one text: runs scored on different text (another corpus, split, vocabulary or
 tokenizer, or another count of scored tokens) get other perplexities for that reason alone, so
@@ -55,6 +61,7 @@ from ..eval.results import (
     TASKS,
     backfill,
     find_files,
+    line_label,
     line_names,
     locked,
     read_results,
@@ -129,24 +136,43 @@ def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = 
                                 "read by posbench.report.tasks)")
         raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
-    variants = _variants([f.parent for f in files], by)
+    variants = _variants([f.parent for f in files], by, [given_path(f, paths) for f in files])
     frames = [pd.read_csv(f).assign(run=str(f.parent), variant=v) for f, v in zip(files, variants)]
     df = pd.concat(frames, ignore_index=True)
     return backfill(df) if name == RESULTS else df
 
 
-def _variants(runs: list[Path], by: list[str]) -> list[str]:
-    """Each run's values of the config keys ``by`` ('' without ``by``). A key some runs predate reads
-    'unset' in theirs; a key no run has, or a config group instead of a key, is refused."""
+DIR_KEY = "dir"  # --by dir: a run's label names the path given that holds it (given_path)
+
+
+def given_path(file: Path, paths: list[str | Path]) -> str:
+    """The first of ``paths`` that ``file`` was found under (:func:`find_files`), as given; relative
+    to the working directory where it is inside it, so an absolute path names no home dir."""
+    f = file.resolve()
+    for p in map(Path, paths):
+        r = p.resolve()
+        if f == r or r in f.parents or (r.is_file() and f.parent == r.parent):
+            try:
+                return str(r.relative_to(Path.cwd().resolve())) if p.is_absolute() else str(p)
+            except ValueError:
+                return str(p)
+    return str(file.parent)
+
+
+def _variants(runs: list[Path], by: list[str], given: list[str]) -> list[str]:
+    """Each run's values of the config keys ``by`` ('' without ``by``), ``dir`` (:data:`DIR_KEY`)
+    its ``given`` path. A key some runs predate reads 'unset' in theirs; a key no run has, or a
+    config group instead of a key, is refused."""
     if not by:
         return [""] * len(runs)
-    configs = [_hashed_config(str(run)) for run in runs]
+    keys = [k for k in by if k != DIR_KEY]
+    configs = [_hashed_config(str(run)) if keys else {} for run in runs]
     missing = [run for run, c in zip(runs, configs) if c is None]
     if missing:
         raise PosbenchError(f"report: --by {','.join(by)} needs the config.yaml beside {missing[0] / RESULTS}, "
                             "which is missing")
     known = sorted(set().union(*configs))
-    for key in by:
+    for key in keys:
         inside = [k for k in known if k.startswith(key + ".")]
         if inside:
             raise PosbenchError(f"report: --by {key!r} names a config group, not a key; valid: one of its keys, "
@@ -154,8 +180,27 @@ def _variants(runs: list[Path], by: list[str]) -> list[str]:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3) or known[:3]
             raise PosbenchError(f"report: --by {key!r} is not a key of any run's config; valid: a dotted key such "
-                                f"as {', '.join(close)}")
-    return [variant_text(c, by) for c in configs]
+                                f"as {', '.join(close)}, or {DIR_KEY} (the dir given that holds each run)")
+    return [variant_text({**c, DIR_KEY: g}, by) for c, g in zip(configs, given)]
+
+
+def check_one_run_per_seed(df: pd.DataFrame) -> None:
+    """Refuse to count a seed twice: two runs that give a line's cell the same seed (module docstring)."""
+    keys = [c for c in GROUP + ["seed"] if c in df]
+    if "run" not in df or "seed" not in df or df.empty:
+        return
+    runs = df.groupby(keys, dropna=False, sort=False).run.unique()
+    twice = runs[runs.map(len) > 1]
+    if twice.empty:
+        return
+    cell = dict(zip(keys, twice.index[0]))
+    first, second = twice.iloc[0][:2]
+    label = line_label(cell["encoding"], cell.get("rope_scaling", "none"), cell.get("mode", "nonoverlapping"),
+                       cell.get("stride", ""), cell.get("variant", ""))
+    raise PosbenchError(f"report: seed {cell['seed']} of {label} (train_len {cell.get('train_len')}, "
+                        f"L={cell.get('eval_len')}) is in two runs, {first} and {second}: pooled, it would count "
+                        f"as two seeds and narrow the interval; pass each run once, or --by {DIR_KEY} to draw the "
+                        "runs under each path given as lines of their own")
 
 
 # ---------------------------------------------------------------- one config per line
@@ -916,6 +961,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if mixed:  # each text's lines apart: a data column, compared and paired within their text only
         df = df.assign(data=mixed_data(df))
     check_one_config(df)
+    check_one_run_per_seed(df)
     positions, probes = _extra_tables(paths, df)
     ref = None
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
