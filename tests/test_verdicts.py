@@ -15,7 +15,7 @@ from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
 from posbench.report.matched import matched_table, matched_verdict
 from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, extrapolation_summary, summarize
-from posbench.report.verdicts import PREFIX, Verdicts, split_variant, verdict_lines
+from posbench.report.verdicts import PREFIX, Verdicts, split_contrast, split_variant, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
                  "eval_len"]
@@ -69,6 +69,22 @@ def test_contrast_words_and_interval():
     assert low < math.exp(-0.3) < high < 1
     assert unclear.endswith(": cannot be told apart")
     assert missing == "scheme / nothing: no setup has both lines"
+
+
+def test_a_contrast_text_is_cut_between_two_line_names_that_hold_a_slash():
+    """'A/B' from --contrast or a study file: a sliding line's name and a ``--by dir`` name hold a
+    '/', so the text is cut where both sides name lines, not at its first '/'."""
+    names = ["alibi sliding/16 [dir=results/a/runs]", "alibi [dir=results/baselines/headline]"]
+    s = summary_of({names[0]: (3.0, 0.2, 0.01), names[1]: (3.0, 0.5, 0.01), "rope": (3.0, 0.5, 0.01)})
+    v = Verdicts(s, Estimator(resamples=400))
+    text, reverse = f"{names[0]}/{names[1]}", f"{names[1]}/{names[0]}"
+    assert split_contrast(text, set(s.label)) == tuple(names)
+    assert split_contrast(reverse, set(s.label)) == tuple(names[::-1])
+    assert split_contrast("rope/alibi", set(s.label)) == ("rope", "alibi")  # no such line: at the first '/'
+    (below,), (pair,) = v.contrasts([text]), v.contrasts([tuple(names)])
+    assert below == pair and below.startswith(f"{names[0]} / {names[1]}, ppl(L=2048) / ppl(L=128): 0.7")
+    assert below.endswith(": below")
+    assert v.contrasts(["rope/alibi"]) == ["rope / alibi: no setup has both lines"]
 
 
 def test_across_setups_holds_and_changes():
@@ -145,8 +161,9 @@ def test_per_flag_refuses_a_key_not_given_to_by():
 def test_contrast_flag_refuses_a_malformed_pair():
     from posbench.cli.report import main
 
-    with pytest.raises(PosbenchError, match=r"--contrast 'rope' is not valid; valid: A/B"):
-        main([str(ROOT / "results/scale/runs"), "--contrast", "rope"])
+    for bad in ("rope", "rope/", "/rope"):
+        with pytest.raises(PosbenchError, match=rf"--contrast '{bad}' is not valid; valid: A/B"):
+            main([str(ROOT / "results/scale/runs"), "--contrast", bad])
 
 
 # ---------------------------------------------------------------- the shipped READMEs

@@ -103,10 +103,12 @@ def _per(ns, by: list[str]) -> list[str]:
     return per
 
 
-def _contrasts(ns) -> list[tuple[str, str]]:
-    """--contrast A/B pairs, and --target's check (it needs --matched)."""
-    contrasts = [tuple(c.split("/", 1)) for c in ns.contrast]
-    if bad := [c for c, pair in zip(ns.contrast, contrasts) if len(pair) != 2 or not all(pair)]:
+def _contrasts(ns) -> list[str]:
+    """--contrast A/B texts (the report cuts each at the '/' between two of its line names, since a
+    name may hold one: posbench.report.verdicts.split_contrast), and --target's check (it needs
+    --matched)."""
+    contrasts = list(ns.contrast)
+    if bad := [c for c in contrasts if not any(c[:i] and c[i + 1:] for i, ch in enumerate(c) if ch == "/")]:
         raise PosbenchError(f"report: --contrast {bad[0]!r} is not valid; valid: A/B, two line names as the table "
                             "names them, e.g. 'p_rope/rope'")
     if ns.target is not None and not (ns.matched and ns.target > 0):

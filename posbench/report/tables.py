@@ -883,7 +883,7 @@ def draw_run(run_dir: str | Path) -> None:
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
            threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = (),
-           contrasts: list[tuple[str, str]] = (), per: list[str] = ()) -> Report:
+           contrasts: list[tuple[str, str] | str] = (), per: list[str] = ()) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -897,7 +897,7 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     ``threshold``: the score a probe's effective length keeps (:mod:`posbench.report.probes`);
     ``mix``: report runs scored on different text together (:func:`check_one_text` refuses them
     otherwise), each text's lines apart; ``lines``: the line names (``--lines``, commas outside
-    brackets split them) that the per-line figures draw; ``contrasts``: (line A, line B) pairs whose
+    brackets split them) that the per-line figures draw; ``contrasts``: (line A, line B) pairs (or 'A/B' texts) whose
     ratios report.md's verdicts compare (:mod:`posbench.report.verdicts`); ``per``: keys of ``by`` whose
     values split the verdicts' setups instead of their lines (a budget study's orderings per budget).
     A report of more than
@@ -947,7 +947,7 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
 
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
                failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
-               mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str]] = (),
+               mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str] | str] = (),
                per: list[str] = ()) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:

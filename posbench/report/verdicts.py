@@ -214,8 +214,11 @@ class Verdicts:
         return lines
 
     def contrasts(self, pairs) -> list[str]:
+        """``pairs``: (A, B) tuples, or 'A/B' texts (:func:`split_contrast`)."""
         lines = []
-        for a, b in pairs:
+        labels = set(self.s.label)
+        for pair in pairs:
+            a, b = split_contrast(pair, labels) if isinstance(pair, str) else pair
             found = False
             for setup, g in self.setups():
                 if not {a, b} <= set(g.label):
@@ -284,6 +287,16 @@ class Verdicts:
         if len(self.varied) > 1 and len(signs) > 1:
             lines += self._agreement([f for _, f in signs], f"across all {len(signs)} setups")
         return lines
+
+
+def split_contrast(text: str, labels: set[str]) -> tuple[str, str]:
+    """'A/B' -> (A, B), cut at the '/' where both sides name lines of ``labels`` (a line name may
+    hold a '/' itself: 'alibi sliding/16', a ``--by dir`` path), else at the first '/'."""
+    for i, char in enumerate(text):
+        if char == "/" and text[:i] in labels and text[i + 1:] in labels:
+            return text[:i], text[i + 1:]
+    a, _, b = text.partition("/")
+    return a, b
 
 
 def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None,
