@@ -376,3 +376,24 @@ def test_runs_of_another_train_len_are_another_line():
     judged = summary.set_index("line").longppl
     assert judged["rope [train_len=64]"] == pytest.approx(math.exp(nll[key].mean() - 0.5))
     assert longppl_summary(runs).line.tolist() == ["rope"]  # one train_len: no label
+
+
+def test_lines_of_another_train_len_are_not_set_against_each_other_for_reversals():
+    """A judge lower on the key tokens it chose and higher elsewhere would 'reverse' perplexity's
+    order against every run it judges; lines of different train_lens are different setups, so
+    order_changes compares each train_len's lines only (as the report's verdicts do)."""
+    from posbench.report.longppl import longppl_summary, order_changes
+
+    rng = np.random.default_rng(2)
+    nll = rng.gamma(2.0, 1.5, 2000)
+    key = np.zeros(2000, bool)
+    key[rng.choice(2000, 60, replace=False)] = True
+    other = np.where(key, nll - 0.5, nll + 0.2)  # lower LongPPL, higher perplexity
+    runs = _block_rows({"none": nll}, key).assign(train_len=16)
+    same = _block_rows({"yarn": other}, key).assign(train_len=16)
+    (change,) = order_changes(longppl_summary(pd.concat([runs, same], ignore_index=True)))
+    assert change.startswith("at 64: rope < rope+yarn by perplexity")
+    judge = same.assign(train_len=64)
+    summary = longppl_summary(pd.concat([runs, judge], ignore_index=True))
+    assert sorted(summary.line) == ["rope [train_len=16]", "rope+yarn [train_len=64]"]
+    assert order_changes(summary) == []

@@ -108,13 +108,20 @@ def longppl_summary(rows: pd.DataFrame, estimator: Estimator | None = None) -> p
     for (name, length), g in rows.groupby(["line", "eval_len"], sort=False):
         lp, pp = _cells(g)
         lo, hi = (estimator.cell(lp)[1:3] if lp is not None else (math.nan, math.nan))
-        out.append({"line": name, "eval_len": length, "longppl": math.exp(g.log_longppl.mean()),
+        out.append({"line": name, "eval_len": length, "train_len": g.train_len.iloc[0] if "train_len" in g else None,
+                    "longppl": math.exp(g.log_longppl.mean()),
                     "longppl_ci_low": math.exp(lo), "longppl_ci_high": math.exp(hi),
                     "ppl": math.exp(g.log_ppl.mean()), "seeds": g.seed.nunique(),
                     "key_tokens": g.key_tokens.iloc[0], "tokens": g.tokens.iloc[0], "evaluator": g.evaluator.iloc[0],
                     "long_len": g.long_len.iloc[0], "short_len": g.short_len.iloc[0],
                     "short_stride": g.short_stride.iloc[0], "cells": (lp, pp)})
     return pd.DataFrame(out).sort_values(["eval_len", "longppl"], ignore_index=True)
+
+
+def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """:func:`longppl_summary` as its CSV holds it: without the cells, and without train_len, which
+    only sets :func:`order_changes`' setups (a line's name carries it where the rows have several)."""
+    return summary.drop(columns=["cells", "train_len"])
 
 
 def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> list[str]:
@@ -124,12 +131,16 @@ def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> 
     two LongPPLs are in nats summed over the key tokens, k |ln(LongPPL_a / LongPPL_b)| (k key
     tokens): below 1, less than one key token's NLL moving by one nat, which on a few dozen key
     tokens is no finding. Where both lines carry block sums, the entry gives the paired 95%
-    intervals of both ratios and says whether the reversal holds (both exclude 1)."""
+    intervals of both ratios and says whether the reversal holds (both exclude 1). Only lines of one
+    train_len are compared, as the report's verdicts compare one setup's lines: a study's judge,
+    trained longer and the one that chose the key tokens, is no rival of the runs it judges."""
     estimator = estimator or Estimator()
     found = []
     summary = summary if "key_tokens" in summary else summary.assign(key_tokens=np.nan)
     summary = summary if "cells" in summary else summary.assign(cells=[(None, None)] * len(summary))
-    for length, g in summary.groupby("eval_len"):
+    setup = ["eval_len"] + (["train_len"] if "train_len" in summary and summary.train_len.notna().all() else [])
+    for keys, g in summary.groupby(setup, sort=True):
+        length = keys[0]
         g = g.groupby(["ppl", "longppl"], sort=False, as_index=False).agg(
             line=("line", " = ".join), key_tokens=("key_tokens", "first"), cells=("cells", "first"))
         for a, b in itertools.combinations(g.itertuples(), 2):
@@ -248,7 +259,7 @@ def longppl_section(rows: pd.DataFrame, out: Path, name: str = "longppl", title:
                     first.beta), []
     estimator = Estimator()
     summary = longppl_summary(rows[rows.key_tokens > 0], estimator)
-    atomic_write_text(out / f"{name}.csv", summary.drop(columns="cells").to_csv(index=False))
+    atomic_write_text(out / f"{name}.csv", summary_table(summary).to_csv(index=False))
     files = [out / f"{name}.csv"] + save(longppl_figure(summary), out / f"{name}.png", also_svg=True)
     alpha = float(rows.alpha.iloc[0]) if "alpha" in rows else ALPHA
     return longppl_markdown(summary, estimator, alpha, title), files
