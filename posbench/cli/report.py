@@ -28,10 +28,9 @@ def main(args: list[str]) -> None:
                           f"(default: {REFERENCE} when it exists)")
     ref.add_argument("--no-reference", action="store_true", help="leave out the published-results panel")
     parser.add_argument("--by", action="append", default=[], metavar="KEY",
-                        help="a dotted config key (e.g. encoding.bias_scale, model.embed_scale, train.steps) whose "
-                             "value joins each line's label, so runs that differ in it are lines of their own; "
-                             "dir: the path given that holds each run (the same configs from two places as two "
-                             "lines); repeat or comma-separate for several")
+                        help="a dotted config key (e.g. encoding.bias_scale, train.steps) whose value joins each "
+                             "line's label, so runs that differ in it are lines of their own; dir: the path given "
+                             "that holds each run (the same configs from two places); repeat or comma-separate")
     parser.add_argument("--baseline", action="append", default=[], metavar="NAME|DIR",
                         help="shipped runs reported beside yours with paired intervals, without retraining them: "
                              f"a shipped baseline ({', '.join(shipped_baselines()) or 'none shipped'}) or a folder "

@@ -966,7 +966,6 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     ref = None
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
-
     summary = summarize(df, cells=True, per=per)
     verdicts = verdict_lines(summary, contrasts, per=per)
     summary = summary.drop(columns=list(CELL_COLUMNS))
