@@ -126,3 +126,15 @@ def test_seeds_missing_a_budget_leave_the_line_and_one_seed_gives_no_verdict(tmp
     assert [f.name for f in files] == ["matched.csv", "matched.md", "matched.png", "matched.svg"]
     assert all(f.stat().st_size > 0 for f in files)
     assert "no verdict at ppl(train_len)" in (tmp_path / "matched.md").read_text()
+
+
+def test_a_budget_s_seed_from_two_runs_is_refused():
+    """The same budget's seed in two runs (a folder given twice under two names, a branch exported
+    twice) would count as two seeds of that budget: refused, naming both runs. Runs of one seed at
+    different budgets (a long run and its branches) are no duplicates."""
+    df = rows().assign(run=lambda d: "runs/" + d.encoding + "/steps" + d.steps.astype(str) + "/seed" + d.seed.astype(str))
+    matched_table(df)  # each (budget, seed) once
+    again = df[(df.encoding == "rope") & (df.seed == 1)].assign(run=lambda d: "copy/" + d.run)
+    with pytest.raises(PosbenchError, match=r"seed 1 of rope \(train_len 128, L=128\) is in two runs, runs/rope/steps"
+                                            r"\d+/seed1 and copy/runs/rope/steps\d+/seed1"):
+        matched_table(pd.concat([df, again], ignore_index=True))

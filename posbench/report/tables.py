@@ -184,9 +184,10 @@ def _variants(runs: list[Path], by: list[str], given: list[str]) -> list[str]:
     return [variant_text({**c, DIR_KEY: g}, by) for c, g in zip(configs, given)]
 
 
-def check_one_run_per_seed(df: pd.DataFrame) -> None:
-    """Refuse to count a seed twice: two runs that give a line's cell the same seed (module docstring)."""
-    keys = [c for c in GROUP + ["seed"] if c in df]
+def check_one_run_per_seed(df: pd.DataFrame, also: tuple[str, ...] = ()) -> None:
+    """Refuse to count a seed twice: two runs that give a line's cell the same seed (module docstring);
+    ``also``: columns that tell cells apart besides a line's (``steps`` for the matched table)."""
+    keys = [c for c in GROUP + list(also) + ["seed"] if c in df]
     if "run" not in df or "seed" not in df or df.empty:
         return
     runs = df.groupby(keys, dropna=False, sort=False).run.unique()
