@@ -136,7 +136,7 @@ def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = 
                                 "read by posbench.report.tasks)")
         raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
-    variants = _variants([f.parent for f in files], by, [given_path(f, paths) for f in files])
+    variants = _variants(files, by, paths)
     frames = [pd.read_csv(f).assign(run=str(f.parent), variant=v) for f, v in zip(files, variants)]
     df = pd.concat(frames, ignore_index=True)
     return backfill(df) if name == RESULTS else df
@@ -159,12 +159,14 @@ def given_path(file: Path, paths: list[str | Path]) -> str:
     return str(file.parent)
 
 
-def _variants(runs: list[Path], by: list[str], given: list[str]) -> list[str]:
-    """Each run's values of the config keys ``by`` ('' without ``by``), ``dir`` (:data:`DIR_KEY`)
-    its ``given`` path. A key some runs predate reads 'unset' in theirs; a key no run has, or a
-    config group instead of a key, is refused."""
+def _variants(files: list[Path], by: list[str], paths: list[str | Path]) -> list[str]:
+    """Each results file's run's values of the config keys ``by`` ('' without ``by``), ``dir``
+    (:data:`DIR_KEY`) the one of ``paths`` it was found under (:func:`given_path`). A key some runs
+    predate reads 'unset' in theirs; a key no run has, or a config group instead of a key, is refused."""
     if not by:
-        return [""] * len(runs)
+        return [""] * len(files)
+    runs = [f.parent for f in files]
+    given = [given_path(f, paths) if DIR_KEY in by else "" for f in files]
     keys = [k for k in by if k != DIR_KEY]
     configs = [_hashed_config(str(run)) if keys else {} for run in runs]
     missing = [run for run, c in zip(runs, configs) if c is None]
