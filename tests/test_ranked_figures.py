@@ -13,6 +13,7 @@ from conftest import posbench
 from test_report import positions_rows, rows, svg_ids, write_run
 
 from posbench.errors import PosbenchError
+from posbench.eval.results import compact_labels
 from posbench.report.figures import MIN_BIN_WINDOWS, Palette
 from posbench.report.ranked import (
     common_multiple,
@@ -20,6 +21,7 @@ from posbench.report.ranked import (
     label_points,
     line_points,
     pick_lines,
+    picked_text,
     ranked_figure,
     split_names,
     tradeoff_figure,
@@ -164,3 +166,16 @@ def test_a_line_at_one_length_does_not_narrow_the_ranked_multiple():
     assert common_multiple(summary.iloc[:7], names.iloc[:7]) == 2.0
     assert common_multiple(summary.iloc[[8]], names.iloc[[8]]) == 0.125
     assert common_multiple(summary.iloc[9:], names.iloc[9:]) == 0.5  # no line with a ratio: the longest shared
+
+
+def test_the_picked_lines_text_says_what_their_short_names_leave_out():
+    """Lines named by folder (``--by dir``): the legends drop the folder most lines share and name it
+    once in their title; report.md's line under report.png names the same lines, so it says so too."""
+    names = ["alibi [dir=gpu]", "alibi [dir=cpu]", "rope [dir=cpu]"]
+    points = pd.DataFrame({"name": names, "short": compact_labels(names)[0]})
+    text = picked_text({"alibi [dir=cpu]": "baseline", "alibi [dir=gpu]": "lowest ratio at 16x"}, points, False)
+    assert text.startswith("report.png (and the per-line figures below it) draws 2 of the 3 lines (named as the "
+                           "legends name them; unless shown: dir=cpu), picked by the report: alibi (baseline); "
+                           "alibi [dir=gpu] (lowest ratio at 16x).")
+    plain = pd.DataFrame({"name": ["alibi", "rope"], "short": ["alibi", "rope"]})
+    assert "draws 1 of the 2 lines, named with --lines: rope." in picked_text({"rope": "x"}, plain, True)

@@ -442,11 +442,15 @@ def choose_lines(summary: pd.DataFrame, lines: list[str] = ()) -> Shown:
 
 
 def picked_text(why: dict[str, str], points: pd.DataFrame, named: bool) -> str:
-    """report.md's line under report.png in a report of many lines: which lines it draws, and why."""
+    """report.md's line under report.png in a report of many lines: which lines it draws, and why,
+    each named as the legends name it, with what those names leave out (``unless shown``)."""
     short = dict(zip(points.name, points.short))
     listed = "; ".join(f"{short[n]} ({w})" for n, w in why.items()) if not named else ", ".join(short[n] for n in why)
     how = "named with --lines" if named else "picked by the report"
-    return (f"report.png (and the per-line figures below it) draws {len(why)} of the {len(points)} lines, {how}: "
+    common = compact_labels(list(points.name))[1]  # what the names leave out, as the legends' titles say
+    unless = f" (named as the legends name them; unless shown: {common})" if common else ""
+    return (f"report.png (and the per-line figures below it) draws {len(why)} of the {len(points)} "
+            f"lines{unless}, {how}: "
             f"{listed}. Every line is in ranked.png and tradeoff.png; `--lines a,b,c` draws others.")
 
 
