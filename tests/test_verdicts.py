@@ -14,7 +14,15 @@ from conftest import ROOT
 from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
 from posbench.report.matched import matched_table, matched_verdict
-from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, extrapolation_summary, summarize
+from posbench.report.tables import (
+    CELL_COLUMNS,
+    add_intervals,
+    check_one_text,
+    collect,
+    extrapolation_summary,
+    mixed_data,
+    summarize,
+)
 from posbench.report.verdicts import PREFIX, Verdicts, split_contrast, split_variant, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
@@ -209,10 +217,12 @@ def test_some_readme_states_its_verdicts():
 
 
 @pytest.mark.parametrize("readme", readmes_with_verdicts(), ids=lambda p: str(p.parent.relative_to(ROOT)))
-def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
+def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme, monkeypatch):
     """A README's `> verdict: ...` lines are report.md's (or matched.md's, or those of a results
     folder it links to) verdict lines, verbatim; where a study made the folder, its runs give its
-    own lines again now."""
+    own lines again now, collected as the study's report collects them: from the repository root by
+    the study file's paths (``by: [dir]`` names each line by the path it was found under) and, with
+    ``--mix``, each text's lines apart."""
     if not (readme.parent / "report.md").is_file():  # an index (results/README.md) quotes its folders' reports
         shipped = [v for name in ("report.md", "matched.md") for report in readme.parent.rglob(name)
                    for v in report_verdicts(report)]
@@ -231,8 +241,11 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme):
     if study is None:
         return
     rep = study.get("report") or {}
-    paths = [ROOT / d for d in rep.get("dirs") or []] + [ROOT / study["runs"]]
+    monkeypatch.chdir(ROOT)
+    paths = [Path(d) for d in rep.get("dirs") or []] + [Path(study["runs"])]
     df = collect(paths, by=rep.get("by") or [])
+    if "--mix" in (rep.get("args") or []) and check_one_text(df, mix=True):
+        df = df.assign(data=mixed_data(df))
     derived = verdict_lines(summarize(df, cells=True, per=rep.get("per") or []),
                             [tuple(c) for c in rep.get("contrasts") or []], per=rep.get("per") or [])
     if "--matched" in (rep.get("args") or []):
