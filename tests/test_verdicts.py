@@ -17,11 +17,10 @@ from posbench.report.matched import matched_table, matched_verdict
 from posbench.report.tables import (
     CELL_COLUMNS,
     add_intervals,
-    check_one_text,
     collect,
     extrapolation_summary,
-    mixed_data,
     summarize,
+    texts_apart,
 )
 from posbench.report.verdicts import PREFIX, Verdicts, split_contrast, split_variant, verdict_lines
 
@@ -243,9 +242,7 @@ def test_every_quoted_verdict_is_a_line_of_its_report_and_rederives(readme, monk
     rep = study.get("report") or {}
     monkeypatch.chdir(ROOT)
     paths = [Path(d) for d in rep.get("dirs") or []] + [Path(study["runs"])]
-    df = collect(paths, by=rep.get("by") or [])
-    if "--mix" in (rep.get("args") or []) and check_one_text(df, mix=True):
-        df = df.assign(data=mixed_data(df))
+    df, _ = texts_apart(collect(paths, by=rep.get("by") or []), mix="--mix" in (rep.get("args") or []))
     derived = verdict_lines(summarize(df, cells=True, per=rep.get("per") or []),
                             [tuple(c) for c in rep.get("contrasts") or []], per=rep.get("per") or [])
     if "--matched" in (rep.get("args") or []):

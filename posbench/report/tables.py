@@ -325,6 +325,15 @@ def mixed_data(df: pd.DataFrame) -> pd.Series:
     return df.data.astype(str) + " [" + df.run.map(named) + "]"
 
 
+def texts_apart(df: pd.DataFrame, mix: bool = False) -> tuple[pd.DataFrame, str]:
+    """:func:`check_one_text`, and where ``mix`` lets texts differ, each text's lines apart (a
+    ``data`` column, :func:`mixed_data`), compared and paired within their text only, as the report
+    and the tests that re-derive its verdicts read them. -> (the rows, what differs: '' where
+    nothing does)."""
+    mixed = check_one_text(df, mix)
+    return (df.assign(data=mixed_data(df)) if mixed else df), mixed
+
+
 def check_one_text(df: pd.DataFrame, mix: bool = False) -> str:
     """Refuse to put runs scored on different text (:func:`text_diff`) in one report: other tokens,
     or another vocabulary, give other perplexities, and one table would rank them side by side.
@@ -960,9 +969,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
             raise
         raise PosbenchError(f"{e}; {len(failed)} run(s) failed: "
                             + "; ".join(f"{run}: {error}" for run, error in failed)) from e
-    mixed = check_one_text(df, mix)
-    if mixed:  # each text's lines apart: a data column, compared and paired within their text only
-        df = df.assign(data=mixed_data(df))
+    df, mixed = texts_apart(df, mix)
     check_one_config(df)
     check_one_run_per_seed(df)
     positions, probes = _extra_tables(paths, df)
