@@ -58,8 +58,8 @@ FLEX_CASES = [("t5", {}), ("kerple_log", {}), ("alibi", {}), ("t5", {"per_layer"
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name, params", FLEX_CASES, ids=["t5", "kerple_log", "alibi", "t5-per_layer"])
 def test_flex_on_gpu_matches_todays_path_forward_and_gradients(name, params, dtype, monkeypatch):
-    """Compiled flex attention (the CUDA default for relative biases) against the SDPA paths it
-    replaced (Toeplitz slices past one chunk, per-chunk biases per layer), at a length that is no
+    """Compiled flex attention (relative biases on CUDA with ``POSBENCH_FLEX=1``) against the SDPA
+    paths (Toeplitz slices past one chunk, per-chunk biases per layer), at a length that is no
     multiple of flex's 128-token blocks: outputs and the gradients of q, k, v and of the
     encoding's parameters, which reach T5's and KERPLE's tables through flex's captured-tensor
     gradients."""
@@ -67,7 +67,7 @@ def test_flex_on_gpu_matches_todays_path_forward_and_gradients(name, params, dty
     monkeypatch.setattr(attention, "flex_causal", lambda *a, **k: calls.append(1) or flex_causal(*a, **k))
     dims = ModelDims(d_model=64, n_heads=4, n_layers=2, train_len=64)
     results = []
-    for flex in (None, False):  # None: the default, flex on CUDA
+    for flex in (True, False):  # True: POSBENCH_FLEX=1; False: the SDPA paths
         monkeypatch.setattr(attention, "FLEX", flex)
         torch.manual_seed(0)
         enc = build_encoding({"name": name, **params}, dims).cuda()
@@ -99,21 +99,28 @@ def test_flex_on_gpu_matches_todays_path_forward_and_gradients(name, params, dty
 def test_a_compiled_model_trains_through_flex_on_gpu_as_eager_sdpa(monkeypatch):
     """The whole model under torch.compile with flex attention inside (a T5 table per forward
     pass, its gradient through the compiled flex backward) against eager SDPA: loss and every
-    gradient, under bf16 autocast."""
+    gradient, under bf16 autocast; flex attention is asked for (``POSBENCH_FLEX=1``) and seen called
+    inside the compiled model."""
+    calls, flex_causal = [], attention.flex_causal
+    monkeypatch.setattr(attention, "flex_causal", lambda *a, **k: calls.append(1) or flex_causal(*a, **k))
     torch._dynamo.reset()
     cfg = compose("encoding=t5", "device=cuda", "model.n_layers=2", "model.d_model=64", "model.n_heads=4",
                   "model.d_ff=128")
     x, y = torch.randint(0, 512, (2, 4, 256), device="cuda")
     results = []
-    for flex in (None, False):
+    for flex in (True, False):
         monkeypatch.setattr(attention, "FLEX", flex)
         torch.manual_seed(0)
         model = build_model(cfg, 512).cuda()
-        net = torch.compile(model) if flex is None else model
+        net = torch.compile(model) if flex else model
         with torch.autocast("cuda", torch.bfloat16):
             loss = net(x, targets=y)
         loss.backward()
         results.append((loss.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}))
+        if flex:  # the eager pass below runs the SDPA paths only
+            assert calls, "flex attention was not called inside the compiled model"
+            calls.clear()
+    assert not calls
     (loss, grads), (ref_loss, ref_grads) = results
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-2)
     assert grads.keys() == ref_grads.keys() and "encoding.table.weight" in grads
