@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from posbench.study import Sweep, load_study, plan, sweep_hash, sweeps
+from posbench.study import Sweep, load_study, plan, study_files, sweep_hash, sweeps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,3 +153,19 @@ def test_a_study_has_the_config_hashes_of_its_shipped_runs(name):
 def test_the_baseline_zoo_quick_study_finds_its_shipped_runs_done():
     todo, have = plan(load_study("baseline_zoo_quick"))
     assert (todo, have) == ([], 15)
+
+
+def test_docs_encoding_tables_are_the_tables_their_studies_wrote():
+    """docs/encodings.md shows each study's generated encodings table (report ``tables:``) verbatim:
+    a table retyped or left behind by a regenerated report is a claim the results no longer make."""
+    doc = (ROOT / "docs/encodings.md").read_text()
+    shown = []
+    for name in study_files([]):
+        study = load_study(name)
+        if "encodings.md" not in study.report.get("tables", {}):
+            continue
+        written = (ROOT / study.results / "encodings.md").read_text()
+        table = [line for line in written.splitlines() if line.startswith("|")]
+        assert "\n".join(table) in doc, f"docs/encodings.md lacks {study.results}/encodings.md's table as written"
+        shown.append(name)
+    assert {"zoo", "zoo_quick", "new_schemes", "schemes_reference"} <= set(shown)
