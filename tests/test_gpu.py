@@ -52,6 +52,14 @@ def test_training_free_extensions_on_gpu_match_the_cpu(method, fused):
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
 
 
+def count_flex_calls(monkeypatch) -> list:
+    """A list that gains an item at each call of ``attention.flex_causal`` (also inside a compiled
+    model, where dynamo replays the append)."""
+    calls, flex_causal = [], attention.flex_causal
+    monkeypatch.setattr(attention, "flex_causal", lambda *a, **k: calls.append(1) or flex_causal(*a, **k))
+    return calls
+
+
 FLEX_CASES = [("t5", {}), ("kerple_log", {}), ("alibi", {}), ("t5", {"per_layer": True})]
 
 
@@ -63,8 +71,7 @@ def test_flex_on_gpu_matches_todays_path_forward_and_gradients(name, params, dty
     multiple of flex's 128-token blocks: outputs and the gradients of q, k, v and of the
     encoding's parameters, which reach T5's and KERPLE's tables through flex's captured-tensor
     gradients."""
-    calls, flex_causal = [], attention.flex_causal
-    monkeypatch.setattr(attention, "flex_causal", lambda *a, **k: calls.append(1) or flex_causal(*a, **k))
+    calls = count_flex_calls(monkeypatch)
     dims = ModelDims(d_model=64, n_heads=4, n_layers=2, train_len=64)
     results = []
     for flex in (True, False):  # True: POSBENCH_FLEX=1; False: the SDPA paths
@@ -101,8 +108,7 @@ def test_a_compiled_model_trains_through_flex_on_gpu_as_eager_sdpa(monkeypatch):
     pass, its gradient through the compiled flex backward) against eager SDPA: loss and every
     gradient, under bf16 autocast; flex attention is asked for (``POSBENCH_FLEX=1``) and seen called
     inside the compiled model."""
-    calls, flex_causal = [], attention.flex_causal
-    monkeypatch.setattr(attention, "flex_causal", lambda *a, **k: calls.append(1) or flex_causal(*a, **k))
+    calls = count_flex_calls(monkeypatch)
     torch._dynamo.reset()
     cfg = compose("encoding=t5", "device=cuda", "model.n_layers=2", "model.d_model=64", "model.n_heads=4",
                   "model.d_ff=128")
