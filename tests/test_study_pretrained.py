@@ -138,3 +138,40 @@ def test_a_study_s_longppl_sensitivity_is_checked_as_the_file_is_read(tmp_path, 
     conf = write_study(tmp_path / "conf", text)
     with pytest.raises(PosbenchError, match=re.escape(said)):
         load_study("mini", [conf])
+
+
+def test_a_pretrained_export_keeps_its_rows_and_probes_when_the_folder_under_out_is_made_again(tmp_path):
+    """A fresh machine's folder under ``out``: while its first evaluation has written only its config,
+    nothing is exported (the export's config and probes stay); once it holds rows, the export takes
+    them and keeps every earlier row, probe csv and probes.json entry the new folder lacks."""
+    import json
+
+    from posbench.study.run import export_pretrained
+    from posbench.study.spec import sweeps
+
+    conf = write_study(tmp_path / "conf", STUDY.format(tmp=tmp_path, model="llama"))
+    study = load_study("mini", [conf])
+    sweep = next(s for s in sweeps(study, None) if s.stage == "ladder")
+    export, run = tmp_path / "runs" / sweep.folder, tmp_path / "out" / sweep.folder
+    export.mkdir(parents=True)
+    key = "encoding,rope_scaling,train_len,eval_len,seed,split,mode,stride,ppl,config_hash"
+    (export / "results.csv").write_text(f"{key}\nrope,none,64,32,0,validation,nonoverlapping,32,9.0,abc\n")
+    np.savez(export / "blocks.npz", **{"validation/nonoverlapping/stride=32/none/eval_len=32": np.ones(4)})
+    (export / "passkey.csv").write_text("length,depth,trial,correct\n64,0,0,1\n")
+    index = {"passkey": {"_target_": None, "options": {"trials": 1}}}
+    (export / "probes.json").write_text(json.dumps(index))
+    (export / "config.yaml").write_text("eval: {lengths: [32]}\n")
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("eval: {lengths: [64]}\n")
+    assert export_pretrained(study, sweep) == []  # a config alone: nothing computed yet
+    assert (export / "config.yaml").read_text() == "eval: {lengths: [32]}\n" and (export / "probes.json").is_file()
+    (run / "results.csv").write_text(f"{key}\nrope,none,64,64,0,validation,nonoverlapping,64,8.0,abc\n")
+    np.savez(run / "token_nll.npz", **{"validation/nonoverlapping/stride=64/none/eval_len=64": np.full(4, 2.0)})
+    (run / "positions.csv").write_text("encoding,rope_scaling,train_len,eval_len,seed,split,mode,stride,bin_start,"
+                                       "bin_end,nll,tokens,config_hash\n")
+    assert export_pretrained(study, sweep) == [export]
+    rows = pd.read_csv(export / "results.csv")
+    assert sorted(rows.eval_len) == [32, 64] and len(pd.read_csv(export / "passkey.csv")) == 1
+    assert json.loads((export / "probes.json").read_text()) == index
+    assert sorted(np.load(export / "blocks.npz").files) == ["validation/nonoverlapping/stride=32/none/eval_len=32",
+                                                            "validation/nonoverlapping/stride=64/none/eval_len=64"]

@@ -106,13 +106,15 @@ def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
     """A pretrained folder exported to ``runs/<folder>`` where its files changed since: results.csv,
     positions.csv and config.yaml with the per-block sums the report's intervals need (as a
     trained run's, :func:`posbench.report.baselines.export_baseline`), and every probe's csv with
-    probes.json (:func:`_copy_probes`). -> [the export] when written."""
+    probes.json (:func:`_copy_probes`). -> [the export] when written. A folder that holds no rows
+    yet (an evaluation that has written only its config.yaml) is not exported: its config alone
+    would replace the export's."""
     import shutil
 
     from ..report.baselines import export_baseline
 
     run, dest, tmp = study.out / sweep.folder, study.runs / sweep.folder, study.runs / ".export"
-    files = [p for p in run.glob("*") if p.suffix in (".csv", ".json", ".yaml")] if run.is_dir() else []
+    files = [p for p in run.glob("*") if p.suffix in (".csv", ".json")] if run.is_dir() else []
     if not files or (dest.is_dir() and max(p.stat().st_mtime for p in files) <= dest.stat().st_mtime):
         return []
     _remove_tree(tmp)
@@ -135,8 +137,11 @@ def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
 def _keep_exported(old: Path, new: Path) -> None:
     """Keep in a new export ``new`` the rows of the export ``old`` that the new one lacks: a folder
     under ``out`` made again (a fresh machine) holds only what was computed since, and the export
-    is where the earlier rows live. Each csv is merged by its key (the new rows win), and the
-    per-block sums of the kept result rows go with them."""
+    is where the earlier rows live. Each csv is merged by its key (the new rows win), the
+    per-block sums of the kept result rows go with them, and probes.json keeps the entry of every
+    probe whose csv is kept (the new entries win)."""
+    import json
+
     import numpy as np
 
     from ..eval.results import KEY, merge_csv
@@ -154,6 +159,10 @@ def _keep_exported(old: Path, new: Path) -> None:
                 blocks.update(dict(np.load(new / BLOCKS_FILE)))
             keys = {row_key(r) for r in merged.to_dict("records")}
             np.savez(new / BLOCKS_FILE, **{k: v for k, v in sorted(blocks.items()) if k in keys})
+    if (old / "probes.json").is_file():
+        theirs = json.loads((new / "probes.json").read_text()) if (new / "probes.json").is_file() else {}
+        merged = {**json.loads((old / "probes.json").read_text()), **theirs}
+        (new / "probes.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
 
 
 def _export_task(run: Path, dest: Path, tmp: Path) -> list[Path]:
