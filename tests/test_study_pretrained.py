@@ -111,11 +111,25 @@ def test_a_study_s_longppl_is_computed_before_its_report_and_kept_without_its_ro
     assert len(shipped) == 7 and (shipped.long_len == 128).all() and (shipped.key_tokens > 0).all()
     pd.testing.assert_frame_equal(shipped, direct)
     assert "LongPPL" in (tmp_path / "results" / "report.md").read_text()
+    shutil.copytree(out, tmp_path / "before")
     shutil.rmtree(tmp_path / "out")
     capsys.readouterr()
     longppl(load_study("mini", [conf]))  # the report step's LongPPL, in this process
     assert "LongPPL of 7 row(s) on the key tokens of" in capsys.readouterr().out  # from runs/longppl_keys.npz
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "runs" / "longppl.csv"), direct)
+    # the evaluator's folder made again with its rows at 32 only (a fresh machine evaluating other lengths):
+    # the saved key tokens stand, where the folder holds neither the long row nor the sliding one they came from
+    out.mkdir(parents=True)
+    rows = pd.read_csv(tmp_path / "before" / "results.csv")
+    rows[rows.eval_len == 32].to_csv(out / "results.csv", index=False)
+    with np.load(tmp_path / "before" / "token_nll.npz") as z:
+        np.savez(out / "token_nll.npz", **{k: z[k] for k in z.files if k.endswith("/eval_len=32")})
+    shutil.copyfile(tmp_path / "before" / "config.yaml", out / "config.yaml")
+    longppl(load_study("mini", [conf]))
+    assert "LongPPL of 7 row(s) on the key tokens of" in capsys.readouterr().out
+    by = ["rope_scaling", "mode", "eval_len"]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "runs" / "longppl.csv").sort_values(by).reset_index(drop=True),
+                                  direct.sort_values(by).reset_index(drop=True))
 
 
 def test_a_study_s_longppl_without_an_evaluator_is_one_line(tmp_path):

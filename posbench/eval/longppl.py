@@ -122,6 +122,26 @@ class KeyTokens:
         """The same tokens chosen the same way."""
         return (self.how(), self.split) == (other.how(), other.split) and np.array_equal(self.mask, other.mask)
 
+    def chosen_in(self, run: str | Path) -> bool:
+        """Whether ``run`` holds, with their per-token NLLs, the two unscaled rows these key tokens
+        were chosen from: its non-overlapping row at ``long_len`` and its sliding row at
+        ``short_len`` with ``short_stride``. A folder made again on a fresh machine that evaluates
+        other lengths does not, and the saved key tokens stand for it."""
+        if not (Path(run) / "results.csv").is_file():
+            return False
+        rows = _scored_rows(Path(run), self.split)[0]
+        rows = rows[rows.rope_scaling == "none"]
+        long = (rows["mode"] == "nonoverlapping") & (rows.eval_len == self.long_len)
+        short = (rows["mode"] == "sliding") & (rows.eval_len == self.short_len) & (rows.stride == self.short_stride)
+        return bool(long.any() and short.any())
+
+    def agrees(self, spec: dict) -> bool:
+        """Whether a study's ``report.longppl`` options (short, short_stride, long, alpha, beta; those
+        it states) are those these key tokens were chosen with."""
+        mine = {"short": self.short_len, "short_stride": self.short_stride, "long": self.long_len,
+                "alpha": self.alpha, "beta": self.beta}
+        return all(spec[k] is None or float(spec[k]) == float(v) for k, v in mine.items() if k in spec)
+
     def save(self, path: Path) -> None:
         """Write the selection to ``path`` (npz: the mask as bits, a few KiB for 10^5 tokens, and
         how it was chosen), so rows can be added on the same key tokens once the evaluator's

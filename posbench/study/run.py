@@ -374,6 +374,8 @@ def longppl(study: Study) -> Path | None:
     needs is exported too: the key tokens to ``runs/longppl_keys.npz`` (:meth:`KeyTokens.save`) as
     soon as the evaluator's rows are under ``out``, and each run's rows to runs/longppl.csv, where
     they stay when that run's per-token NLLs are gone (:func:`posbench.eval.longppl.longppl_table`).
+    Where the evaluator's folder is made again without the two rows the saved key tokens came from
+    (:meth:`~posbench.eval.longppl.KeyTokens.chosen_in`), the saved key tokens stand.
     The study runner calls this after each sweep (:func:`_longppl_so_far`); exported runs that have
     no LongPPL row and no per-token NLLs left are named with how to train them again.
 
@@ -414,18 +416,21 @@ def _longppl_rows(study: Study, spec: dict, dest: Path, saved: Path) -> Path | N
     folders = sorted({study.out / s.folder for s in sweeps(study, None)})
     runs = sorted({f.parent for f in find_files([f for f in folders if f.is_dir()], RESULTS)})
     kept = pd.read_csv(dest) if dest.is_file() else None
-    if (evaluator / RESULTS).is_file():
+    before = load_keys(saved) if saved.is_file() else None
+    # a folder made again that lacks the rows the saved key tokens came from: those stand
+    stand = before is not None and before.agrees(spec) and not before.chosen_in(evaluator)
+    if (evaluator / RESULTS).is_file() and not stand:
         thresholds = {k: float(spec[k]) for k in ("alpha", "beta") if k in spec}
         keys = study_keys(evaluator, runs, spec.get("short"), spec.get("short_stride"), spec.get("long"),
                           **thresholds)
-        if kept is not None and len(kept) and saved.is_file() and not keys.same_as(load_keys(saved)):
+        if kept is not None and len(kept) and before is not None and not keys.same_as(before):
             raise PosbenchError(f"study {study.name}: the key tokens of {evaluator} differ from those saved in "
                                 f"{saved}, on which {dest} was computed (the evaluator trained or evaluated again); "
                                 f"valid: the evaluator that chose them, or remove {dest} and {saved} to compute "
                                 "every row again (exported runs whose per-token NLLs are gone then train again)")
         keys.save(saved)
-    elif saved.is_file():
-        keys = load_keys(saved)
+    elif before is not None:
+        keys = before
     else:
         left = f"; {dest} kept as it is" if dest.is_file() else ""
         print(f"study {study.name}: no LongPPL: the evaluator's rows are not under {evaluator}{left}", flush=True)
