@@ -255,6 +255,10 @@ def test_the_report_shows_longppl_beside_perplexity_and_where_their_orders_diffe
     same = pd.concat([crossed, crossed.iloc[[0]].assign(line="a2")], ignore_index=True)  # a2: a's rows again
     assert order_changes(same) == ["at 64: a = a2 < b by perplexity (10.00 < 11.00), b < a = a2 by LongPPL "
                                    f"(20.00 < 30.00; {apart} nats apart over the key tokens)"]
+    # a2's rows computed again (the last float32 bits of its NLLs moved): still a's values, no order between them
+    again = pd.concat([crossed, crossed.iloc[[0]].assign(line="a2", ppl=10.0 * (1 + 3e-9), longppl=30.0 * (1 - 2e-7))],
+                      ignore_index=True)
+    assert order_changes(again) == order_changes(same)
     k = int(table.key_tokens.iloc[0])
     assert f"a factor e^(1/k), {math.exp(1 / k):.3f} for these {k:,}:" in text
 

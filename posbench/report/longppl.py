@@ -127,7 +127,9 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> list[str]:
     """Each length's pairs of lines that LongPPL and perplexity order oppositely. Lines with the
     same two values at a length (a method that leaves the model as trained there reuses its rows)
-    are one entry, named ``a = b``, so one fact is said once. Each entry gives how far apart the
+    are one entry, named ``a = b``, so one fact is said once; "the same" is to :data:`SAME_RTOL`,
+    since a row computed again at another commit differs from its earlier copies in the last bits
+    of its float32 per-token NLLs, and two values that close are no order. Each entry gives how far apart the
     two LongPPLs are in nats summed over the key tokens, k |ln(LongPPL_a / LongPPL_b)| (k key
     tokens): below 1, less than one key token's NLL moving by one nat, which on a few dozen key
     tokens is no finding. Where both lines carry block sums, the entry gives the paired 95%
@@ -141,10 +143,11 @@ def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> 
     setup = ["eval_len"] + (["train_len"] if "train_len" in summary and summary.train_len.notna().all() else [])
     for keys, g in summary.groupby(setup, sort=True):
         length = keys[0]
-        g = g.groupby(["ppl", "longppl"], sort=False, as_index=False).agg(
-            line=("line", " = ".join), key_tokens=("key_tokens", "first"), cells=("cells", "first"))
+        g = g.assign(same=_same_values(g)).groupby("same", sort=False, as_index=False).agg(
+            line=("line", " = ".join), ppl=("ppl", "first"), longppl=("longppl", "first"),
+            key_tokens=("key_tokens", "first"), cells=("cells", "first"))
         for a, b in itertools.combinations(g.itertuples(), 2):
-            if (a.ppl - b.ppl) * (a.longppl - b.longppl) < 0:
+            if _apart(a.ppl, b.ppl) and _apart(a.longppl, b.longppl) and (a.ppl - b.ppl) * (a.longppl - b.longppl) < 0:
                 lo, hi = (a, b) if a.ppl < b.ppl else (b, a)
                 nats = "" if np.isnan(a.key_tokens) else \
                     f"; {a.key_tokens * abs(np.log(a.longppl / b.longppl)):.1f} nats apart over the key tokens"
@@ -152,6 +155,27 @@ def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> 
                              f"{hi.line} < {lo.line} by LongPPL ({hi.longppl:.2f} < {lo.longppl:.2f}{nats})"
                              + _reversal_intervals(hi.cells, lo.cells, estimator))
     return found
+
+
+SAME_RTOL = 1e-6  # relative: a row computed again agrees with its copies to about 1e-7 (LongPPL), 1e-8 (ppl)
+
+
+def _apart(x: float, y: float) -> bool:
+    return abs(x - y) > SAME_RTOL * max(abs(x), abs(y))
+
+
+def _same_values(g: pd.DataFrame) -> list[int]:
+    """A group number per line of ``g``: lines whose ppl and LongPPL both agree to
+    :data:`SAME_RTOL` with the group's first line share it (in the order of ``g``)."""
+    firsts: list[tuple[float, float]] = []
+    groups = []
+    for ppl, lp in zip(g.ppl, g.longppl):
+        at = next((i for i, (p, q) in enumerate(firsts) if not _apart(p, ppl) and not _apart(q, lp)), None)
+        if at is None:
+            firsts.append((ppl, lp))
+            at = len(firsts) - 1
+        groups.append(at)
+    return groups
 
 
 def _reversal_intervals(hi, lo, estimator: Estimator) -> str:
