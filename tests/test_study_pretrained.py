@@ -189,3 +189,22 @@ def test_a_pretrained_export_keeps_its_rows_and_probes_when_the_folder_under_out
     assert json.loads((export / "probes.json").read_text()) == index
     assert sorted(np.load(export / "blocks.npz").files) == ["validation/nonoverlapping/stride=32/none/eval_len=32",
                                                             "validation/nonoverlapping/stride=64/none/eval_len=64"]
+
+
+def test_a_method_that_leaves_every_length_as_trained_is_planned_until_its_rows_exist(models, tmp_path):  # noqa: F811
+    """yarn at lengths inside the tiny model's context is the model as trained: its rows are copies of
+    none's. A study cut off after none's rows is not done: yarn's rows are still to be written (a copy
+    each, nothing computed), and once they are, it is."""
+    text = STUDY.split("  - name: short")[0].replace("[32,64,128]", "[32,64]")
+    conf = write_study(tmp_path / "conf", text.format(tmp=tmp_path, model=models / "llama"))
+    study = load_study("mini", [conf])
+    r = posbench("study", "--config-dir", str(conf), "mini", "--step", "train", "--where", "eval.rope_scaling=none")
+    assert r.returncode == 0, r.stdout + r.stderr
+    todo, have = plan(study)
+    assert have == 1 and [s.overrides[0] for s in todo] == ["eval.rope_scaling=yarn"]
+    r = posbench("study", "--config-dir", str(conf), "mini", "--step", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = pd.read_csv(tmp_path / "runs" / "llama" / "results.csv")
+    assert sorted(zip(rows.rope_scaling, rows.eval_len)) == [("none", 32), ("none", 64), ("yarn", 32), ("yarn", 64)]
+    assert rows.groupby("eval_len").nll.nunique().eq(1).all()
+    assert plan(study) == ([], 2)

@@ -197,14 +197,16 @@ def pretrained_left(study: Study, sweep: Sweep, extra: list[str] = ()) -> Sweep 
 
 def _ladder_done(subject, label: str) -> tuple[list[int], int, bool]:
     """A subject's ladder lengths, its scored token count, and whether ``posbench eval`` would
-    compute none of them (:func:`posbench.eval.ladder.ladder_plan`)."""
+    write no row: it computes none of them and every length the method leaves as trained already
+    has its row under the method's name (:func:`posbench.eval.ladder.ladder_plan`: a length in
+    ``same`` lacks it, even where the unscaled row it copies is stored)."""
     from ..eval.ladder import ladder_plan, scored_tokens
 
     lengths = subject.ladder_lengths()
     tokens = subject.corpus().splits[subject.ecfg.split]
     n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
     todo = ladder_plan(subject, label, lengths, n)
-    return lengths, n, not todo.todo and not todo.plain
+    return lengths, n, not todo.todo and not todo.same
 
 
 _CORPORA: dict[tuple[str, str], object] = {}  # (model file, data config) -> its corpus, while a study plans
