@@ -179,3 +179,15 @@ def test_the_picked_lines_text_says_what_their_short_names_leave_out():
                            "alibi [dir=gpu] (lowest ratio at 16x).")
     plain = pd.DataFrame({"name": ["alibi", "rope"], "short": ["alibi", "rope"]})
     assert "draws 1 of the 2 lines, named with --lines: rope." in picked_text({"rope": "x"}, plain, True)
+
+
+def test_many_lines_without_a_shared_length_report_without_the_per_line_figures(tmp_path):
+    """Nine lines, four evaluated at 32 tokens only and five at 64 only: no multiple is common to
+    them, so no line has a ratio to place; the report is written without ranked.png and
+    tradeoff.png (it stopped at the tradeoff figure's NaN axis limits)."""
+    for i, encoding in enumerate(list(ZOO)[:9]):
+        write_run(tmp_path / "runs" / encoding, rows(encoding, 0, {32 if i < 4 else 64: 10.0 + i}, chash=f"h{i}"))
+    done = report([tmp_path / "runs"], tmp_path / "out", reference=None)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert done.summary.ppl_mean.notna().all() and "![ranked]" not in md and "![tradeoff]" not in md
+    assert not (tmp_path / "out" / "ranked.png").exists() and not (tmp_path / "out" / "tradeoff.png").exists()

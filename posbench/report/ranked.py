@@ -417,9 +417,12 @@ class Shown(NamedTuple):
         return frame[(frame[col] if col else self.palette.names(frame)).isin(list(self.why))]
 
     def figures(self, setup: pd.DataFrame | None) -> dict:
-        """ranked.png and tradeoff.png where the report has many lines, else none."""
-        return {"ranked": ranked_figure(self.points, setup), "tradeoff": tradeoff_figure(self.points, setup)} \
-            if self.many else {}
+        """ranked.png and tradeoff.png where the report has many lines and some line has both its
+        ratio and its ppl at 1x to place, else none (lines evaluated at lengths no other line
+        shares have no common multiple, so no ratio)."""
+        if not self.many or self.points.dropna(subset=["ratio", "ppl"]).empty:
+            return {}
+        return {"ranked": ranked_figure(self.points, setup), "tradeoff": tradeoff_figure(self.points, setup)}
 
     def texts(self, said: dict[str, str]) -> dict[str, str]:
         """report.md's lines under the figures: 'Mx' made the multiple, report.png's naming its lines."""
