@@ -339,6 +339,12 @@ def test_a_reversal_holds_only_where_both_paired_intervals_exclude_one():
     noisy[key] += a[key].mean() - noisy[key].mean() - 0.02  # LongPPL a hair below a's: the same reversal
     (change,) = order_changes(longppl_summary(_block_rows({"a": a, "b": noisy}, key)))
     assert change.endswith("; not told apart: an interval holds 1"), change
+    # each line beside a copy of its values without block sums (a2, b2: rows written before they were kept,
+    # listed first): one entry per value, compared by the cells that carry block sums
+    copies = _block_rows({"a2": a, "b2": b}, key).drop(columns=["nll_blocks", "key_nll_blocks", "key_block_tokens"])
+    (change,) = order_changes(longppl_summary(pd.concat([copies, _block_rows({"a": a, "b": b}, key)])))
+    assert change.startswith("at 64: rope+a2 = rope+a < rope+b2 = rope+b by perplexity") and change.endswith(
+        "; holds: both intervals exclude 1"), change
     old = _block_rows({"a": a, "b": b}, key).drop(columns=["nll_blocks", "key_nll_blocks", "key_block_tokens"])
     text = longppl_markdown(longppl_summary(old))
     assert "No interval: these rows keep no per-block sums, or their key tokens lie in fewer than 3" in text

@@ -145,7 +145,7 @@ def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> 
         length = keys[0]
         g = g.assign(same=_same_values(g)).groupby("same", sort=False, as_index=False).agg(
             line=("line", " = ".join), ppl=("ppl", "first"), longppl=("longppl", "first"),
-            key_tokens=("key_tokens", "first"), cells=("cells", "first"))
+            key_tokens=("key_tokens", "first"), cells=("cells", _with_blocks))
         for a, b in itertools.combinations(g.itertuples(), 2):
             if _apart(a.ppl, b.ppl) and _apart(a.longppl, b.longppl) and (a.ppl - b.ppl) * (a.longppl - b.longppl) < 0:
                 lo, hi = (a, b) if a.ppl < b.ppl else (b, a)
@@ -176,6 +176,12 @@ def _same_values(g: pd.DataFrame) -> list[int]:
             at = len(firsts) - 1
         groups.append(at)
     return groups
+
+
+def _with_blocks(cells: pd.Series):
+    """The cells of an entry's lines (one value to 1e-6) to compare it by: the first line's that carry
+    block sums, where one does (a row computed again beside copies written before they were kept)."""
+    return next((c for c in cells if not any(x is None for x in c)), cells.iloc[0])
 
 
 def _reversal_intervals(hi, lo, estimator: Estimator) -> str:
