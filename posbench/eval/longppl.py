@@ -129,11 +129,9 @@ class KeyTokens:
         other lengths does not, and the saved key tokens stand for it."""
         if not (Path(run) / "results.csv").is_file():
             return False
-        rows = _scored_rows(Path(run), self.split)[0]
-        rows = rows[rows.rope_scaling == "none"]
-        long = (rows["mode"] == "nonoverlapping") & (rows.eval_len == self.long_len)
-        short = (rows["mode"] == "sliding") & (rows.eval_len == self.short_len) & (rows.stride == self.short_stride)
-        return bool(long.any() and short.any())
+        long, short = _long_short(_scored_rows(Path(run), self.split)[0], self.long_len, self.short_len,
+                                  self.short_stride)
+        return not long.empty and not short.empty
 
     def agrees(self, spec: dict) -> bool:
         """Whether a study's ``report.longppl`` options (short, short_stride, long, alpha, beta; those
@@ -177,6 +175,16 @@ def _config(run: Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True) if path.is_file() else {}
 
 
+def _long_short(rows: pd.DataFrame, long_len: int | None, short_len: int, short_stride: int
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """An evaluator's unscaled rows that key tokens are chosen from: (its non-overlapping rows at
+    ``long_len``, none where it is None; its sliding rows at ``short_len`` with ``short_stride``)."""
+    rows = rows[rows.rope_scaling == "none"]
+    plain = rows[rows["mode"] == "nonoverlapping"]
+    long = plain[plain.eval_len == long_len] if long_len is not None else plain.iloc[:0]
+    return long, rows[(rows["mode"] == "sliding") & (rows.eval_len == short_len) & (rows.stride == short_stride)]
+
+
 def select_key_tokens(evaluator: str | Path, short_len: int, short_stride: int | None = None,
                       long_len: int | None = None, split: str = "validation", alpha: float = ALPHA,
                       beta: float = BETA) -> KeyTokens:
@@ -192,8 +200,7 @@ def select_key_tokens(evaluator: str | Path, short_len: int, short_stride: int |
         trained = _config(run).get("train", {}).get("train_len")
         trusted = plain[plain.eval_len <= int(trained)] if trained else plain
         long_len = int(trusted.eval_len.max()) if len(trusted) else None
-    short = rows[(rows["mode"] == "sliding") & (rows.eval_len == short_len) & (rows.stride == short_stride)]
-    long = plain[plain.eval_len == long_len] if long_len is not None else plain.iloc[:0]
+    long, short = _long_short(rows, long_len, short_len, short_stride)
     if long.empty:
         raise PosbenchError(f"longppl: the evaluator {str(run)!r} has no non-overlapping row "
                             f"{'at eval_len ' + str(long_len) if long_len else 'at most its trained context'} with "

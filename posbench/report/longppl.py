@@ -161,7 +161,7 @@ SAME_RTOL = 1e-6  # relative: a row computed again agrees with its copies to abo
 
 
 def _apart(x: float, y: float) -> bool:
-    return abs(x - y) > SAME_RTOL * max(abs(x), abs(y))
+    return not math.isclose(x, y, rel_tol=SAME_RTOL)
 
 
 def _same_values(g: pd.DataFrame) -> list[int]:
