@@ -15,7 +15,7 @@ from posbench.config import EvalConfig
 from posbench.data.corpus import EOS, tokenize, train_tokenizer
 from posbench.errors import PosbenchError
 from posbench.eval.ladder import perplexity_ladder, position_bins, scored_tokens, text_size
-from posbench.eval.results import COLUMNS, KEY, POSITION_COLUMNS, write_results
+from posbench.eval.results import COLUMNS, KEY, POSITION_COLUMNS, read_results, write_results
 from posbench.runs.rundir import RunDir
 
 CPU = torch.device("cpu")
@@ -244,6 +244,25 @@ def test_old_results_merge_and_positions_are_replaced_by_key(tmp_path):
                               "tokens": 2048}])
     positions = pd.read_csv(tmp_path / "positions.csv")
     assert positions[["bin_start", "bin_end", "nll"]].values.tolist() == [[0, 63, 2.0]]
+
+
+
+@pytest.mark.parametrize("digest", ["000000001234", "28586650e810", "1e5"])
+def test_a_hash_that_reads_as_a_number_stays_the_text_it_was_written_as(tmp_path, digest):
+    """A config hash of digits, or digits around one "e", is read back and merged as written: read
+    as a number it would name no run, a study would plan its run again, and an evaluation would
+    compute its rows again (and write the hash back as a float)."""
+    from posbench.study.planning import _finished_keys
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    row = lambda n: {**results_row(n), "config_hash": digest, "code_version": "1234567"}
+    write_results(run, pd.DataFrame([row(32)]))
+    write_results(run, pd.DataFrame([row(64)]))  # merged into the rows it reads back
+    assert run.results.read_text().count(f",{digest},1234567\n") == 2
+    df = read_results(run.results)
+    assert df.config_hash.tolist() == [digest] * 2 and df.code_version.tolist() == ["1234567"] * 2
+    assert _finished_keys(tmp_path, finished_only=False) == {(digest, 0)}
 
 
 # ---------------------------------------------------------------- end to end on the smoke run

@@ -197,3 +197,14 @@ def test_ruff_finds_nothing():
     command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "posbench"]
     found = subprocess.run(command, cwd=PACKAGE.parent, capture_output=True, text=True)
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_every_csv_the_package_reads_keeps_its_identifiers_as_text():
+    """posbench reads its CSV files through posbench.eval.results.read_table only, which reads
+    config hashes and code versions as text (a hash such as "28586650e810" is not a number)."""
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "read_csv":
+                calls.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert calls == ["posbench/eval/results.py:100"], calls

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import EvalConfig, config_hash
 from ..encodings.rotary import scaling_factor
 from ..runs.rundir import RunDir
-from .results import KEY, read_results
+from .results import KEY, read_results, read_table
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
 
@@ -70,7 +70,7 @@ def stored_ladder(out: Path, measured: DictConfig, ecfg: EvalConfig, label: str,
     df = df[(df.rope_scaling == label) & (df.config_hash == config_hash(measured)) & (df.status == "ok")
             & (df.tokens == n) & (df.split == ecfg.split) & (df["mode"] == ecfg.mode) & df.eval_len.isin(lengths)]
     df = df[df.stride == df.eval_len.map(strides)]
-    bins = pd.read_csv(out / "positions.csv") if (out / "positions.csv").exists() else pd.DataFrame(columns=KEY)
+    bins = read_table(out / "positions.csv") if (out / "positions.csv").exists() else pd.DataFrame(columns=KEY)
     stored, found = read_token_nll(out / TOKEN_NLL), {}
     for row in df.to_dict("records"):
         length = int(row["eval_len"])

@@ -88,9 +88,21 @@ def backfill(df: pd.DataFrame) -> pd.DataFrame:
     return df[[c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]]
 
 
+#: Columns of identifiers, read as the text they were written as: a 12-digit config hash that is
+#: all digits, or digits around one "e" ("28586650e810"), would otherwise read as a number: no
+#: longer equal to the hash it names, nor written back as it was.
+TEXT_COLUMNS = ("config_hash", "code_version", "init_hash", "sweep_hash")
+
+
+def read_table(path: str | Path, **kwargs) -> pd.DataFrame:
+    """One of posbench's CSV files (results, positions, LongPPL, tasks, probes), its identifier
+    columns (:data:`TEXT_COLUMNS`) as text; ``kwargs`` go to :func:`pandas.read_csv`."""
+    return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, **kwargs)
+
+
 def read_results(path: str | Path) -> pd.DataFrame:
     """One results.csv, backfilled (see :func:`backfill`)."""
-    return backfill(pd.read_csv(path))
+    return backfill(read_table(path))
 
 
 def _scaling_order(col: pd.Series) -> pd.Series:
@@ -234,7 +246,7 @@ def merge_csv(path: Path, new: pd.DataFrame, key: list[str], replace: pd.DataFra
     ``replace``'s (default ``new``'s) are dropped; sorted by ``order`` (default ``key``) and
     written atomically. Call under :func:`locked`."""
     if old is None and path.exists():
-        old = pd.read_csv(path)
+        old = read_table(path)
     if old is not None and len(old):
         gone = (new if replace is None else replace).set_index(key).index
         new = pd.concat([old[~old.set_index(key).index.isin(gone)], new], ignore_index=True)

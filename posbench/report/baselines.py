@@ -31,11 +31,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from ..config import shipped_dir
 from ..errors import PosbenchError
-from ..eval.results import RESULTS, find_files
+from ..eval.results import RESULTS, find_files, read_table
 from ..eval.token_nll import FILE as TOKEN_NLL
 from ..eval.token_nll import read_token_nll, row_key
 from ..intervals import block_sums
@@ -92,7 +91,7 @@ def export_baseline(paths: list[str | Path], out: str | Path) -> list[Path]:
         if not (run / "config.yaml").is_file() or not (run / TOKEN_NLL).is_file():
             raise PosbenchError(f"report: {run} has no config.yaml or {TOKEN_NLL}; valid: run dirs made by "
                                 "posbench train (their per-token NLL is what the paired intervals need)")
-        rows = pd.read_csv(results)
+        rows = read_table(results)
         blocks = run_blocks(run)
         keys = [row_key(r) for r in rows.to_dict("records") if r.get("status", "ok") == "ok"]
         missing = [k for k in keys if k not in blocks]

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..eval.longppl import ALPHA, BLOCK_COLUMNS, FILE
-from ..eval.results import find_files, line_label
+from ..eval.results import find_files, line_label, read_table
 from ..intervals import Cell, Estimator, block_sums
 from ..runs.rundir import atomic_write_text
 
@@ -41,7 +41,7 @@ def read_longppl(paths: list[str | Path], out: Path) -> pd.DataFrame:
     """Every longppl.csv under ``paths`` (not the report folder's own summary), one frame."""
     own = (Path(out) / SUMMARY).resolve()
     found = [p for p in find_files(paths, FILE) if p.resolve() != own]
-    return pd.concat([pd.read_csv(p) for p in found], ignore_index=True) if found else pd.DataFrame()
+    return pd.concat([read_table(p) for p in found], ignore_index=True) if found else pd.DataFrame()
 
 
 def parsed(cell) -> np.ndarray | None:

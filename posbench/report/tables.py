@@ -65,6 +65,7 @@ from ..eval.results import (
     line_names,
     locked,
     read_results,
+    read_table,
     report_dir,
     sort_rows,
     variant_text,
@@ -137,7 +138,7 @@ def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = 
         raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
     variants = _variants(files, by, paths)
-    frames = [pd.read_csv(f).assign(run=str(f.parent), variant=v) for f, v in zip(files, variants)]
+    frames = [read_table(f).assign(run=str(f.parent), variant=v) for f, v in zip(files, variants)]
     df = pd.concat(frames, ignore_index=True)
     return backfill(df) if name == RESULTS else df
 
@@ -741,7 +742,7 @@ def read_reference(path: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise PosbenchError(f"report: --reference {str(path)!r} does not exist; pass a CSV with columns "
                             "encoding, train_len, eval_len, ppl, or --no-reference")
-    ref = pd.read_csv(path)
+    ref = read_table(path)
     missing = [c for c in ("encoding", "train_len", "eval_len", "ppl") if c not in ref]
     if missing:
         raise PosbenchError(f"report: reference {str(path)!r} lacks column(s) {', '.join(missing)}; "
@@ -883,7 +884,7 @@ def draw_run(run_dir: str | Path) -> None:
             plot_ppl_vs_length(rows, run.plot)
             setup = setup_caption(run_setup(rows))
         for name, cls in probe_files(run.path).items():
-            rows = with_labels(pd.read_csv(run.path / f"{name}.csv"))
+            rows = with_labels(read_table(run.path / f"{name}.csv"))
             fig = probe_figure(rows, name, getattr(cls, "metric", "accuracy"), getattr(cls, "grid", None))
             fig.suptitle(f"{name}: {run.path.name}" + (f"\n{setup}" if setup else ""), fontsize="medium")
             save(fig, run.path / f"{name}.png")

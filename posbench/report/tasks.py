@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PosbenchError
-from ..eval.results import TASK_COLUMNS, TASKS, find_files, report_dir
+from ..eval.results import TASK_COLUMNS, TASKS, find_files, read_table, report_dir
 from ..intervals import MIN_SEEDS, Interval, pooled_t_interval, t_interval, wilson_interval
 from ..runs.rundir import atomic_write_text
 from .figures import save, tasks_figure
@@ -72,7 +72,7 @@ def read_tasks(paths: list[str | Path]) -> pd.DataFrame:
     with each row's ``run`` dir; empty (with the columns) where there is none."""
     frames = []
     for f in find_files(paths, TASKS):
-        df = pd.read_csv(f)
+        df = read_table(f)
         missing = [c for c in TASK_COLUMNS if c not in df]
         if missing:
             raise PosbenchError(f"report: {str(f)!r} lacks column(s) {', '.join(missing)}; valid: a tasks.csv "

@@ -53,6 +53,8 @@ def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
     """(config hash, seed) of every run under ``root`` with a results.csv (and, for run dirs, its
     figure, which ``posbench train`` draws last) or a tasks.csv (an algorithmic task's run, which
     writes it when it ends)."""
+    from ..eval.results import read_table
+
     keys = set()
     if not root.is_dir():
         return keys
@@ -60,7 +62,7 @@ def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
         if finished_only and results.name == "results.csv" and not (results.parent / "ppl_vs_length.png").is_file():
             continue
         try:
-            rows = pd.read_csv(results, usecols=["config_hash", "seed"])
+            rows = read_table(results, usecols=["config_hash", "seed"])
         except (ValueError, pd.errors.EmptyDataError):
             continue
         keys |= {(str(h), int(s)) for h, s in zip(rows.config_hash, rows.seed)}
@@ -214,10 +216,12 @@ _CORPORA: dict[tuple[str, str], object] = {}  # (model file, data config) -> its
 
 def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:
     """The rows of a csv of results or a probe under one method ``label`` and config hash."""
+    from ..eval.results import read_table
+
     if not path.is_file():
         return pd.DataFrame(columns=["rope_scaling", "config_hash", "status", "tokens", "eval_len", "length", "mode",
                                      "stride"])
-    rows = pd.read_csv(path)
+    rows = read_table(path)
     return rows[(rows.rope_scaling == label) & (rows.config_hash.astype(str) == digest)]
 
 

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
 from ..errors import PosbenchError
@@ -144,13 +143,13 @@ def _keep_exported(old: Path, new: Path) -> None:
 
     import numpy as np
 
-    from ..eval.results import KEY, merge_csv
+    from ..eval.results import KEY, merge_csv, read_table
     from ..eval.token_nll import row_key
     from ..report.baselines import BLOCKS_FILE
 
     for path in old.glob("*.csv"):
-        mine = pd.read_csv(path)
-        theirs = pd.read_csv(new / path.name) if (new / path.name).is_file() else mine.iloc[:0]
+        mine = read_table(path)
+        theirs = read_table(new / path.name) if (new / path.name).is_file() else mine.iloc[:0]
         key = [c for c in mine.columns if c in KEY or c in ("depth", "bin_start", "length")]
         merged = merge_csv(new / path.name, theirs, key, old=mine)
         if path.name == "results.csv" and (old / BLOCKS_FILE).is_file():
@@ -197,17 +196,18 @@ def _gained_rows(run: Path, dest: Path) -> bool:
     """Whether the run's results.csv holds a row (by its key and config hash) its export's lacks,
     or a probe's csv holds rows its export's does not."""
     from ..eval.probes import probe_files
+    from ..eval.results import read_table
 
     for name in probe_files(run):
         theirs = dest / f"{name}.csv"
-        if not theirs.is_file() or len(pd.read_csv(theirs)) < len(pd.read_csv(run / f"{name}.csv")):
+        if not theirs.is_file() or len(read_table(theirs)) < len(read_table(run / f"{name}.csv")):
             return True
     from ..eval.token_nll import row_key
 
     def keys(path: Path) -> set:
         if not path.is_file():
             return set()
-        return {(row_key(r), str(r["config_hash"])) for r in pd.read_csv(path).to_dict("records")}
+        return {(row_key(r), str(r["config_hash"])) for r in read_table(path).to_dict("records")}
 
     return bool(keys(run / "results.csv") - keys(dest / "results.csv"))
 
@@ -409,13 +409,13 @@ def longppl_files(study: Study, label: str | None = None) -> tuple[Path, Path]:
 def _longppl_rows(study: Study, spec: dict, dest: Path, saved: Path) -> Path | None:
     """:func:`longppl` for one setting: its rows to ``dest``, its key tokens to ``saved``."""
     from ..eval.longppl import load_keys, longppl_table, study_keys
-    from ..eval.results import RESULTS, find_files
+    from ..eval.results import RESULTS, find_files, read_table
     from ..runs.rundir import atomic_write_text
 
     evaluator = study.out / str(spec["evaluator"])
     folders = sorted({study.out / s.folder for s in sweeps(study, None)})
     runs = sorted({f.parent for f in find_files([f for f in folders if f.is_dir()], RESULTS)})
-    kept = pd.read_csv(dest) if dest.is_file() else None
+    kept = read_table(dest) if dest.is_file() else None
     before = load_keys(saved) if saved.is_file() else None
     # a folder made again that lacks the rows the saved key tokens came from: those stand
     stand = before is not None and before.agrees(spec) and not before.chosen_in(evaluator)
@@ -487,6 +487,7 @@ def sensitivity_reports(study: Study) -> list[Path]:
     """Each ``report.longppl.sensitivity`` NAME's LongPPL section (the report's, on its rows in
     runs/longppl_NAME.csv) to results/longppl_NAME.md, with its summary .csv and figure. -> the
     .md files written."""
+    from ..eval.results import read_table
     from ..report.longppl import longppl_section
     from ..runs.rundir import atomic_write_text
 
@@ -497,7 +498,7 @@ def sensitivity_reports(study: Study) -> list[Path]:
             print(f"study {study.name}: no LongPPL sensitivity {label}: {rows_file} is not written yet", flush=True)
             continue
         said = ", ".join(f"{k} {v}" for k, v in change.items())
-        text, _ = longppl_section(pd.read_csv(rows_file), study.results, rows_file.stem,
+        text, _ = longppl_section(read_table(rows_file), study.results, rows_file.stem,
                                   f"LongPPL sensitivity {label} ({said})")
         if text:  # the section's "## title" as the file's title
             md = study.results / f"{rows_file.stem}.md"

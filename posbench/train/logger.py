@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import WANDB_MODES, choice, config_hash
 from ..errors import PosbenchError
-from ..eval.results import with_labels
+from ..eval.results import read_table, with_labels
 from ..runs.rundir import RunDir, atomic_write_text, disk_full, no_space
 
 
@@ -133,7 +133,7 @@ class MetricsLogger:
         for name in ("positions", *probe_files(self.run.path)):
             path = self.run.path / f"{name}.csv"
             if path.is_file():
-                logged[f"eval/{name}"] = wandb.Table(dataframe=pd.read_csv(path))
+                logged[f"eval/{name}"] = wandb.Table(dataframe=read_table(path))
         self.wandb.log(logged)
         for r in ok.itertuples():
             for metric in ("ppl", "nll", "bpb", "word_ppl"):
