@@ -127,7 +127,8 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> list[str]:
     """Each length's pairs of lines that LongPPL and perplexity order oppositely. Lines with the
     same two values at a length (a method that leaves the model as trained there reuses its rows)
-    are one entry, named ``a = b``, so one fact is said once; "the same" is to :data:`SAME_RTOL`,
+    are one entry, named ``a = b`` in the order of the names (not of values that differ in their
+    last bits, which would reorder a quoted line), so one fact is said once; "the same" is to :data:`SAME_RTOL`,
     since a row computed again at another commit differs from its earlier copies in the last bits
     of its float32 per-token NLLs, and two values that close are no order. Each entry gives how far apart the
     two LongPPLs are in nats summed over the key tokens, k |ln(LongPPL_a / LongPPL_b)| (k key
@@ -143,6 +144,7 @@ def order_changes(summary: pd.DataFrame, estimator: Estimator | None = None) -> 
     setup = ["eval_len"] + (["train_len"] if "train_len" in summary and summary.train_len.notna().all() else [])
     for keys, g in summary.groupby(setup, sort=True):
         length = keys[0]
+        g = g.sort_values("line", kind="stable")
         g = g.assign(same=_same_values(g)).groupby("same", sort=False, as_index=False).agg(
             line=("line", " = ".join), ppl=("ppl", "first"), longppl=("longppl", "first"),
             key_tokens=("key_tokens", "first"), cells=("cells", _with_blocks))
