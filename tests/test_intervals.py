@@ -339,6 +339,27 @@ def test_report_pools_the_seeds_of_a_column_for_two_seed_lines():
                                               - summary.cell[0].mean))  # its own seeds, unchanged
 
 
+def test_a_row_computed_again_is_tied_with_the_best_it_copies():
+    """The column's best and its twin made again at another commit (every block's loss 2e-8 nats
+    higher: float32's last bits) are one value: the twin is bold too, though its paired interval,
+    as narrow as that difference, lies above 1; a line 1% worse on the same text is not."""
+    from posbench.intervals import Cell
+    from posbench.report.tables import GROUP, add_intervals
+
+    (best,), _ = simulated_cells(np.random.default_rng(7), 1, 0.0, 0.01)
+    moved = best.blocks + 2e-8 * best.sizes
+    twin = Cell(best.seeds, moved.sum(1) / best.sizes.sum(), moved, best.sizes, best.tokens_id)
+    worse_blocks = best.blocks * 1.01
+    worse = Cell(best.seeds, worse_blocks.sum(1) / best.sizes.sum(), worse_blocks, best.sizes, best.tokens_id)
+    rows = [{"label": name, "encoding": name, "variant": "", "rope_scaling": "none", "mode": "nonoverlapping",
+             "stride": 128, "model": "tiny", "data": "sotu", "train_len": 128, "split": "validation",
+             "eval_len": 128, "cell": c} for name, c in (("best", best), ("twin", twin), ("worse", worse))]
+    out = add_intervals(pd.DataFrame(rows)[["label"] + GROUP + ["cell"]], Estimator(resamples=200))
+    out = out.set_index("encoding")
+    assert out.loc["twin", "vs_best_ci_low"] > 1  # the paired interval alone would part them
+    assert out.tied_best.tolist() == [True, True, False]
+
+
 def test_pooling_restores_coverage_for_two_seed_lines_in_a_report():
     """A cheap version of scripts/interval_coverage.py: reports of five lines of two seeds sharing
     one text; the ratio's interval with the column's pooled seed term covers, the line's own one

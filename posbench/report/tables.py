@@ -95,7 +95,7 @@ from .figures import (
     training_figure,
 )
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
-from .longppl import longppl_part
+from .longppl import SAME_RTOL, longppl_part
 from .per import per_figures
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
@@ -461,7 +461,10 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator, per: list[str] = 
       paired (by seed, or by resampled blocks);
     - ``vs_best``, ``vs_best_ci_low``, ``vs_best_ci_high``: exp(mean NLL - the lowest mean NLL among
       the lines of the same train_len and eval_len) and its interval; ``tied_best``: True where that
-      interval contains 1 (and for the lowest itself), False where it lies above 1, NA without one.
+      interval contains 1 (and for the lowest itself, and a line whose mean NLL is the lowest's to
+      :data:`~posbench.report.longppl.SAME_RTOL`: the same computation made again at another commit,
+      whose paired interval is as narrow as their last bits' difference), False where it lies
+      above 1, NA without one.
 
     A line of fewer than 3 seeds takes at least the seeds' variance pooled over its column's lines
     (:func:`posbench.intervals.seed_term`): of their mean NLLs for its cells, of their per-seed
@@ -513,7 +516,8 @@ def add_intervals(summary: pd.DataFrame, estimator: Estimator, per: list[str] = 
             low, high = (0.0, 0.0) if d is None else (d.low, d.high)
             ratio["vs_best"][row] = math.exp(cell.mean - best.mean)
             ratio["vs_best_ci_low"][row], ratio["vs_best_ci_high"][row] = math.exp(low), math.exp(high)
-            tied[row] = pd.NA if math.isnan(low) else bool(low <= 0)
+            same = math.isclose(cell.mean, best.mean, rel_tol=SAME_RTOL)
+            tied[row] = True if same else pd.NA if math.isnan(low) else bool(low <= 0)
     return out.assign(**ratio, tied_best=pd.array(tied, dtype="boolean"), cell_pool=[cell_pool[k] for k in column],
                       ratio_pool=[ratio_pool[k] for k in column])
 
