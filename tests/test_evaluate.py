@@ -246,7 +246,6 @@ def test_old_results_merge_and_positions_are_replaced_by_key(tmp_path):
     assert positions[["bin_start", "bin_end", "nll"]].values.tolist() == [[0, 63, 2.0]]
 
 
-
 @pytest.mark.parametrize("digest", ["000000001234", "28586650e810", "1e5"])
 def test_a_hash_that_reads_as_a_number_stays_the_text_it_was_written_as(tmp_path, digest):
     """A config hash of digits, or digits around one "e", is read back and merged as written: read

@@ -202,9 +202,14 @@ def test_ruff_finds_nothing():
 def test_every_csv_the_package_reads_keeps_its_identifiers_as_text():
     """posbench reads its CSV files through posbench.eval.results.read_table only, which reads
     config hashes and code versions as text (a hash such as "28586650e810" is not a number)."""
-    calls = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "read_csv":
-                calls.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
-    assert calls == ["posbench/eval/results.py:100"], calls
+    def calls(node: ast.AST, where: str):
+        """'path:function' of each read_csv call under ``node``, by the function that holds it."""
+        for child in ast.iter_child_nodes(node):
+            inside = f"{where.split(':')[0]}:{child.name}" if isinstance(child, ast.FunctionDef) else where
+            if isinstance(child, ast.Call) and getattr(child.func, "attr", getattr(child.func, "id", "")) == "read_csv":
+                yield inside
+            yield from calls(child, inside)
+
+    found = [c for path in sorted(PACKAGE.rglob("*.py"))
+             for c in calls(ast.parse(path.read_text()), f"{path.relative_to(PACKAGE.parent)}:")]
+    assert found == ["posbench/eval/results.py:read_table"], found

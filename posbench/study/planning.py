@@ -222,7 +222,7 @@ def _rows(path: Path, label: str, digest: str) -> pd.DataFrame:
         return pd.DataFrame(columns=["rope_scaling", "config_hash", "status", "tokens", "eval_len", "length", "mode",
                                      "stride"])
     rows = read_table(path)
-    return rows[(rows.rope_scaling == label) & (rows.config_hash.astype(str) == digest)]
+    return rows[(rows.rope_scaling == label) & (rows.config_hash == digest)]
 
 
 def _eval_config(study: Study, sweep: Sweep, run: Path, extra: list[str] = ()):
