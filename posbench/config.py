@@ -237,7 +237,9 @@ MODES = ("nonoverlapping", "sliding")
 class EvalConfig:
     lengths: list[int] | None = None  # explicit eval lengths; None: multiples x train_len
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    max_tokens: int = 131072  # token budget scored at every length (see scored_count); docs/evaluation.md
+    # token budget scored at every length (see scored_count); docs/evaluation.md. None (posbench eval's
+    # default): the subject's own, a trained run's eval.max_tokens (posbench.eval.subject)
+    max_tokens: int | None = 131072
     batch_tokens: int = 16384  # tokens per forward pass
     split: str = "validation"
     rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn (rotary models only)
@@ -252,8 +254,9 @@ class EvalConfig:
     extension_group: int | None = None  # self_extend: the group size G
 
     def __post_init__(self):
-        for key in ("max_tokens", "batch_tokens"):
-            positive(f"eval.{key}", getattr(self, key))
+        if self.max_tokens is not None:
+            positive("eval.max_tokens", self.max_tokens)
+        positive("eval.batch_tokens", self.batch_tokens)
         not_empty("eval.lengths", self.lengths, "null (the default ladder: eval.multiples x train.train_len) "
                   "or a list of positive lengths, e.g. [128,256,512]")
         not_empty("eval.multiples", self.multiples, "a list of positive multiples of train.train_len, e.g. [1,2,4]")
@@ -277,7 +280,8 @@ class EvalConfig:
         """The eval lengths; raises if the sliding stride does not fit them."""
         lengths = ladder_lengths(self.lengths, self.multiples, train_len)
         self.strides(lengths)
-        if self.max_tokens >= lengths[-1]:  # a smaller budget gets its own error (evaluate.scored_tokens)
+        # a smaller budget gets its own error (evaluate.scored_tokens)
+        if self.max_tokens is not None and self.max_tokens >= lengths[-1]:
             self.scored_count(lengths, self.max_tokens)
         return lengths
 

@@ -14,7 +14,8 @@ from conftest import posbench, tiny_model
 from posbench.config import EvalConfig
 from posbench.data.corpus import EOS, tokenize, train_tokenizer
 from posbench.errors import PosbenchError
-from posbench.eval.ladder import perplexity_ladder, position_bins, scored_tokens, text_size
+from posbench.eval.ladder import perplexity_ladder, position_bins, text_size
+from posbench.eval.token_set import scored_tokens
 from posbench.eval.results import COLUMNS, KEY, POSITION_COLUMNS, read_results, write_results
 from posbench.runs.rundir import RunDir
 

@@ -50,7 +50,6 @@ from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
 from ..encodings.extension import Extension
 from ..encodings.rotary import rope_scaling, scaling_factor
-from ..errors import PosbenchError
 from ..model.build import autocast
 from ..model.transformer import LanguageModel
 from ..runs import threads
@@ -61,20 +60,7 @@ from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_resu
 from .subject import check_extension, extension_of, open_subject, scaling_label
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
-
-
-def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split: str,
-                  ecfg: EvalConfig | None = None) -> int:
-    """How many tokens every length scores (``ecfg`` None: non-overlapping windows)."""
-    longest = max(lengths)
-    available = tokens.size - 1
-    if longest > available:
-        raise PosbenchError(f"eval length {longest} is longer than the {available} {split} tokens available; "
-                            f"valid: eval.lengths <= {available}")
-    if longest > max_tokens:
-        raise PosbenchError(f"eval.max_tokens={max_tokens} is smaller than the longest eval length {longest}; "
-                            f"valid: eval.max_tokens >= {longest}")
-    return (ecfg or EvalConfig()).scored_count(lengths, min(max_tokens, available))
+from .token_set import scored_count, scored_tokens
 
 
 def position_bins(length: int, starts: list[int] | None = None) -> list[tuple[int, int]]:
@@ -370,8 +356,8 @@ def evaluate_subject(subject: Subject) -> pd.DataFrame:
     tokens = corpus.splits[ecfg.split]
     lengths = subject.ladder_lengths()
     ecfg.strides(lengths)
-    n = scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     label = scaling_label(ecfg.rope_scaling, ext)
+    n = scored_count(RunDir(subject.out).results, tokens, lengths, ecfg, label, subject.budget_given)
     plan = ladder_plan(subject, label, lengths, n)
     plain_cfg = dataclasses.replace(ecfg, rope_scaling="none", extension="none")
     if plan.todo or plan.plain:

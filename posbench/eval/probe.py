@@ -46,6 +46,7 @@ class Subject:
     step: int = 0  # training steps of the weights
     random_positions: int | None = None  # the run's train.random_positions
     reuses_unscaled: bool = False  # a length the scaling leaves as trained is the unscaled row, stored twice
+    budget_given: bool = True  # eval.max_tokens came from the command, not the subject's own default
 
     def autocast(self) -> AbstractContextManager:
         """The precision the model runs in (bf16 autocast where the run's device has it)."""

@@ -84,7 +84,10 @@ def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
         raise PosbenchError(f"{str(run.config)!r} does not describe the model in {str(run.checkpoint)!r} "
                             f"(config hash {config_hash(train_cfg)} != {state.get('config_hash')}); "
                             "was config.yaml edited? restore it or retrain")
+    own = train_cfg.get("eval", {}).get("max_tokens") or EvalConfig.max_tokens  # the run's own budget
     train_cfg.eval = cfg.eval
+    if train_cfg.eval.get("max_tokens") is None:  # not given: the run's (posbench.eval.token_set)
+        train_cfg.eval.max_tokens = own
     ecfg = typed(EvalConfig, train_cfg.eval, "eval")
     check_scalable(str(train_cfg.encoding.name), ecfg.rope_scaling)  # before loading anything
     return run, state, train_cfg, ecfg
@@ -171,12 +174,13 @@ def open_subject(cfg: DictConfig) -> Subject:
 
 def open_trained(cfg: DictConfig) -> TrainedRun:
     """A trained run with its corpus; its weights load when a length needs them."""
+    given = given_budget(cfg)  # before open_run fills the run's own
     run, state, train_cfg, ecfg = open_run(cfg)
     train_len = int(train_cfg.train.train_len)
     ext = extension_of(ecfg, train_len)  # one line if it cannot run, before loading anything
     corpus = load_corpus(train_cfg.data)
     return TrainedRun(None, corpus.tokenizer, None, None, train_len, ecfg.batch_tokens, ecfg=ecfg, ext=ext,
-                      rows_config=train_cfg, out=run.path, step=int(state["step"]),
+                      rows_config=train_cfg, out=run.path, step=int(state["step"]), budget_given=given,
                       random_positions=train_cfg.train.get("random_positions"), run=run, state=state, command=cfg,
                       source=corpus)
 
@@ -188,6 +192,9 @@ def open_pretrained(cfg: DictConfig, weights: bool = True) -> PretrainedModel:
     and the probes' rows to say what is left to compute (``posbench study`` plans with it)."""
     from ..model.pretrained import PieceTokenizer, describe_pretrained, load_pretrained
 
+    given = given_budget(cfg)
+    if not given:
+        cfg.eval.max_tokens = EvalConfig.max_tokens
     ecfg = typed(EvalConfig, cfg.eval, "eval")
     # The system allocator, not keep_freed_memory: a Hugging Face forward's blocks of many sizes
     # fragment a heap that never unmaps. Gemma 3 270M at 2 x 2,048 tokens peaked at 7.7 GB resident
@@ -213,4 +220,11 @@ def open_pretrained(cfg: DictConfig, weights: bool = True) -> PretrainedModel:
                            train_len, ecfg.batch_tokens, scaling, ecfg=ecfg, ext=ext,
                            rows_config=measured_config(cfg, described, precision),
                            out=output_dir(cfg, described, make=False), reuses_unscaled=True, command=cfg,
-                           fast_tokenizer=tokenizer, eos=eos)
+                           fast_tokenizer=tokenizer, eos=eos, budget_given=given)
+
+
+def given_budget(cfg: DictConfig) -> bool:
+    """Whether the command gave ``eval.max_tokens`` (posbench eval's default is null: the subject's
+    own, the token set its rows score or, without rows, a run's eval.max_tokens, 131,072 for a
+    pretrained model; :mod:`posbench.eval.token_set`)."""
+    return cfg.get("eval", {}).get("max_tokens") is not None

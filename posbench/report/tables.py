@@ -331,8 +331,26 @@ def texts_apart(df: pd.DataFrame, mix: bool = False) -> tuple[pd.DataFrame, str]
     ``data`` column, :func:`mixed_data`), compared and paired within their text only, as the report
     and the tests that re-derive its verdicts read them. -> (the rows, what differs: '' where
     nothing does)."""
+    check_token_sets(df)
     mixed = check_one_text(df, mix)
     return (df.assign(data=mixed_data(df)) if mixed else df), mixed
+
+
+def check_token_sets(df: pd.DataFrame) -> None:
+    """Refuse a line of one run whose rows score other tokens at other lengths (written before a
+    run held one token set per split and mode, :mod:`posbench.eval.token_set`): its ratios to
+    train_len and their paired intervals would compare other text, with or without ``--mix``."""
+    if df.empty or "run" not in df:
+        return
+    for (run, label, split), g in with_labels(df).groupby(["run", "label", "split"], sort=False):
+        sets = g.dropna(subset=["tokens"]).groupby("tokens").eval_len.apply(sorted)
+        if len(sets) > 1:
+            shown = "; ".join(f"{int(n):,} at {', '.join(map(str, ls))}" for n, ls in sets.sort_index(ascending=False)
+                              .items())
+            lengths = ",".join(map(str, sorted(g.eval_len.unique())))
+            raise PosbenchError(f"report: line {label!r} of {run} scores other tokens at other lengths ({shown} "
+                                f"{split} tokens), so its curve compares other text; evaluate it again on one set: "
+                                f"posbench eval checkpoint={run} eval.recompute=true 'eval.lengths=[{lengths}]'")
 
 
 def check_one_text(df: pd.DataFrame, mix: bool = False) -> str:

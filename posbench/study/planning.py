@@ -202,11 +202,13 @@ def _ladder_done(subject, label: str) -> tuple[list[int], int, bool]:
     write no row: it computes none of them and every length the method leaves as trained already
     has its row under the method's name (:func:`posbench.eval.ladder.ladder_plan`: a length in
     ``same`` lacks it, even where the unscaled row it copies is stored)."""
-    from ..eval.ladder import ladder_plan, scored_tokens
+    from ..eval.ladder import ladder_plan
+    from ..eval.token_set import scored_count
+    from ..runs.rundir import RunDir
 
     lengths = subject.ladder_lengths()
     tokens = subject.corpus().splits[subject.ecfg.split]
-    n = scored_tokens(tokens, lengths, subject.ecfg.max_tokens, subject.ecfg.split, subject.ecfg)
+    n = scored_count(RunDir(subject.out).results, tokens, lengths, subject.ecfg, label, subject.budget_given)
     todo = ladder_plan(subject, label, lengths, n)
     return lengths, n, not todo.todo and not todo.same
 

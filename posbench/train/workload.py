@@ -31,8 +31,10 @@ from ..data.windows import OnceSampler, WindowSampler, mix
 from ..encodings import PositionEncoding
 from ..encodings.randomized import position_readers
 from ..errors import PosbenchError
-from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute, scored_tokens
+from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute
 from ..eval.results import backfill, markdown_results, read_results, write_results
+from ..eval.subject import scaling_label
+from ..eval.token_set import scored_count, scored_tokens
 from ..model.preflight import check_evaluation
 from ..runs.rundir import RunDir, atomic_write_text
 
@@ -82,8 +84,9 @@ class LanguageModelling:
         token_nll.npz), logged. -> every row of results.csv."""
         ecfg, tree = self.rc.eval, self.rc.tree
         tokens = self.corpus.splits[ecfg.split]
-        n = scored_tokens(tokens, self.lengths, ecfg.max_tokens, ecfg.split, ecfg)  # the whole ladder's count
         ext = extension_of(ecfg, self.rc.train.train_len)
+        # the whole ladder's count, or the token set the run's rows score already (a later eval may have moved it)
+        n = scored_count(run.results, tokens, self.lengths, ecfg, scaling_label(ecfg.rope_scaling, ext), False)
         _, todo = rows_to_compute(run, tree, ecfg, self.lengths, n, ext, step=step)
         if todo:
             ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=self.corpus.tokenizer,
