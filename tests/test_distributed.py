@@ -96,6 +96,23 @@ def test_a_failed_job_under_the_parallel_launcher_fails_the_sweep(tmp_path):
     assert len(list(sweep.rglob("results.csv"))) == 1
 
 
+@pytest.mark.slow
+def test_a_job_refused_for_a_busy_run_dir_under_the_parallel_launcher_fails_the_sweep(tmp_path):
+    """The refused job writes no FAILED into the run dir another process holds: a record in the
+    sweep's root, which the sweep's end reads (the job ran in a worker process)."""
+    from posbench.runs.lock import hold
+
+    sweep = tmp_path / "sweep"
+    with hold(sweep / "seed=0", "train"):  # this process holds seed=0's run dir, as an orphaned job would
+        proc = posbench("-m", "train", *QUICK, "seed=0,1", "hydra/launcher=local_parallel", f"hydra.sweep.dir={sweep}",
+                        "hydra.sweep.subdir='seed=${seed}'", check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "1 job(s) failed" in proc.stderr and f"run dir '{sweep / 'seed=0'}' is in use by posbench train" in proc.stderr
+    assert not (sweep / "seed=0" / "FAILED").exists() and not (sweep / "seed=0" / "results.csv").exists()
+    assert (sweep / "seed=1" / "results.csv").is_file()
+    assert [f.name for f in sweep.glob("REFUSED.*")] == ["REFUSED.0"]
+
+
 def group_alive(pgid: int) -> list[int]:
     """The processes of process group ``pgid`` that still run (zombies, which an init that does
     not reap leaves behind, do not count)."""

@@ -2,8 +2,10 @@
 
 A single run: a user error (:class:`posbench.errors.PosbenchError`) is one line and exit status
 2, and the run dir Hydra made for it is removed with its new parents; a bug keeps its traceback.
-A sweep job: any failure is written to the job dir's ``FAILED`` and counted in
-:data:`posbench.errors.SWEEP_FAILURES`, and the sweep goes on, ending with status 1. A closed
+A sweep job: any failure is written to the job dir's ``FAILED`` (a job refused because another
+process holds its run dir: ``REFUSED.<job number>`` in the sweep's root) and counted in
+:data:`posbench.errors.SWEEP_FAILURES`, and the sweep goes on, ending with status 1 under every
+launcher (:class:`posbench.runs.callbacks.SweepFailures` reads the files of jobs run elsewhere). A closed
 stdout (``posbench encodings | head``) ends the command quietly.
 """
 
@@ -77,6 +79,18 @@ def _record_failure(job_dir: Path, message: str, details: str = "") -> None:
     atomic_write_text(job_dir / "FAILED", message + "\n" + (f"\n{details}" if details else ""))
 
 
+def _record_refusal(sweep_dir: Path, num: int, job_dir: Path, message: str) -> None:
+    """A multirun job refused because another process holds its run dir: ``REFUSED.<num>`` in the
+    sweep's root (its job dir on the first line, the message on the second), which the sweep's
+    end reads (:class:`posbench.runs.callbacks.SweepFailures`) where the job ran in another
+    process (``hydra/launcher=local_parallel``, Slurm): the run dir itself is the other process's."""
+    from ..runs.callbacks import REFUSED
+    from ..runs.rundir import atomic_write_text
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(sweep_dir / f"{REFUSED}.{num}", f"{job_dir}\n{message}\n")
+
+
 @contextmanager
 def user_errors(run_dir: Path | None):
     """A single run: PosbenchError -> one line, exit 2, its fresh run dir removed; a bug keeps
@@ -111,9 +125,10 @@ def user_errors(run_dir: Path | None):
         from hydra.core.hydra_config import HydraConfig
 
         job_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
-        if isinstance(e, RunDirBusy):  # no FAILED in a dir another process works in
+        if isinstance(e, RunDirBusy):  # no FAILED in a dir another process works in: a record in the sweep's root
             SWEEP_FAILURES.append(f"{job_dir}: {e}")
             print(f"posbench: error in job {job_dir}: {e}", file=sys.stderr)
+            _record_refusal(Path(HydraConfig.get().sweep.dir), HydraConfig.get().job.num, job_dir, str(e))
         elif isinstance(e, PosbenchError):
             _record_failure(job_dir, str(e))
         else:

@@ -4,10 +4,11 @@
 before Hydra writes its ``.hydra/`` files and job log there (the task then takes the run dir's
 lock itself, :func:`posbench.runs.lock.hold`).
 
-:class:`SweepFailures`: a failing sweep job writes ``FAILED`` (its error) in its job dir and the sweep goes on
+:class:`SweepFailures`: a failing sweep job writes ``FAILED`` (its error) in its job dir, or, refused because
+another process holds its run dir, ``REFUSED.<job number>`` in the sweep's root, and the sweep goes on
 (see ``posbench.cli.failures.user_errors``). With the basic launcher the jobs run in this process,
 which counts them; with ``hydra/launcher=local_parallel`` or ``slurm`` they do not, so at
-the end of the sweep this callback collects the ``FAILED`` files written during it and
+the end of the sweep this callback collects the ``FAILED`` and ``REFUSED`` files written during it and
 the sweep exits 1 naming them, whatever the launcher.
 
 :class:`NewRunDir`: the folders a single run's dir is about to create (``outputs/train/alibi/...``),
@@ -28,6 +29,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ..errors import SWEEP_FAILURES, fail
+
+REFUSED = "REFUSED"  # <sweep dir>/REFUSED.<job number>: a job refused because its run dir is another process's
 
 # The folders that did not exist when this single run started, deepest first (the run dir, then
 # those of its parents that Hydra creates with it): only these may be removed when it fails.
@@ -53,11 +56,17 @@ class SweepFailures(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
+        found = []  # (job dir, its error)
         for f in sorted(sweep.rglob("FAILED")) if sweep.is_dir() else []:
-            counted = any(line.startswith(f"{f.parent}:") for line in SWEEP_FAILURES)
-            if f.stat().st_mtime >= getattr(self, "started", 0.0) and not counted:
-                message = (f.read_text(errors="replace").splitlines() or ["(no message)"])[0]
-                SWEEP_FAILURES.append(f"{f.parent}: {message}")
+            if f.stat().st_mtime >= getattr(self, "started", 0.0):
+                found.append((str(f.parent), (f.read_text(errors="replace").splitlines() or ["(no message)"])[0]))
+        for f in sorted(sweep.glob(f"{REFUSED}.*")) if sweep.is_dir() else []:
+            lines = f.read_text(errors="replace").splitlines()
+            if f.stat().st_mtime >= getattr(self, "started", 0.0) and len(lines) >= 2:
+                found.append((lines[0], lines[1]))
+        for job_dir, message in found:
+            if not any(line.startswith(f"{job_dir}:") for line in SWEEP_FAILURES):
+                SWEEP_FAILURES.append(f"{job_dir}: {message}")
 
 
 class NewRunDir(Callback):

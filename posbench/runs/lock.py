@@ -149,7 +149,8 @@ def _held_by_other(locked: bool | None, info: dict) -> bool:
 
 def _busy(path: Path, info: dict, command: str) -> str:
     other = ", or use another hydra.run.dir" if command == "train" else ""
-    return f"run dir {str(path.parent)!r} is in use by {describe(info)}; wait for it to finish{other}"
+    what = "study folder" if command == "study" else "run dir"  # posbench study holds its out folder
+    return f"{what} {str(path.parent)!r} is in use by {describe(info)}; wait for it to finish{other}"
 
 
 @contextmanager

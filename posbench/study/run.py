@@ -21,7 +21,7 @@ import yaml
 
 from ..errors import PosbenchError
 from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
-from .spec import Study, Sweep, load_study, parse_where, study_files, sweeps
+from .spec import Study, Sweep, load_study, parse_where, restrict, study_files, sweeps
 
 
 def _posbench() -> list[str]:
@@ -78,16 +78,9 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
     if sweep.pretrained:
         return export_pretrained(study, sweep)
     written = []
-    sweep_dir = study.out / sweep.folder
-    for seed in sweep.seeds:
-        run = sweep_dir / f"seed={seed}"
-        dest = study.runs / sweep.folder / run.name
-        if not finished(run):
-            continue
+    for run, dest in unexported(study, sweep):
         if (run / "tasks.csv").is_file():  # a task run: its rows and config are all the report reads
             written += _export_task(run, dest, study.runs / ".export")
-            continue
-        if (dest / "blocks.npz").is_file() and not (sweep.evaluates and _gained_rows(run, dest)):
             continue
         tmp = study.runs / ".export"
         _remove_tree(tmp)
@@ -99,6 +92,35 @@ def export(study: Study, sweep: Sweep) -> list[Path]:
             written.append(dest)
         _remove_tree(tmp)
     return written
+
+
+def unexported(study: Study, sweep: Sweep) -> list[tuple[Path, Path]]:
+    """(run, its export) of each finished run of one sweep that its export lacks: a training
+    run without an export (or one cut off without its blocks), an eval sweep's run whose
+    results.csv or probe csv holds rows its export lacks (:func:`_gained_rows`), a pretrained
+    folder whose files changed since its export (:func:`_pretrained_stale`). What :func:`export`
+    writes, and what a study that ends names when an export is still missing."""
+    if sweep.pretrained:
+        run, dest = study.out / sweep.folder, study.runs / sweep.folder
+        return [(run, dest)] if _pretrained_stale(run, dest) else []
+    left = []
+    for seed in sweep.seeds:
+        run = study.out / sweep.folder / f"seed={seed}"
+        dest = study.runs / sweep.folder / run.name
+        if not finished(run):
+            continue
+        if (run / "tasks.csv").is_file():
+            done = (dest / "tasks.csv").is_file()
+        else:
+            done = (dest / "blocks.npz").is_file() and not (sweep.evaluates and _gained_rows(run, dest))
+        left += [] if done else [(run, dest)]
+    return left
+
+
+def _pretrained_stale(run: Path, dest: Path) -> bool:
+    """Whether a pretrained folder holds rows (a csv or json) newer than its export."""
+    files = [p for p in run.glob("*") if p.suffix in (".csv", ".json")] if run.is_dir() else []
+    return bool(files) and not (dest.is_dir() and max(p.stat().st_mtime for p in files) <= dest.stat().st_mtime)
 
 
 def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
@@ -113,8 +135,7 @@ def export_pretrained(study: Study, sweep: Sweep) -> list[Path]:
     from ..report.baselines import export_baseline
 
     run, dest, tmp = study.out / sweep.folder, study.runs / sweep.folder, study.runs / ".export"
-    files = [p for p in run.glob("*") if p.suffix in (".csv", ".json")] if run.is_dir() else []
-    if not files or (dest.is_dir() and max(p.stat().st_mtime for p in files) <= dest.stat().st_mtime):
+    if not _pretrained_stale(run, dest):
         return []
     _remove_tree(tmp)
     if (run / "results.csv").is_file():
@@ -168,8 +189,6 @@ def _export_task(run: Path, dest: Path, tmp: Path) -> list[Path]:
     """An algorithmic task's run exported once: its tasks.csv and config.yaml (no per-token NLL)."""
     import shutil
 
-    if (dest / "tasks.csv").is_file():
-        return []
     _remove_tree(tmp)
     tmp.mkdir(parents=True)
     for name in ("config.yaml", "tasks.csv"):
@@ -540,9 +559,27 @@ def main(args: list[str]) -> None:
     if ns.deadline is not None and not ns.deadline > 0:
         raise PosbenchError(f"study: --deadline {ns.deadline:g} is not valid; valid: seconds > 0")
     study = load_study(ns.name, dirs)
+    study.config_dirs = [d.resolve() for d in dirs]
     only = [s for s in ns.only.split(",") if s] if ns.only else None
     where = parse_where(ns.where)
-    study.config_dirs = [d.resolve() for d in dirs]
+    restrict(study, sweeps(study, only), where)  # --only and --where checked before anything is written
+    if ns.step == "plan" or not (ns.step in ("all", "train") or study.out.is_dir()):
+        return steps(study, ns, only, where)
+    from ..runs.lock import hold
+
+    made = not study.out.exists()
+    try:
+        with hold(study.out, "study"):  # one study of a file at a time: a second one is refused in one line
+            steps(study, ns, only, where)
+    finally:
+        if made and study.out.is_dir() and not any(study.out.iterdir()):
+            study.out.rmdir()  # a study that stopped before its first run leaves no empty folder
+
+
+def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: dict[str, set[str]]) -> None:
+    """The steps ``ns.step`` names of a loaded study: plan, train (and export), export, report. A
+    study that trains ends with every run it planned exported, or with one line naming the runs
+    that are not (:func:`missing_runs`)."""
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra, where)
         kept, orphans = orphaned(study, todo)
@@ -550,8 +587,10 @@ def main(args: list[str]) -> None:
         todo = seed_major(kept) if ns.seed_major else kept
         total = have + stuck + sum(len(s.seeds) for s in todo)
         evals = sum(len(s.seeds) for s in todo if s.evaluates or s.pretrained)
+        pending = sum(len(unexported(study, s)) for s in restrict(study, sweeps(study, only), where))
         print(f"study {study.name}: {have} of {total} runs done; {total - have - evals - stuck} to train"
-              + (f", {evals} to evaluate" if evals else "") + (f", {stuck} cannot start (below)" if stuck else ""))
+              + (f", {evals} to evaluate" if evals else "") + (f", {stuck} cannot start (below)" if stuck else "")
+              + (f"; {pending} finished run(s) to export" if pending else ""))
         for line in orphans:
             print(f"study {study.name}: {line}", flush=True)
         if ns.step == "plan":
@@ -560,6 +599,9 @@ def main(args: list[str]) -> None:
             return
         stop = Stop(ns.deadline)
         failed = train(study, todo, ns.jobs, ns.extra, stop)
+        written = [dest for s in sweeps(study, only) for dest in export(study, s)]  # those no sweep's end exported
+        if written:
+            print(f"study {study.name}: exported {len(written)} finished run(s) that were not", flush=True)
         if stop.reason is not None:
             left, done = plan(study, only, ns.extra, where)
             raise PosbenchError(f"study {study.name}: stopped because {stop.reason}: {done} of {total} runs done, "
@@ -571,10 +613,36 @@ def main(args: list[str]) -> None:
             raise PosbenchError(f"study {study.name}: {stuck} branch run(s) could not start, their parents' runs "
                                 f"not under {study.out}; valid: what the lines above name (remove the exports they "
                                 "list, to train those seeds whole, or choose the parents' stage)")
+        missing = missing_runs(study, only, ns.extra, where)
+        if missing:
+            raise PosbenchError(f"study {study.name}: {len(missing)} planned run(s) are not exported after training: "
+                                f"{_named(missing)}; re-run the same command to train and export them")
     if ns.step == "export":
         n = sum(len(export(study, s)) for s in sweeps(study, only))
         print(f"study {study.name}: exported {n} run(s) to {study.runs}")
     if ns.step in ("all", "report"):
+        pending = [str(run) for s in restrict(study, sweeps(study, only), where) for run, _ in unexported(study, s)]
+        if pending:
+            raise PosbenchError(f"study {study.name}: {len(pending)} finished run(s) under {study.out} are not "
+                                f"exported, so the report would lack them: {_named(pending)}; valid: posbench study "
+                                f"{study.name} --step export (or the plain command), then report")
         if not _finished_keys(study.runs, False):
-            raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet")
+            raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet; valid: "
+                                f"posbench study {study.name} to train and export them")
         report(study)
+
+
+def missing_runs(study: Study, only=None, extra: list[str] = (), where=None) -> list[str]:
+    """The planned runs a study lacks once it has trained: those its plan still lists (a job
+    refused or ended without its rows), and finished ones whose export is missing
+    (:func:`unexported`). -> their folders under ``out`` (``rope/seed=1``)."""
+    left, _ = plan(study, only, extra, where)
+    named = [f"{s.folder}" + ("" if s.pretrained else f"/seed={seed}") for s in left
+             for seed in (s.seeds if not s.pretrained else [None])]
+    named += [str(run.relative_to(study.out)) for s in restrict(study, sweeps(study, only), where or {})
+              for run, _ in unexported(study, s)]
+    return list(dict.fromkeys(named))
+
+
+def _named(items: list[str], shown: int = 6) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")

@@ -1,0 +1,85 @@
+"""A study that exits 0 has every planned run exported and reported: a run left unexported by a study
+that died is exported by the same command, a job refused because another process holds its run
+dir fails the study, and two studies of one file do not run at once."""
+
+import shutil
+
+import pytest
+from test_study import posbench, write_study
+
+from posbench.runs.lock import hold
+
+pytestmark = pytest.mark.slow
+
+TWO = """description: two smoke runs
+out: {tmp}/out
+runs: {tmp}/runs
+results: {tmp}/results
+common: [experiment=smoke, train.steps=4, "eval.multiples=[1,2]"]
+stages:
+  - name: a
+    grid: {{encoding: [alibi], seed: [0, 1]}}
+"""
+
+
+def one_line_error(r) -> str:
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def seeds_reported(tmp_path) -> list[int]:
+    """The seed counts of the report's cells (report.csv's n_ok)."""
+    import pandas as pd
+
+    return sorted(pd.read_csv(tmp_path / "results" / "report.csv").n_ok.unique())
+
+
+def test_a_finished_run_without_its_export_is_exported_by_the_same_command(tmp_path):
+    cfg = write_study(tmp_path, TWO.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--jobs", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    export = tmp_path / "runs" / "a" / "encoding=alibi" / "seed=1"
+    shutil.rmtree(export)  # as a study that died between its sweep's end and the export
+    report = (tmp_path / "results" / "report.md").read_bytes()
+    line = one_line_error(posbench("study", "--config-dir", str(cfg), "mini", "--step", "report"))
+    assert line == (f"posbench: error: study mini: 1 finished run(s) under {tmp_path / 'out'} are not exported, so "
+                    f"the report would lack them: {tmp_path / 'out' / 'a' / 'encoding=alibi' / 'seed=1'}; valid: "
+                    "posbench study mini --step export (or the plain command), then report")
+    assert (tmp_path / "results" / "report.md").read_bytes() == report and not export.exists()
+    r = posbench("study", "--config-dir", str(cfg), "mini")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 of 2 runs done; 0 to train; 1 finished run(s) to export" in r.stdout
+    assert "exported 1 finished run(s) that were not" in r.stdout
+    assert (export / "blocks.npz").is_file() and seeds_reported(tmp_path) == [2]
+
+
+def test_a_job_refused_because_another_process_holds_its_run_dir_fails_the_study(tmp_path):
+    """As a study SIGKILLed while its sweep lives on, run again: the orphaned job holds seed 0's run
+    dir, so the new sweep's job for it is refused, and the study exits non-zero, not with a
+    report of seed 1 alone; once the holder is gone, the same command completes it."""
+    cfg = write_study(tmp_path, TWO.format(tmp=tmp_path))
+    with hold(tmp_path / "out" / "a" / "encoding=alibi" / "seed=0", "train"):
+        r = posbench("study", "--config-dir", str(cfg), "mini", "--jobs", "2")
+    line = one_line_error(r)
+    log = tmp_path / "out" / "a" / "encoding=alibi.log"
+    assert line == f"posbench: error: study mini: 1 sweep(s) failed; their logs: {log}"
+    assert "is in use by posbench train" in log.read_text()
+    assert not (tmp_path / "results").exists()
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--jobs", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 of 2 runs done; 1 to train" in r.stdout and seeds_reported(tmp_path) == [2]
+
+
+def test_a_second_study_of_one_file_is_refused_in_one_line(tmp_path):
+    cfg = write_study(tmp_path, TWO.format(tmp=tmp_path))
+    with hold(tmp_path / "out", "study"):  # this process is the first study
+        r = posbench("study", "--config-dir", str(cfg), "mini")
+        line = one_line_error(r)
+        assert line.startswith(f"posbench: error: study folder '{tmp_path / 'out'}' is in use by posbench study (pid ")
+        assert line.endswith("; wait for it to finish")
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".posbench.lock"]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--step", "plan")  # a plan reads only: never refused
+    assert r.returncode == 0 and "0 of 2 runs done; 2 to train" in r.stdout
