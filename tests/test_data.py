@@ -149,7 +149,8 @@ def test_killed_corpus_build_leaves_a_temp_dir_that_the_next_build_removes(tmp_p
     assert corpus.splits["train"].size > 0
 
 
-@pytest.mark.parametrize("damage", ["truncated array", "one token changed", "tokenizer not json", "meta.json torn"])
+@pytest.mark.parametrize("damage", ["truncated array", "one token changed", "tokenizer not json", "meta.json torn",
+                                    "meta.json missing"])
 def test_a_damaged_cache_is_detected_by_its_checksums_and_rebuilt(tmp_path, damage):
     cfg = data_cfg()
     first = load_corpus(cfg, cache_dir=tmp_path)
@@ -166,9 +167,12 @@ def test_a_damaged_cache_is_detected_by_its_checksums_and_rebuilt(tmp_path, dama
     elif damage == "tokenizer not json":
         (entry / "tokenizer.json").write_text('{"version": "1.0", "trunc')
         reason = "tokenizer.json does not match its checksum"
-    else:
+    elif damage == "meta.json torn":
         (entry / "meta.json").write_text('{"name": "sotu", "ke')
         reason = "Unterminated string"
+    else:  # every later run with the corpus failed with a traceback until the entry was removed by hand
+        (entry / "meta.json").unlink()
+        reason = "meta.json is missing"
     messages = []
     again = load_corpus(cfg, cache_dir=tmp_path, log=messages.append)
     assert messages[0].startswith(f"posbench: corpus cache {entry} is damaged (") and reason in messages[0]

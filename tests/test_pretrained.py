@@ -4,6 +4,8 @@ a tokenizer, nothing downloaded."""
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -175,14 +177,16 @@ def test_a_learned_table_is_na_past_it_and_alibi_runs_past_any_length(models, tm
     assert set(rows.encoding) == {"alibi"} and (rows.status == "ok").all() and rows.nll.map(math.isfinite).all()
 
 
-def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
+def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path, smoke_run):
     out = tmp_path / "out"
     cases = [([f"pretrained={tmp_path / 'nothing'}"], "does not exist; valid: a local model directory"),
              ([f"pretrained={tmp_path}"], "is a directory without config.json"),
              ([f"pretrained={models / 'llama' / 'config.json'}"], "is a file but not a .gguf file"),
              ([f"pretrained={models / 'gpt2'}", "eval.rope_scaling=yarn"], "needs a model trained with a rotary"),
              ([f"pretrained={models / 'llama'}", "probe=passkey", "probe.lengths=[16]"], "too short for the passkey"),
-             ([f"pretrained={models / 'llama'}", f"checkpoint={tmp_path}"], "both name a model")]
+             ([f"pretrained={models / 'llama'}", f"checkpoint={tmp_path}"], "both name a model"),
+             ([f"pretrained={models / 'llama'}", "bos=sometimes"], "bos='sometimes' is not valid; valid choices: auto, "
+              "first, every")]
     for args, message in cases:
         proc = posbench("eval", *args, f"out={out}", check=False)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
@@ -190,6 +194,43 @@ def test_bad_pretrained_input_is_one_line_and_writes_nothing(models, tmp_path):
         assert not out.exists()
     proc = posbench("eval", f"checkpoint={tmp_path}", "data=text", check=False)
     assert proc.returncode == 2 and "data=text belongs to posbench train" in proc.stderr
+    for option in ("bos=every", "precision=bf16", f"out={out}"):  # a pretrained model's options, on a trained run
+        proc = posbench("eval", f"checkpoint={smoke_run}", option, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"posbench: error: {option} applies to pretrained= models only; posbench eval checkpoint={smoke_run} "
+            f"evaluates a trained run as it trained; valid: leave {option.split('=')[0]} out"]
+
+
+def test_bos_auto_is_the_policy_the_models_tokenizer_trained_with(models, tmp_path):
+    """A folder's tokenizer_config.json add_bos_token, a GGUF's tokenizer.ggml.add_bos_token: true is
+    BOS before every window (Gemma 3), false or absent BOS before the text's first one (SmolLM2)."""
+    gguf = pytest.importorskip("gguf")
+    from posbench.model.pretrained import trained_bos
+
+    folder = Path(shutil.copytree(models / "llama", tmp_path / "llama"))
+    settings = folder / "tokenizer_config.json"
+    base = json.loads(settings.read_text())
+    base.pop("add_bos_token", None)
+    for flag, policy in ((True, "every"), (False, "first"), (None, "first")):
+        settings.write_text(json.dumps(base if flag is None else {**base, "add_bos_token": flag}))
+        assert trained_bos(str(folder)) == policy
+    for flag, policy in ((True, "every"), (False, "first"), (None, "first")):
+        path = tmp_path / f"header-{flag}.gguf"
+        writer = gguf.GGUFWriter(path, "llama")
+        if flag is not None:
+            writer.add_add_bos_token(flag)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        assert trained_bos(str(path)) == policy
+    out = tmp_path / "out"
+    settings.write_text(json.dumps({**base, "add_bos_token": True}))
+    posbench("eval", f"pretrained={folder}", "eval.lengths=[16]", "eval.max_tokens=32", f"out={out}")
+    auto = pd.read_csv(out / "results.csv")
+    assert auto.model.tolist() == ["llama+bos"]  # bos=every's rows
+    posbench("eval", f"pretrained={folder}", "eval.lengths=[16]", "eval.max_tokens=32", "bos=every", f"out={out}")
+    assert pd.read_csv(out / "results.csv").nll.tolist() == auto.nll.tolist()  # the same rows: not computed again
 
 
 @pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])

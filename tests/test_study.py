@@ -104,7 +104,7 @@ def test_the_report_commands_are_the_shipped_reports():
     assert command[:8] == [
         "report", "results/baselines/headline", "results/new_schemes/runs", "--out", "results/new_schemes",
         "--by=model.length_scaling", "--by=model.qk_norm", "--by=model.window"]
-    assert command[-1] == "--log-y" and len(command) == 8 + 8 + 1
+    assert command[-2:] == ["--missing-contrasts", "--log-y"] and len(command) == 8 + 8 + 2
     assert command[8] == ("--contrast=p_rope [length_scaling=none, qk_norm=False, window=0]/"
                           "rope [length_scaling=none, qk_norm=False, window=0]")
     assert study.report["tables"] == {"encodings.md": "scripts/encoding_table.py"}
@@ -159,11 +159,34 @@ stages:
     ("out: o\nruns: r\nresults: s\nstages: [{name: a, grid: {encoding: [rope]}}]\nlaunch: 3\n", "unknown key 'launch'"),
     ("out: o\nruns: r\nstages: [{name: a, grid: {encoding: [rope]}}]\n", "lacks 'results'"),
     ("out: o\nruns: r\nresults: s\nstages: [{name: a}]\n", "needs a name and a grid"),
+    ("out: o\nruns: [r\n", r"mini.yaml line 3, column 1: expected ',' or '\]', but got '<stream end>' \(not valid YAML\); "
+     "valid: a YAML mapping of description, out"),
+    ("- out: o\n", "mini.yaml holds list, not a mapping"),
+    ("out: o\nruns: r\nresults: s\ncommon: experiment=smoke\nstages: [{name: a, grid: {}}]\n",
+     "mini.yaml common is 'experiment=smoke' \\(str\\); valid: a list of strings$"),
+    ("out: o\nruns: r\nresults: s\nstages: [{name: a, grid: {}, eval: sure}]\n",
+     "stage a eval is 'sure' \\(str\\); valid: true or false$"),
+    ("out: o\nruns: r\nresults: s\nstages: [{name: a, grid: {seed: {a: 1}}}]\n", "stage a grid seed is \\{'a': 1\\}"),
+    ("out: o\nruns: r\nresults: s\nstages: {name: a}\n", "stages is \\{'name': 'a'\\} \\(dict\\); valid: a list of stages"),
+    ("out: o\nruns: r\nresults: s\nstages: [{name: a, grid: {}}]\nreport: {contrasts: [[a]]}\n",
+     "report contrasts is \\[\\['a'\\]\\] \\(list\\); valid: a list of \\[line, line\\] pairs"),
 ])
 def test_a_bad_study_file_is_one_line(tmp_path, body, message):
     write_study(tmp_path, body)
     with pytest.raises(PosbenchError, match=message):
         load_study("mini", [tmp_path])
+
+
+def test_a_broken_study_file_is_listed_as_broken_beside_the_others(tmp_path):
+    write_study(tmp_path, "out: o\nruns: [r\n", name="broken")
+    write_study(tmp_path, MINI.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    listed = dict(line.split(None, 1) for line in r.stdout.splitlines())
+    assert listed["mini"] == "one smoke run" and "headline" in listed
+    assert listed["broken"].startswith(f"broken: {tmp_path / 'study' / 'broken.yaml'} line 3, column 1: ")
+    r = posbench("study", "--config-dir", str(tmp_path), "broken")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "(not valid YAML)" in r.stderr
 
 
 def test_unknown_study_and_stage_are_one_line_errors(tmp_path):

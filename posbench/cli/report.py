@@ -46,6 +46,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--mix", action="store_true",
                         help="report runs scored on different text (corpus, split, vocabulary, scored tokens) "
                              "together, each text's lines apart (default: refuse, naming what differs)")
+    parser.add_argument("--missing-contrasts", action="store_true",
+                        help="a --contrast line that is not in the report is said to be missing instead of refused "
+                             "(posbench study passes it: a study reported before all its runs exist)")
     parser.add_argument("--contrast", action="append", default=[], metavar="A/B",
                         help="a verdict comparing line A's ppl(L) / ppl(train_len) with line B's, both named as the "
                              "table names them (repeatable)")
@@ -78,11 +81,13 @@ def main(args: list[str]) -> None:
     if ns.matched and "train.steps" not in by:
         by.append("train.steps")  # each budget a line of the usual report
     per = _per(ns, by)
+    matched = _matched_parts(ns, baselines) if ns.matched else None  # refused before any file is written
     done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
                   by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts,
+                  strict_contrasts=not ns.missing_contrasts,
                   per=per)
     if ns.matched:
-        done = _matched(ns, done, baselines)
+        done = _matched(ns, done, baselines, matched)
     if done.header:
         print(done.header + "\n")
     if done.table:
@@ -115,12 +120,19 @@ def _contrasts(ns) -> list[str]:
     return contrasts
 
 
-def _matched(ns, done, baselines: list[str]):
-    """matched.md and matched.csv beside the report (posbench.report.matched); -> ``done`` with them."""
-    from ..report.matched import write_matched
+def _matched_parts(ns, baselines: list[str]):
+    """--matched's table and verdicts (posbench.report.matched.matched_parts), or its one line."""
+    from ..report.matched import matched_parts
     from ..report.tables import collect
 
+    return matched_parts(collect(list(ns.dirs) + baselines), ns.target)
+
+
+def _matched(ns, done, baselines: list[str], parts):
+    """matched.md and matched.csv beside the report (posbench.report.matched); -> ``done`` with them."""
+    from ..report.matched import write_matched
+
     out = Path(done.files[0]).parent
-    written = write_matched(collect(list(ns.dirs) + baselines), out, ns.target)
+    written = write_matched(None, out, ns.target, parts)
     print((out / "matched.md").read_text())
     return done._replace(files=done.files + written)

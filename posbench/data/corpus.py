@@ -247,7 +247,7 @@ def load_corpus(cfg: DataConfig, cache_dir: str | os.PathLike | None = None, log
     root = Path(cache_dir or cfg.cache_dir or default_cache_dir()).expanduser()
     key = cache_key(cfg, tokenizer)
     final = root / f"{cfg.name}-{key}"
-    corpus = read_cache(final, log) if (final / "meta.json").exists() else None
+    corpus = read_cache(final, log) if final.exists() else None  # an entry renamed into place holds meta.json
     if corpus is None and cfg.train_tokens is not None:
         full = load_corpus(dataclasses.replace(cfg, train_tokens=None), root, log, tokenizer, eos_token)
         log(f"posbench: writing the first {cfg.train_tokens:,} training tokens of corpus {cfg.name!r} to {final}")
@@ -282,6 +282,8 @@ def read_cache(final: Path, log=print) -> Corpus | None:
     from tokenizers import Tokenizer
 
     try:
+        if not (final / "meta.json").is_file():
+            raise ValueError("meta.json is missing")
         meta = json.loads((final / "meta.json").read_text())
         sums = meta.get("checksums")
         if not isinstance(sums, dict):

@@ -297,6 +297,12 @@ def study_keys(evaluator: str | Path, runs: list[str | Path], short_len: int | N
         raise PosbenchError("longppl: no runs given; valid: run dirs or sweep dirs holding results.csv")
     _scored_rows(Path(evaluator), split)  # one line where the evaluator has no results
     scored = [_scored_rows(Path(run), split)[0] for run in runs]
+    bare = [str(run) for run, rows in zip(runs, scored) if not len(rows)]
+    if bare:
+        raise PosbenchError(f"longppl: {', '.join(bare[:3])}{' and more' if len(bare) > 3 else ''} hold(s) no ok "
+                            f"{split} row with its per-token NLL in {TOKEN_NLL} (written by posbench eval since it "
+                            "stores them); valid: evaluate them again (posbench eval checkpoint=RUN "
+                            "eval.recompute=true), or leave them out")
     for run in runs:
         check_same_text(evaluator, run)
     if short_len is None:

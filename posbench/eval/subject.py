@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..config import EvalConfig, config_hash, typed
 from ..data.corpus import load_corpus
@@ -174,6 +174,11 @@ def open_subject(cfg: DictConfig) -> Subject:
 
 def open_trained(cfg: DictConfig) -> TrainedRun:
     """A trained run with its corpus; its weights load when a length needs them."""
+    for key, unset in PRETRAINED_ONLY.items():  # a trained run's windows have no BOS policy, its precision is its own
+        if cfg.get(key) not in unset:
+            raise PosbenchError(f"{key}={cfg.get(key)} applies to pretrained= models only; posbench eval "
+                                f"checkpoint={cfg.checkpoint} evaluates a trained run as it trained; valid: leave "
+                                f"{key} out")
     given = given_budget(cfg)  # before open_run fills the run's own
     run, state, train_cfg, ecfg = open_run(cfg)
     train_len = int(train_cfg.train.train_len)
@@ -202,7 +207,7 @@ def open_pretrained(cfg: DictConfig, weights: bool = True) -> PretrainedModel:
     # 23 GB, and takes 4.1 GB without.
     device = resolve_device(str(cfg.device))
     precision = str(cfg.get("precision") or "auto")
-    bos = str(cfg.get("bos") or "first")
+    bos = pretrained_bos(cfg)
     if weights:
         model, tokenizer, eos = load_pretrained(str(cfg.pretrained), device, precision, bos)
         dtype = next(model.parameters()).dtype
@@ -221,6 +226,27 @@ def open_pretrained(cfg: DictConfig, weights: bool = True) -> PretrainedModel:
                            rows_config=measured_config(cfg, described, precision),
                            out=output_dir(cfg, described, make=False), reuses_unscaled=True, command=cfg,
                            fast_tokenizer=tokenizer, eos=eos, budget_given=given)
+
+
+def pretrained_bos(cfg: DictConfig) -> str:
+    """``cfg.bos`` checked, ``auto`` (the default) resolved to the policy the model trained with
+    (:func:`posbench.model.pretrained.trained_bos`) and written back, so the rows' config and the
+    model's name (``+bos`` under every) say the policy that was used."""
+    from ..model.pretrained import BOS_CHOICES, trained_bos
+
+    bos = str(cfg.get("bos") or "auto")
+    if bos not in BOS_CHOICES:
+        raise PosbenchError(f"bos={bos!r} is not valid; valid choices: {', '.join(BOS_CHOICES)} (auto: as the model "
+                            "was trained, from its tokenizer's add_bos_token)")
+    if bos == "auto":
+        bos = trained_bos(str(cfg.pretrained))
+        with open_dict(cfg):
+            cfg.bos = bos
+    return bos
+
+
+#: posbench eval's options for a pretrained model alone, each with the value that means "not given"
+PRETRAINED_ONLY = {"bos": ("auto", None), "precision": ("auto", None), "out": (None,)}
 
 
 def given_budget(cfg: DictConfig) -> bool:

@@ -32,7 +32,8 @@ global layers see, the only layers that reach past 512 tokens. A model whose ext
 need two scaled frequency sets, or whose attention logits are soft-capped (Gemma 2), is refused
 with one line.
 
-``bos`` is the window's beginning-of-sequence policy: ``first`` (default) scores the corpus
+``bos`` is the window's beginning-of-sequence policy (``posbench eval``'s ``bos=auto`` picks the one the
+model was trained with, :func:`trained_bos`): ``first`` scores the corpus
 as tokenized, where the tokenizer's BOS (if it adds one) starts each document, so the first
 window begins with it and later windows begin mid-text; ``every`` puts the model's BOS before
 every window that does not begin with it, at position 0 (the window's tokens at positions 1..L;
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -286,6 +288,35 @@ def position_scheme(config) -> PositionScheme:
 
 
 BOS_POLICIES = ("first", "every")  # where a window gets the model's beginning-of-sequence token (module docstring)
+BOS_CHOICES = ("auto", *BOS_POLICIES)  # bos=: auto is the policy the model trained with (trained_bos)
+
+
+def trained_bos(path: str) -> str:
+    """``bos=auto``: the BOS policy a model was trained with, as its tokenizer says: ``every`` where
+    it adds BOS to every sequence it encodes (a GGUF's ``tokenizer.ggml.add_bos_token``, a
+    folder's ``add_bos_token`` in tokenizer_config.json: true for Gemma 3, false for SmolLM2),
+    else ``first``."""
+    source = Path(path).expanduser()
+    if source.suffix == ".gguf":
+        flag = _gguf_value(str(source), "tokenizer.ggml.add_bos_token")
+    else:
+        found = source / "tokenizer_config.json"
+        flag = json.loads(found.read_text()).get("add_bos_token") if found.is_file() else None
+    return "every" if flag else "first"
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_value(path: str, key: str):
+    """A scalar of a GGUF file's header (None where it has none), read without its tensors."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as e:
+        raise PosbenchError(f"reading {path} needs the gguf package ({e}); valid: pip install \"posbench[hf]\"") from e
+    try:
+        field = GGUFReader(path).fields.get(key)
+    except (OSError, ValueError, struct.error) as e:
+        raise _cannot_load(path, e) from e
+    return None if field is None or not field.data else field.parts[field.data[0]].tolist()[0]
 
 
 class PretrainedLM(nn.Module):
@@ -536,6 +567,23 @@ def _config_and_tokenizer(path: str):
     return (config, *_fast_tokenizer(tokenizer))
 
 
+@contextmanager
+def _quiet_gguf():
+    """transformers' GGUF loader without its tensor bar ("Converting and de-quantizing GGUF
+    tensors"), which it draws with tqdm itself, past ``disable_progress_bar``, on every load."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as loader
+    except ImportError:
+        yield
+        return
+    bar = loader.tqdm
+    loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        loader.tqdm = bar
+
+
 def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: str = "first"):
     """-> (:class:`PretrainedLM` on ``device`` in eval mode, tokenizers.Tokenizer, end-of-text
     token). ``dtype``: auto (the checkpoint's own, fp32 on CPU), fp32, bf16; ``bos``: the
@@ -544,8 +592,9 @@ def load_pretrained(path: str, device: torch.device, dtype: str = "auto", bos: s
     torch_dtype = {"auto": torch.float32 if device.type == "cpu" else "auto", "fp32": torch.float32,
                    "bf16": torch.bfloat16}[dtype]
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, local_files_only=True,
-                                                                  **kwargs)
+        with _quiet_gguf():
+            model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, local_files_only=True,
+                                                                      **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, **kwargs)
     except LOAD_ERRORS as e:
         raise _cannot_load(path, e) from e

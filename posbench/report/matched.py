@@ -197,11 +197,18 @@ def matched_markdown(table: pd.DataFrame, verdicts: list[str]) -> str:
             + "".join(f"- {line}\n" for line in verdicts))
 
 
-def write_matched(df: pd.DataFrame, out: Path, target: float | None = None) -> list[Path]:
-    """matched.csv and matched.md in ``out``."""
+def matched_parts(df: pd.DataFrame, target: float | None = None) -> tuple[dict, pd.DataFrame, list[str]]:
+    """What matched.csv, .md and .png hold, computed (and refused in one line) before any file is
+    written: (:func:`budget_cells`, :func:`matched_table`, :func:`matched_verdict`)."""
     lines = budget_cells(df)  # the runs' block sums read once, for the table and the figure
     table, matched, pool = matched_table(df, target, lines=lines)
-    verdicts = matched_verdict(matched, pool, float(table.target.iloc[0]))
+    return lines, table, matched_verdict(matched, pool, float(table.target.iloc[0]))
+
+
+def write_matched(df: pd.DataFrame, out: Path, target: float | None = None,
+                  parts: tuple[dict, pd.DataFrame, list[str]] | None = None) -> list[Path]:
+    """matched.csv and matched.md in ``out`` (``parts``: :func:`matched_parts`, computed already)."""
+    lines, table, verdicts = parts or matched_parts(df, target)
     files = [out / "matched.csv", out / "matched.md"]
     atomic_write_text(files[0], table.to_csv(index=False))
     atomic_write_text(files[1], matched_markdown(table, verdicts))

@@ -918,7 +918,7 @@ def draw_run(run_dir: str | Path) -> None:
 def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
            threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = (),
-           contrasts: list[tuple[str, str] | str] = (), per: list[str] = ()) -> Report:
+           contrasts: list[tuple[str, str] | str] = (), per: list[str] = (), strict_contrasts: bool = False) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
     report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
@@ -934,7 +934,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     otherwise), each text's lines apart; ``lines``: the line names (``--lines``, commas outside
     brackets split them) that the per-line figures draw; ``contrasts``: (line A, line B) pairs (or 'A/B' texts) whose
     ratios report.md's verdicts compare (:mod:`posbench.report.verdicts`); ``per``: keys of ``by`` whose
-    values split the verdicts' setups instead of their lines (a budget study's orderings per budget).
+    values split the verdicts' setups instead of their lines (a budget study's orderings per budget);
+    ``strict_contrasts``: a contrast naming no line of the report is refused, not said to be missing.
     A report of more than
     :data:`~posbench.report.ranked.MANY_LINES` lines draws ranked.png and tradeoff.png
     (:mod:`posbench.report.ranked`), one point per line, and the per-line figures for ``lines``
@@ -948,7 +949,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
     failed = failed_runs(paths)
     tasks = read_tasks(paths)
     if tasks.empty or find_files(paths, RESULTS):
-        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines, contrasts, per)
+        done = ppl_report(paths, out, fmt, log_y, reference, failed, by, threshold, mix, lines, contrasts, per,
+                          strict_contrasts)
         footer = ""
     else:
         done, footer = Report(pd.DataFrame(), "", [], []), failures_markdown(failed)
@@ -983,7 +985,7 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
                failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
                mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str] | str] = (),
-               per: list[str] = ()) -> Report:
+               per: list[str] = (), strict_contrasts: bool = False) -> Report:
     """The perplexity part of :func:`report`, from the results.csv files under ``paths``."""
     try:
         df = collect(paths, by=by)
@@ -1000,7 +1002,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
     summary = summarize(df, cells=True, per=per)
-    verdicts = verdict_lines(summary, contrasts, per=per)
+    verdicts = verdict_lines(summary, contrasts, per=per, strict=strict_contrasts)
     summary = summary.drop(columns=list(CELL_COLUMNS))
     text = extrapolation_summary(summary, per)
     table = markdown_table(summary)

@@ -39,6 +39,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
+from ..errors import PosbenchError
 from ..eval.results import LINE, label_parts
 from ..intervals import Cell, Estimator, Interval
 
@@ -213,12 +214,18 @@ class Verdicts:
                              + self._order(cells, values, self._pool(g, tlen, False), 2, g))
         return lines
 
-    def contrasts(self, pairs) -> list[str]:
-        """``pairs``: (A, B) tuples, or 'A/B' texts (:func:`split_contrast`)."""
+    def contrasts(self, pairs, strict: bool = False) -> list[str]:
+        """``pairs``: (A, B) tuples, or 'A/B' texts (:func:`split_contrast`). A line that is not in
+        the report is 'no setup has both lines' (a study reported before all its runs exist), or,
+        ``strict`` (``posbench report --contrast`` typed by hand), refused in one line."""
         lines = []
         labels = set(self.s.label)
         for pair in pairs:
             a, b = split_contrast(pair, labels) if isinstance(pair, str) else pair
+            unknown = [x for x in (a, b) if x not in labels]
+            if unknown and strict:
+                raise PosbenchError(f"report: --contrast {a}/{b}: {unknown[0]!r} is not a line of this report; valid: "
+                                    + ", ".join(sorted(labels)))
             found = False
             for setup, g in self.setups():
                 if not {a, b} <= set(g.label):
@@ -300,10 +307,11 @@ def split_contrast(text: str, labels: set[str]) -> tuple[str, str]:
 
 
 def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None,
-                  per: list[str] = ()) -> list[str]:
-    """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`."""
+                  per: list[str] = (), strict: bool = False) -> list[str]:
+    """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`;
+    ``strict``: a contrast naming no line of the report is refused (:meth:`Verdicts.contrasts`)."""
     v = Verdicts(summary, estimator, per)
-    return [PREFIX + line for line in v.orderings() + v.contrasts(contrasts) + v.across()]
+    return [PREFIX + line for line in v.orderings() + v.contrasts(contrasts, strict) + v.across()]
 
 
 def verdicts_markdown(lines: list[str]) -> str:

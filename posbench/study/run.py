@@ -17,11 +17,9 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
 from ..errors import PosbenchError
 from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
-from .spec import Study, Sweep, load_study, parse_where, restrict, study_files, sweeps
+from .spec import Study, Sweep, describe_study, load_study, parse_where, restrict, study_files, sweeps
 
 
 def _posbench() -> list[str]:
@@ -380,6 +378,7 @@ def report_command(study: Study) -> list[str]:
     by = [f"--by={k}" for k in rep.get("by") or []]
     per = [f"--per={k}" for k in rep.get("per") or []]
     contrasts = [f"--contrast={a}/{b}" for a, b in rep.get("contrasts") or []]
+    contrasts += ["--missing-contrasts"] if contrasts else []
     return [*_posbench(), "report", *map(str, rep.get("dirs") or []), str(study.runs), "--out", str(study.results),
             *by, *per, *contrasts, *map(str, rep.get("args") or [])]
 
@@ -551,8 +550,7 @@ def main(args: list[str]) -> None:
     dirs = [Path(d) for d in ns.config_dir]
     if ns.name is None:
         for name, path in study_files(dirs).items():
-            desc = (yaml.safe_load(path.read_text()) or {}).get("description", "")
-            print(f"{name:<16} {desc}")
+            print(f"{name:<16} {describe_study(path)}")
         return
     if ns.jobs < 1:
         raise PosbenchError(f"study: --jobs {ns.jobs} is not valid; valid: a count of runs >= 1")

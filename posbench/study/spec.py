@@ -68,13 +68,92 @@ def _unknown(where: str, data: dict, valid: tuple[str, ...]) -> None:
         raise PosbenchError(f"study: {where} has an unknown key {bad[0]!r}; valid keys: {', '.join(valid)}")
 
 
+# the type each key of a study file holds: checked for the whole file before anything runs
+STR, BOOL, STRS, MAP, SCALAR = "a string", "true or false", "a list of strings", "a mapping", "a number or string"
+STUDY_TYPES = {"description": STR, "out": STR, "runs": STR, "results": STR, "folder": STR, "common": STRS,
+               "stages": "a list of stages (mappings)", "report": MAP}
+STAGE_TYPES = {"name": STR, "grid": MAP, "overrides": STRS, "from": STR, "eval": BOOL, "pretrained": STR,
+               "folder": STR}
+REPORT_TYPES = {"by": STRS, "per": STRS, "dirs": STRS, "args": STRS, "tables": MAP,
+                "contrasts": "a list of [line, line] pairs or 'line/line' strings", "longppl": MAP}
+
+
+def _is(value, kind: str) -> bool:
+    """Whether ``value`` (as YAML read it) is of ``kind`` (:data:`STUDY_TYPES` and the like)."""
+    scalar = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    checks = {STR: isinstance(value, str) or (scalar and not isinstance(value, str)),  # 2026 names a folder too
+              BOOL: isinstance(value, bool), MAP: isinstance(value, dict), SCALAR: scalar,
+              STRS: isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                    for v in value),
+              STUDY_TYPES["stages"]: isinstance(value, list) and all(isinstance(v, dict) for v in value),
+              REPORT_TYPES["contrasts"]: isinstance(value, list) and all(
+                  isinstance(v, str) or (isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v))
+                  for v in value)}
+    return checks[kind]
+
+
+def _types(where: str, data: dict, types: dict[str, str]) -> None:
+    """One line for the first key of ``data`` whose value is not of its type, naming both."""
+    for key, kind in types.items():
+        if key in data and data[key] is not None and not _is(data[key], kind):
+            raise PosbenchError(f"study: {where} {key} is {data[key]!r} ({type(data[key]).__name__}); valid: {kind}")
+
+
+def read_study_file(path: Path) -> dict:
+    """A study file parsed as YAML, a mapping; one line naming the file and line where it is not."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise PosbenchError(f"study: {path}{where}: {problem} (not valid YAML); valid: a YAML mapping of "
+                            f"{', '.join(STUDY_KEYS)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PosbenchError(f"study: {path} cannot be read ({type(e).__name__}: {e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PosbenchError(f"study: {path} holds {type(data).__name__}, not a mapping; valid: a YAML mapping of "
+                            f"{', '.join(STUDY_KEYS)}")
+    return data
+
+
+def describe_study(path: Path) -> str:
+    """A study's description for ``posbench study``'s listing, or 'broken: <why>' for a file that
+    does not load (the listing goes on with the others)."""
+    try:
+        return str(_checked(path).get("description", ""))
+    except PosbenchError as e:
+        return f"broken: {str(e).removeprefix('study: ')}"
+
+
 def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
     files = study_files(list(config_dirs))
     if name not in files:
         raise PosbenchError(f"study {name!r} is not known; valid choices: {', '.join(sorted(files)) or 'none'} "
                             "(conf/study/*.yaml, or --config-dir DIR with DIR/study/<name>.yaml)")
-    data = yaml.safe_load(files[name].read_text()) or {}
+    data = _checked(files[name])
+    return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
+                 list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
+                 str(data.get("folder") or FOLDER))
+
+
+def _checked(path: Path) -> dict:
+    """A study file read and checked whole (keys, types, the rules between them) -> its data."""
+    files, name = {path.stem: path}, path.stem
+    data = read_study_file(path)
     _unknown(str(files[name]), data, STUDY_KEYS)
+    _types(str(path), data, STUDY_TYPES)
+    for i, stage in enumerate(data.get("stages") or []):
+        _unknown(f"{path} stage {i}", stage, STAGE_KEYS)
+        _types(f"{path} stage {stage.get('name', i)}", stage, STAGE_TYPES)
+        for key, values in (stage.get("grid") or {}).items():
+            listed = values if isinstance(values, list) else [values]
+            if not all(_is(v, SCALAR) or isinstance(v, bool) or _is(v, STRS) for v in listed):
+                raise PosbenchError(f"study: {path} stage {stage.get('name', i)} grid {key} is {values!r}; valid: "
+                                    "a value or a list of values (numbers, strings, true/false, or lists of them)")
+    _types(f"{path} report", data.get("report") or {}, REPORT_TYPES)
     for key in ("out", "runs", "results", "stages"):
         if not data.get(key):
             raise PosbenchError(f"study: {files[name]} lacks {key!r}; a study says out, runs, results and stages")
@@ -94,9 +173,7 @@ def load_study(name: str, config_dirs: list[Path] = ()) -> Study:
         raise PosbenchError(f"study: {files[name]} report.longppl has no evaluator; valid: the folder under out whose "
                             "rows choose the key tokens, e.g. {evaluator: gemma3-270m/bos=first, short: 4096}")
     _check_sensitivity(files[name], (longppl or {}).get("sensitivity"))
-    return Study(name, data.get("description", ""), Path(data["out"]), Path(data["runs"]), Path(data["results"]),
-                 list(data.get("common") or []), list(data["stages"]), dict(data.get("report") or {}),
-                 str(data.get("folder") or FOLDER))
+    return data
 
 
 def _check_sensitivity(path: Path, sensitivity) -> None:

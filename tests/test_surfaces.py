@@ -1,0 +1,33 @@
+"""The newer surfaces fail in one line and write nothing: LongPPL on runs without per-token NLLs, a
+--contrast or --matched that cannot be computed, checked before the report writes a file."""
+
+import pytest
+from conftest import posbench
+
+pytestmark = pytest.mark.slow
+
+
+def one_line(proc) -> str:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_longppl_on_runs_without_per_token_nlls_is_one_line(smoke_run_copy, tmp_path):
+    (smoke_run_copy / "token_nll.npz").unlink()  # a run evaluated before they were stored
+    out = tmp_path / "longppl.csv"
+    line = one_line(posbench("longppl", smoke_run_copy, "--evaluator", smoke_run_copy, "--out", out, check=False))
+    assert line == (f"posbench: error: longppl: {smoke_run_copy} hold(s) no ok validation row with its per-token NLL "
+                    "in token_nll.npz (written by posbench eval since it stores them); valid: evaluate them again "
+                    "(posbench eval checkpoint=RUN eval.recompute=true), or leave them out")
+    assert not out.exists()
+
+
+def test_a_contrast_or_matched_report_that_cannot_be_made_writes_nothing(smoke_run, tmp_path):
+    out = tmp_path / "report"
+    line = one_line(posbench("report", smoke_run, "--contrast", "alibi/rop", "--out", out, check=False))
+    assert line == "posbench: error: report: --contrast alibi/rop: 'rop' is not a line of this report; valid: alibi"
+    line = one_line(posbench("report", smoke_run, "--matched", "--out", out, check=False))
+    assert line.startswith("posbench: error: report --matched: no line has runs at two or more budgets")
+    assert not out.exists()
