@@ -1,5 +1,6 @@
 """User-facing errors: the CLI prints them as one line and exits non-zero."""
 
+import errno
 import sys
 
 
@@ -10,6 +11,19 @@ class PosbenchError(Exception):
 # "<job dir>: <error>" for each sweep job that failed in this `posbench -m ...` call. It lives
 # here, not in the CLI module, because that module also runs as ``__main__`` (python -m).
 SWEEP_FAILURES: list[str] = []
+
+
+# A folder that cannot be written (read-only, not a folder, full): the user's to fix, not a bug
+WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.ENOSPC, errno.EDQUOT)
+
+
+def write_error(error: OSError) -> str | None:
+    """The one line for an OSError of :data:`WRITE_ERRNOS` (None for any other, a bug's traceback)."""
+    if error.errno not in WRITE_ERRNOS:
+        return None
+    where = f" {error.filename!r}" if error.filename else ""
+    return (f"cannot write{where}: {error.strerror}; valid: a folder that can be written to, with free space; "
+            "each file posbench writes is replaced whole or not at all, so what was there is unchanged")
 
 
 def fail(message: str, code: int = 2) -> None:

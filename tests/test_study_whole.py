@@ -83,3 +83,16 @@ def test_a_second_study_of_one_file_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
     r = posbench("study", "--config-dir", str(cfg), "mini", "--step", "plan")  # a plan reads only: never refused
     assert r.returncode == 0 and "0 of 2 runs done; 2 to train" in r.stdout
+
+
+def test_an_export_that_cannot_be_written_is_one_line_and_the_same_command_exports_it(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")  # the runs folder lies under a file: every export fails
+    cfg = write_study(tmp_path, TWO.format(tmp=tmp_path).replace(f"runs: {tmp_path}/runs", f"runs: {blocker}/runs")
+                      .replace("seed: [0, 1]", "seed: [0]"))
+    line = one_line_error(posbench("study", "--config-dir", str(cfg), "mini"))
+    assert line.startswith(f"posbench: error: cannot write '{blocker}/runs") and "Not a directory" in line
+    blocker.unlink()
+    r = posbench("study", "--config-dir", str(cfg), "mini")
+    assert r.returncode == 0 and "1 of 1 runs done; 0 to train; 1 finished run(s) to export" in r.stdout, r.stderr
+    assert seeds_reported(tmp_path) == [1]

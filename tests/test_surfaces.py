@@ -31,3 +31,12 @@ def test_a_contrast_or_matched_report_that_cannot_be_made_writes_nothing(smoke_r
     line = one_line(posbench("report", smoke_run, "--matched", "--out", out, check=False))
     assert line.startswith("posbench: error: report --matched: no line has runs at two or more budgets")
     assert not out.exists()
+
+
+def test_a_report_into_a_folder_that_cannot_be_written_is_one_line(smoke_run, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = one_line(posbench("report", smoke_run, "--out", blocker / "report", check=False))
+    assert line == (f"posbench: error: cannot write '{blocker / 'report'}': Not a directory; valid: a folder that can "
+                    "be written to, with free space; each file posbench writes is replaced whole or not at all, so "
+                    "what was there is unchanged")
