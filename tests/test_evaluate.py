@@ -259,7 +259,7 @@ def test_a_hash_that_reads_as_a_number_stays_the_text_it_was_written_as(tmp_path
     row = lambda n: {**results_row(n), "config_hash": digest, "code_version": "1234567"}
     write_results(run, pd.DataFrame([row(32)]))
     write_results(run, pd.DataFrame([row(64)]))  # merged into the rows it reads back
-    assert run.results.read_text().count(f",{digest},1234567\n") == 2
+    assert run.results.read_text().count(f",{digest},1234567,") == 2
     df = read_results(run.results)
     assert df.config_hash.tolist() == [digest] * 2 and df.code_version.tolist() == ["1234567"] * 2
     assert _finished_keys(tmp_path, finished_only=False) == {(digest, 0)}

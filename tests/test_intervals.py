@@ -188,7 +188,8 @@ def test_report_of_two_smoke_runs_has_paired_bootstrap_intervals(tmp_path):
     longer = tidy[tidy.eval_len > tidy.train_len]
     assert ((longer.ratio_ci_low < longer.ratio_mean) & (longer.ratio_mean < longer.ratio_ci_high)).all()
     assert tidy.tied_best.notna().all()  # every comparison has an interval
-    assert "alibi: ppl(L=512) / ppl(L=32) = " in proc.stdout and "[" in proc.stdout.split("alibi: ppl(L=512)")[1]
+    # smoke runs learn little beyond token frequencies: their intervals are in report.csv, not in a verdict
+    assert "alibi: no extrapolation verdict: its ppl at train_len" in proc.stdout
 
 
 def test_a_line_ratio_at_a_cell_with_fewer_seeds_pairs_the_same_models():

@@ -26,7 +26,7 @@ from posbench.eval.token_nll import merge_token_nll, row_key
 
 COLUMNS = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride", "rope_factor",
            "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status", "model", "data", "steps",
-           "init_len", "params", "pos_params", "config_hash", "code_version"]
+           "init_len", "params", "pos_params", "config_hash", "code_version", "unigram_ppl"]
 
 
 def rows(encoding, seed, ppl: dict, scaling="none", mode="nonoverlapping", stride=None, chash="h1", train_len=32):
@@ -334,8 +334,8 @@ def test_comparison_figure_lines_interval_marker_and_ratio_panel(sweep, tmp_path
                                                                      INTERVAL_LABEL, "train length"]
     assert {line.get_gid() for line in ratio.lines} == {"ratio:alibi", "ratio:alibi sliding/16", "ratio:nope",
                                                        "ratio_one", "train_len"}
-    assert ours.get_xscale() == ratio.get_xscale() == "log" and ours.get_yscale() == "linear"
-    assert ppl_figure(summary, None, log_y=True).axes[0].get_yscale() == "log"
+    assert ours.get_xscale() == ratio.get_xscale() == "log" and ours.get_yscale() == "log"  # log y by default
+    assert ppl_figure(summary, None, log_y=False).axes[0].get_yscale() == "linear"
     assert len(ppl_figure(summary, None).axes) == 2
 
 
@@ -506,7 +506,7 @@ def test_report_on_a_real_training_run(tmp_path):
     tidy = pd.read_csv(tmp_path / "out/report.csv")
     plain = tidy[tidy.label == "rope"].set_index("eval_len").ppl_mean
     assert plain.to_dict() == pytest.approx(results[results["mode"] == "nonoverlapping"].set_index("eval_len").ppl.to_dict())
-    assert "| rope | 32 | 1 |" in proc.stdout and "rope: ppl(L=512) / ppl(L=32) = " in proc.stdout
+    assert "| rope | 32 | 1 |" in proc.stdout and "rope: no extrapolation verdict: its ppl at train_len" in proc.stdout
     ids = svg_ids(tmp_path / "out/report.svg")
     assert "ratio:rope" in ids and "paper:rope" not in ids  # a train_len-32 smoke run gets no published panel
     assert "training:rope" in svg_ids(tmp_path / "out/training.svg")  # from the run's metrics.jsonl

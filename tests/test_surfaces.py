@@ -40,3 +40,26 @@ def test_a_report_into_a_folder_that_cannot_be_written_is_one_line(smoke_run, tm
     assert line == (f"posbench: error: cannot write '{blocker / 'report'}': Not a directory; valid: a folder that can "
                     "be written to, with free space; each file posbench writes is replaced whole or not at all, so "
                     "what was there is unchanged")
+
+
+def test_unigram_perplexity_is_add_one_smoothed_token_frequencies():
+    import numpy as np
+
+    from posbench.eval.ladder import unigram_perplexity
+
+    # counts + 1 over the ids 0..2: 3, 2, 1 of 6 -> p = 1/2, 1/3, 1/6; ppl = (1/2 * 1/3 * 1/6) ** (-1/3) = 36 ** (1/3)
+    assert unigram_perplexity(np.array([0, 0, 1]), np.array([0, 1, 2])) == pytest.approx(36 ** (1 / 3), rel=1e-12)
+
+
+def test_a_line_that_learned_little_beyond_token_frequencies_gets_no_verdict(smoke_run, tmp_path):
+    """experiment=smoke lands near the unigram perplexity of its text (about 336 against 374): its
+    ratios of about 1.0 at every length would read 'within 10% up to 16x'."""
+    import pandas as pd
+
+    rows = pd.read_csv(smoke_run / "results.csv")
+    assert rows.unigram_ppl.nunique() == 1 and 300 < rows.unigram_ppl.iloc[0] < 450
+    posbench("report", smoke_run, "--out", tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "within 10%" not in text
+    assert "- alibi: no extrapolation verdict: its ppl at train_len, " in text and "a verdict needs below 80%" in text
+    assert "- verdict: not compared, having learned little beyond token frequencies" in text

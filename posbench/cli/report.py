@@ -11,17 +11,21 @@ from ..errors import PosbenchError
 HELP = "gather results.csv (and tasks.csv) files under run/sweep dirs into tables and figures"
 
 
-def main(args: list[str]) -> None:
-    from ..report.baselines import export_baseline, resolve_baseline, shipped_baselines
-    from ..report.probes import THRESHOLD
-    from ..report.tables import REFERENCE, report
+def parser() -> argparse.ArgumentParser:
+    """``posbench report``'s options."""
+    from ..report.baselines import shipped_baselines
+    from ..report.tables import REFERENCE
 
     parser = argparse.ArgumentParser(prog="posbench report", description=HELP)
     parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs, results.csv or tasks.csv files")
     parser.add_argument("--out", help="where the report files go (default: the single dir given, else ./report)")
     parser.add_argument("--format", default="md", choices=["md", "latex"],
                         help="table printed: Markdown (default) or LaTeX/booktabs (also written as report.tex)")
-    parser.add_argument("--log-y", action="store_true", help="log-scale perplexity axis (default: linear)")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--log-y", action="store_true",
+                       help="log-scale perplexity axes (the default: a line far above the others, sinusoidal at "
+                            "16x, leaves the rest readable)")
+    scale.add_argument("--linear-y", action="store_true", help="linear perplexity axes instead")
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--reference", default="auto", metavar="PATH",
                      help="published results (encoding,train_len,eval_len,ppl) drawn beside ours "
@@ -66,7 +70,15 @@ def main(args: list[str]) -> None:
     parser.add_argument("--export-baseline", metavar="OUT",
                         help="instead of a report, write what paired intervals need of the runs under DIRS "
                              "(results, config, per-block NLL sums: a few KiB per run) to OUT")
-    ns = parser.parse_args(args)
+    return parser
+
+
+def main(args: list[str]) -> None:
+    from ..report.baselines import export_baseline, resolve_baseline
+    from ..report.probes import THRESHOLD
+    from ..report.tables import report
+
+    ns = parser().parse_args(args)
     if ns.export_baseline:
         written = export_baseline(ns.dirs, ns.export_baseline)
         print(f"wrote {len(written)} run(s) to {ns.export_baseline}: posbench report <your runs> "
@@ -82,7 +94,8 @@ def main(args: list[str]) -> None:
         by.append("train.steps")  # each budget a line of the usual report
     per = _per(ns, by)
     matched = _matched_parts(ns, baselines) if ns.matched else None  # refused before any file is written
-    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=ns.log_y, reference=None if ns.no_reference else ns.reference,
+    reference = None if ns.no_reference else ns.reference
+    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=not ns.linear_y, reference=reference,
                   by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts,
                   strict_contrasts=not ns.missing_contrasts,
                   per=per)

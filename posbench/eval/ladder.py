@@ -63,6 +63,17 @@ from .token_nll import read_token_nll, row_key
 from .token_set import scored_count, scored_tokens
 
 
+def unigram_perplexity(train: np.ndarray, scored: np.ndarray) -> float:
+    """The perplexity on ``scored`` of a unigram model fitted on ``train`` (add-one smoothing over
+    the ids either holds): what a model scores that learned only how often each token occurs. A
+    trained model's perplexity near it has learned little of the context, so the report gives such
+    a line no extrapolation verdict (:data:`posbench.report.verdicts.UNTRAINED`)."""
+    size = int(max(train.max(initial=0), scored.max(initial=0))) + 1
+    counts = np.bincount(train, minlength=size).astype(np.float64) + 1.0
+    log_p = np.log(counts) - math.log(counts.sum())
+    return float(np.exp(-log_p[scored].mean()))
+
+
 def position_bins(length: int, starts: list[int] | None = None) -> list[tuple[int, int]]:
     """Inclusive (first, last) predicted-token positions of each bin inside a window of ``length``:
     ``starts`` cut there, or log2 bins 0, 1, 2-3, 4-7, ... (the last one ends at length - 1)."""
@@ -183,7 +194,7 @@ class Progress:
 def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[int], ecfg: EvalConfig,
                       device: torch.device, dtype, *, tokenizer=None, n_tokens: int | None = None,
                       random_positions: int | None = None, ext: Extension | None = None,
-                      text: tuple[int, int] | None = None) -> list[dict]:
+                      text: tuple[int, int] | None = None, unigram: float | None = None) -> list[dict]:
     """-> one dict per length: eval_len, rope_scaling, rope_factor, mode, stride, nll, ppl, bpb,
     word_ppl, tokens, bytes, words, status, params and pos_params (the model's parameter counts,
     :meth:`LanguageModel.param_counts`), ``positions`` (the binned NLL by position) and
@@ -194,7 +205,8 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     of L tokens is rotated with factor ``ecfg.rope_factor``, or s = max(1, L / train_len) when null.
     ``random_positions``: the run's ``train.random_positions`` (see :func:`window_nll`). ``ext``: the
     extension, where the caller has built it already (default: :func:`extension_of` ``ecfg``). ``text``: (bytes,
-    words) of the scored text, where the caller has counted them (default: :func:`text_size`)."""
+    words) of the scored text, where the caller has counted them (default: :func:`text_size`); ``unigram``:
+    the scored tokens' :func:`unigram_perplexity`, each row's ``unigram_ppl``."""
     n = n_tokens or scored_tokens(tokens, lengths, ecfg.max_tokens, ecfg.split, ecfg)
     strides = ecfg.strides(lengths)
     ids = torch.from_numpy(tokens[: n + 1].astype(np.int64))
@@ -215,7 +227,7 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
             row = {"eval_len": length, "rope_scaling": scaling_label(kind, ext), "mode": ecfg.mode, "stride": stride,
                    "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
                    "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [], "token_nll": None,
-                   **model.param_counts()}
+                   "unigram_ppl": unigram, **model.param_counts()}
             desc = f"eval L={length}" + (f" stride={stride}" if ecfg.mode == "sliding" else "")
             started = time.perf_counter()
             try:
@@ -366,11 +378,12 @@ def evaluate_subject(subject: Subject) -> pd.DataFrame:
     run = RunDir(subject.out)
     counted = corpus.tokenizer is not None and (plan.todo or plan.plain)  # once, for every length
     text = text_size(corpus.tokenizer, tokens[1:n + 1]) if counted else None
+    unigram = unigram_perplexity(corpus.splits["train"], tokens[1:n + 1]) if plan.todo or plan.plain else None
 
     def ladder(length: int, cfg: EvalConfig, **extension) -> list[dict]:
         return perplexity_ladder(subject.model, tokens, [length], cfg, subject.device, subject.dtype,
                                  tokenizer=corpus.tokenizer, n_tokens=n, random_positions=subject.random_positions,
-                                 text=text, **extension)
+                                 text=text, unigram=unigram, **extension)
 
     def store(entries: list[dict]) -> None:
         if entries:

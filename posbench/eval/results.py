@@ -32,7 +32,8 @@ from .token_nll import merge_token_nll
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
-                 "model", "data", "steps", "init_len", "params", "pos_params", "config_hash", "code_version"]
+                 "model", "data", "steps", "init_len", "params", "pos_params", "config_hash", "code_version",
+                 "unigram_ppl"]
 POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
 LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
 # tasks.csv: random_positions 0 = positions 0..T-1, L > 0 = positions drawn from [0, L); multiple =
@@ -73,17 +74,18 @@ def report_dir(paths: list[str | Path], out: str | Path | None = None) -> Path:
 def backfill(df: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
     bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1;
-    before parameter counts with params and pos_params unknown; ``init_len`` (the parent run's
+    before parameter counts with params and pos_params unknown; before the unigram baseline with
+    ``unigram_ppl`` unknown; ``init_len`` (the parent run's
     train_len of a fine-tuned run) is empty for every run trained from scratch."""
     df = df.copy()
     defaults = {"rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping", "stride": df.get("eval_len"),
                 "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan,
-                "params": math.nan, "pos_params": math.nan, "init_len": math.nan}
+                "params": math.nan, "pos_params": math.nan, "init_len": math.nan, "unigram_ppl": math.nan}
     for col, value in defaults.items():
         df[col] = value if col not in df else df[col].fillna(value)
     for col in ("stride", "bytes", "words", "params", "pos_params", "init_len"):
         df[col] = df[col].astype("Int64")
-    for col in ("bpb", "word_ppl"):
+    for col in ("bpb", "word_ppl", "unigram_ppl"):
         df[col] = df[col].astype(float)
     return df[[c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]]
 

@@ -405,7 +405,7 @@ def _draw_reference(ax, reference: pd.DataFrame, summary: pd.DataFrame, matched:
     return float((ref.eval_len / ref.train_len).max())
 
 
-def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log_y: bool = False,
+def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log_y: bool = True,
                palette: Palette | None = None, setup: pd.DataFrame | None = None):
     """Perplexity vs evaluation length; beside it the ratio ppl(L) / ppl(train_len), which is what
     extrapolation is about (a few percent of drift shows there even when each perplexity's own
@@ -419,8 +419,11 @@ def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log
     512 tokens where posbench's quick runs train at 64 or 128: in multiples, every panel puts
     the train length at 1x and the same extrapolation factor at the same place, so their
     shapes compare at a glance (the absolute lengths are in the table and the panel titles).
-    y is linear by default, so a few percent of drift shows as a slope; ``log_y`` suits a
-    figure where one encoding blows up by orders of magnitude."""
+    y is logarithmic by default (``log_y``): one line that blows up by orders of magnitude
+    (sinusoidal past 2x) would squash the others into a flat band on a linear axis, and equal
+    ratios stay equal steps; the ratio panel turns logarithmic only where its lines span more
+    than 2x, so a few percent of drift still shows as a slope. ``posbench report --linear-y``
+    draws both linear."""
     plt = _pyplot()
     palette = palette or Palette(summary)
     setup = _summary_setup(summary) if setup is None else setup
@@ -505,7 +508,7 @@ def positions_windows(positions: pd.DataFrame) -> float:
     return best
 
 
-def positions_figure(positions: pd.DataFrame, log_y: bool = False, palette: Palette | None = None,
+def positions_figure(positions: pd.DataFrame, log_y: bool = True, palette: Palette | None = None,
                      setup: pd.DataFrame | None = None):
     """Mean NLL (over seeds, weighted by tokens) vs position in the window, one line per
     label, each at its own longest evaluated window that feeds a bin (its L in the legend). x is the 1-based

@@ -100,7 +100,7 @@ from .per import per_figures
 from .probes import THRESHOLD, effective_length_lines, probe_markdown, probe_summary
 from .ranked import ZOOM_RATIO, choose_lines
 from .tasks import TaskReport, read_tasks, write_task_report
-from .verdicts import numeric_first, per_split, verdict_lines, verdicts_markdown
+from .verdicts import UNTRAINED, numeric_first, per_split, verdict_lines, verdicts_markdown
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
@@ -665,14 +665,37 @@ def _apart_why(at_train: pd.DataFrame, apart: pd.DataFrame, best: str) -> str:
     return "the ratios ppl(L) / ppl(train_len) compare models at different stages of training"
 
 
-def extrapolation_summary(summary: pd.DataFrame, per: list[str] = ()) -> list[str]:
+def untrained_lines(df: pd.DataFrame) -> dict[tuple, tuple[float, float]]:
+    """The lines (by :data:`LINE`) of results rows ``df`` whose ppl at train_len (geometric mean over
+    seeds) is at least :data:`UNTRAINED` x their unigram perplexity -> (that ppl, the unigram's).
+    Rows without ``unigram_ppl`` (written before it) decide nothing."""
+    rows = with_labels(backfill(df))
+    at = rows[(rows.eval_len == rows.train_len) & (rows.status == "ok") & rows.unigram_ppl.notna() & rows.ppl.notna()]
+    found = {}
+    for key, g in at.groupby(LINE, dropna=False, sort=False):
+        ppl, unigram = float(np.exp(np.log(g.ppl).mean())), float(g.unigram_ppl.mean())
+        if ppl >= UNTRAINED * unigram:
+            found[key] = (ppl, unigram)
+    return found
+
+
+def untrained_text(ppl: float, unigram: float) -> str:
+    return (f"no extrapolation verdict: its ppl at train_len, {ppl:.2f}, is {100 * ppl / unigram:.0f}% of the unigram "
+            f"perplexity of its text ({unigram:.2f}, token frequencies alone; a verdict needs below "
+            f"{100 * UNTRAINED:.0f}%): the model learned too little for its ratios to show how it extrapolates")
+
+
+def extrapolation_summary(summary: pd.DataFrame, per: list[str] = (),
+                          untrained: dict[tuple, tuple[float, float]] | None = None) -> list[str]:
     """How far apart the lines are at train_len (the spread, worst / lowest, with its 95%
     interval) and a warning when some differ beyond their intervals; for each line
     ppl(longest) / ppl(train_len) with its interval, and the longest length up to which every
     evaluated length is within 10% of its ppl at train_len: a length counts only when the whole
     interval of its ratio is at most 1.10, and one whose interval straddles 1.10 ends the range
     as "not distinguishable". With ``per`` (``--per`` keys), the spread and the warning are of each
-    value's lines (a budget study's, per budget)."""
+    value's lines (a budget study's, per budget). ``untrained``: :func:`untrained_lines`, which get
+    :func:`untrained_text` instead of a verdict."""
+    untrained = untrained or {}
     summary = with_labels(summary).assign(name=lambda s: line_names(s))
     lines = []
     texts = [c for c in ("data", "split") if c in summary and summary[c].nunique() > 1]  # --mix: one text at a time
@@ -699,6 +722,10 @@ def extrapolation_summary(summary: pd.DataFrame, per: list[str] = ()) -> list[st
                              f"than their 95% intervals: {_apart_why(at_train, apart, best)}")
         for name, e in g.groupby("name", sort=False):
             e = e.sort_values("eval_len")
+            key = tuple(e.iloc[0][c] for c in LINE)
+            if key in untrained:
+                lines.append(f"  {name}: {untrained_text(*untrained[key])}")
+                continue
             base = e[e.eval_len == tlen].ppl_mean
             if base.empty or math.isnan(base.iloc[0]):
                 lines.append(f"  {name}: no perplexity at train_len={tlen} to compare with")
@@ -915,7 +942,7 @@ def draw_run(run_dir: str | Path) -> None:
         write_run_figure(found[1], run.path, caption=setup)
 
 
-def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = False,
+def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "md", log_y: bool = True,
            reference: str | Path | None = "auto", by: list[str] = (), baselines: list[str | Path] = (),
            threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = (),
            contrasts: list[tuple[str, str] | str] = (), per: list[str] = (), strict_contrasts: bool = False) -> Report:
@@ -1002,9 +1029,10 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     if reference is not None and (reference != "auto" or REFERENCE.is_file()):
         ref = read_reference(REFERENCE if reference == "auto" else reference)
     summary = summarize(df, cells=True, per=per)
-    verdicts = verdict_lines(summary, contrasts, per=per, strict=strict_contrasts)
+    untrained = untrained_lines(df)
+    verdicts = verdict_lines(summary, contrasts, per=per, strict=strict_contrasts, untrained=untrained)
     summary = summary.drop(columns=list(CELL_COLUMNS))
-    text = extrapolation_summary(summary, per)
+    text = extrapolation_summary(summary, per, untrained)
     table = markdown_table(summary)
     setup = run_setup(df)
     header = setup_header(df, setup, mixed)

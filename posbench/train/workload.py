@@ -31,7 +31,7 @@ from ..data.windows import OnceSampler, WindowSampler, mix
 from ..encodings import PositionEncoding
 from ..encodings.randomized import position_readers
 from ..errors import PosbenchError
-from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute
+from ..eval.ladder import extension_of, perplexity_ladder, result_rows, rows_to_compute, unigram_perplexity
 from ..eval.results import backfill, markdown_results, read_results, write_results
 from ..eval.subject import scaling_label
 from ..eval.token_set import scored_count, scored_tokens
@@ -90,7 +90,8 @@ class LanguageModelling:
         _, todo = rows_to_compute(run, tree, ecfg, self.lengths, n, ext, step=step)
         if todo:
             ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=self.corpus.tokenizer,
-                                       n_tokens=n, random_positions=self.rc.train.random_positions, ext=ext)
+                                       n_tokens=n, random_positions=self.rc.train.random_positions, ext=ext,
+                                       unigram=unigram_perplexity(self.corpus.splits["train"], tokens[1:n + 1]))
             rows = write_results(run, result_rows(tree, ladder, step))
         else:
             rows = backfill(read_results(run.results))
