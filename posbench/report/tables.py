@@ -94,6 +94,7 @@ from .figures import (
     setup_caption,
     training_figure,
 )
+from .html import write_html
 from .learned_bias import trained_encoding, write_report_figure, write_run_figure
 from .longppl import SAME_RTOL, longppl_part
 from .per import per_figures
@@ -947,7 +948,8 @@ def report(paths: list[str | Path], out: str | Path | None = None, fmt: str = "m
            threshold: float = THRESHOLD, mix: bool = False, lines: list[str] = (),
            contrasts: list[tuple[str, str] | str] = (), per: list[str] = (), strict_contrasts: bool = False) -> Report:
     """Gather results into ``out`` (default: the single directory given, else ./report):
-    report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.tex
+    report.csv (tidy summary), report.md (table, failed jobs, extrapolation summary), report.html (the
+    same lines to explore in a browser, offline: :mod:`posbench.report.html`), report.tex
     (``fmt='latex'``), report.png/.svg (perplexity and its ratio to the train length vs length,
     beside the paper's numbers from ``reference`` where the comparison means something
     (:func:`posbench.report.figures.reference_lines`): 'auto' is
@@ -1079,6 +1081,8 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
                       + probe_text + context_markdown(gain) + long_text
                       + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in notes if t)
                       + listed)
+    files.append(write_html(out / "report.html", summary, f"posbench report: {out.resolve().name}", text, verdicts,
+                            header))
     if fmt == "latex":
         table = latex_table(summary)
         files.append(out / "report.tex")
