@@ -26,6 +26,22 @@ def write_error(error: OSError) -> str | None:
             "each file posbench writes is replaced whole or not at all, so what was there is unchanged")
 
 
+def yaml_error(error: Exception) -> str | None:
+    """The one line for a YAML file that does not parse (a run's config.yaml edited by hand, or
+    torn), naming the file and line; None for any other error."""
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - omegaconf needs it
+        return None
+    if not isinstance(error, yaml.YAMLError):
+        return None
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a YAML file"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return (f"{where}: {problem} (not valid YAML); valid: the file as posbench wrote it (restore it from a copy, or "
+            "train the run again)")
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print ``posbench: error: <message>`` on stderr and exit with ``code`` (the CLI's one-line
     error; Hydra callbacks use it too, so it lives below every stage)."""

@@ -188,3 +188,28 @@ def test_an_evaluation_reads_its_code_version_before_it_evaluates(monkeypatch):
     with pytest.raises(Stop):
         hydra_apps._eval_task(OmegaConf.create({"pretrained": "smollm2-135m", "checkpoint": None}))
     assert read == [1]
+
+
+def test_train_log_keeps_each_line_as_a_terminal_shows_it_last():
+    """A progress bar redraws its line with carriage returns; train.log keeps its last state, one
+    line, where it kept every redraw."""
+    import io
+
+    from posbench.runs.output import Tee
+
+    terminal, log = io.StringIO(), io.StringIO()
+    tee = Tee(terminal, log)
+    for text in ("header\n", "\rstep 1/3", "\rstep 2/3", "\rstep 3/3\n", "windows\r\n", "\rL=32 1/2", "\rL=32 2/2"):
+        tee.write(text)
+    tee.finish()
+    assert log.getvalue() == "header\nstep 3/3\nwindows\nL=32 2/2\n"
+    assert terminal.getvalue().count("\r") == 6  # the terminal gets every redraw
+
+
+def test_an_unknown_encoding_says_where_ones_own_would_come_from(tmp_path):
+    proc = posbench("train", "encoding=mine", f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.strip().endswith("(one of your own: pass --config-dir DIR, DIR holding encoding/mine.yaml, or "
+                                        "install the package that declares it; posbench encodings lists what is "
+                                        "found)")
+    assert not (tmp_path / "run").exists()

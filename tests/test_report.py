@@ -421,7 +421,7 @@ def test_report_writes_tables_figures_and_svg_with_findable_lines(sweep, tmp_pat
     names = sorted(p.name for p in out.iterdir())
     assert names == ["context.csv", "context.png", "context.svg",  # alibi's sliding rows past its train_len
                      "passkey.png", "passkey.svg", "positions.png", "positions.svg", "probes.csv", "report.csv",
-                     "report.md", "report.png", "report.svg", "report.tex"]
+                     "report.html", "report.md", "report.png", "report.svg", "report.tex"]
     assert sorted(p.name for p in done.files) == names
     assert done.table.startswith(r"\begin{table}") and (out / "report.tex").read_text() == done.table + "\n"
     md = (out / "report.md").read_text()

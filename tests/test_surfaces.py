@@ -63,3 +63,15 @@ def test_a_line_that_learned_little_beyond_token_frequencies_gets_no_verdict(smo
     assert "within 10%" not in text
     assert "- alibi: no extrapolation verdict: its ppl at train_len, " in text and "a verdict needs below 80%" in text
     assert "- verdict: not compared, having learned little beyond token frequencies" in text
+
+
+def test_a_run_whose_config_yaml_does_not_parse_is_one_line(smoke_run_copy, tmp_path):
+    config = smoke_run_copy / "config.yaml"
+    lines = config.read_text().count("\n")
+    config.write_text(config.read_text() + "encoding: [unclosed\n")  # edited by hand, and broken
+    expected = (f"posbench: error: {config} line {lines + 2}, column 1: expected ',' or ']', but got '<stream end>' "
+                "(not valid YAML); valid: the file as posbench wrote it (restore it from a copy, or train the run "
+                "again)")
+    assert one_line(posbench("eval", f"checkpoint={smoke_run_copy}", check=False)) == expected
+    assert one_line(posbench("report", smoke_run_copy, "--out", tmp_path / "report", check=False)) == expected
+    assert not (tmp_path / "report").exists()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import PosbenchError, fail, write_error
+from ..errors import PosbenchError, fail, write_error, yaml_error
 from . import bench, check, convert, encodings, hydra_apps, longppl, report, study
 from .failures import quiet_broken_pipe
 from .validate import encoding_options_callback  # the Hydra callback conf/app_train.yaml names
@@ -88,6 +88,11 @@ def dispatch(argv: list[str]) -> None:
         fail(str(e))
     except OSError as e:  # a report's --out, a study's runs or results folder that cannot be written
         message = write_error(e)
+        if message is None:
+            raise
+        fail(message)
+    except Exception as e:  # a run's config.yaml that does not parse; anything else is a bug's traceback
+        message = yaml_error(e)
         if message is None:
             raise
         fail(message)

@@ -18,7 +18,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import SWEEP_FAILURES, PosbenchError, fail
+from ..errors import SWEEP_FAILURES, PosbenchError, fail, yaml_error
 from ..runs.lock import RunDirBusy
 
 
@@ -114,6 +114,8 @@ def user_errors(run_dir: Path | None):
     except Exception as e:
         if isinstance(e, BrokenPipeError):
             raise  # stdout closed (`| head`): main ends quietly, as SIGPIPE would; no job failed
+        if yaml_error(e) is not None:  # a run's config.yaml that does not parse: the user's to fix
+            e = PosbenchError(yaml_error(e))
         if not _in_multirun():
             if not isinstance(e, PosbenchError):
                 raise  # bugs keep their traceback

@@ -94,7 +94,10 @@ def check_group_choices(args: list[str], dirs: list[Path] = ()) -> dict[str, dic
         choices = group_choices(group, list(dirs))
         for choice in value.split(","):
             if choice not in choices:
-                fail(f"unknown {key} {choice!r}; valid choices: {', '.join(sorted(choices))}")
+                own = "" if group != "encoding" else (
+                    f" (one of your own: pass --config-dir DIR, DIR holding {group}/{choice}.yaml, or install the "
+                    "package that declares it; posbench encodings lists what is found)")
+                fail(f"unknown {key} {choice!r}; valid choices: {', '.join(sorted(choices))}{own}")
             path = choices[choice]
             if path is not None and path.parent.parent != root and group in PLUGIN_GROUPS:
                 check_plugin_yaml(path, group)

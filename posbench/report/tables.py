@@ -1011,6 +1011,11 @@ def probes_section(probes: dict, threshold: float) -> tuple[str, pd.DataFrame, l
     return text, table[["probe"] + [c for c in table if c != "probe"]], sentences
 
 
+def _figure_list(figures: dict, said: dict[str, str]) -> str:
+    """report.md's figures, each with the line that says what it shows."""
+    return "".join(f"\n![{name}]({name}.png)\n" + (f"\n{said[name]}\n" if name in said else "") for name in figures)
+
+
 def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, reference: str | Path | None,
                failed: list[tuple[str, str]], by: list[str] = (), threshold: float = THRESHOLD,
                mix: bool = False, lines: list[str] = (), contrasts: list[tuple[str, str] | str] = (),
@@ -1068,9 +1073,6 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
             figures["context"] = context_figure(keep(gain, "line"), palette, setup)
     long_text, long_files = longppl_part(paths, out)  # where posbench longppl wrote longppl.csv
     files += long_files
-    said = shown.texts(FIGURE_TEXT)
-    listed = "".join(f"\n![{name}]({name}.png)\n" + (f"\n{said[name]}\n" if name in said else "")
-                     for name in figures)
     notes = (_setup_line(setup), _reference_note(drawn, ref),
              _positions_note(positions_windows(positions)) if few_windows else "")
     atomic_write_text(files[1], (f"{header}\n\n" if header else "")
@@ -1080,7 +1082,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
                       + verdicts_markdown(verdicts)
                       + probe_text + context_markdown(gain) + long_text
                       + "\n## Figures\n\n" + "".join(f"{t}\n\n" for t in notes if t)
-                      + listed)
+                      + _figure_list(figures, shown.texts(FIGURE_TEXT)))
     files.append(write_html(out / "report.html", summary, f"posbench report: {out.resolve().name}", text, verdicts,
                             header))
     if fmt == "latex":

@@ -6,7 +6,9 @@ stderr (the run's header, progress, the evaluation's lines, the results table), 
 everything written to stdout and stderr into that file as well, for as long as the command
 runs, so a run dir keeps its own account, also for sweep jobs whose terminal output goes
 elsewhere (a launcher's log, a Slurm file). Progress bars redraw with carriage returns in a
-terminal only; off a terminal they print a line every 30 s, which the file keeps.
+terminal only; off a terminal they print a line every 30 s, which the file keeps. The file keeps
+of each line what a terminal shows last: the text after its last carriage return, so a bar
+redrawn 400 times in a terminal is one line of train.log, its final state.
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ class Tee:
 
     def __init__(self, stream, file):
         self._stream, self._file = stream, file
+        self._line = ""  # the line not ended yet, as a terminal shows it now
 
     def write(self, text: str) -> int:
-        self._file.write(text)
+        *ended, self._line = (self._line + text).split("\n")
+        for line in ended:
+            self._file.write(shown(line) + "\n")
+        self._line = shown(self._line, ended=False)
         return self._stream.write(text)
+
+    def finish(self) -> None:
+        """Write the unfinished line (a progress bar's last state) to the file."""
+        if self._line:
+            self._file.write(self._line + "\n")
+            self._line = ""
 
     def flush(self) -> None:
         self._file.flush()
@@ -46,4 +58,15 @@ def tee_to(path: str | Path):
         try:
             yield
         finally:
+            for tee in (sys.stdout, sys.stderr):
+                if isinstance(tee, Tee):
+                    tee.finish()
             sys.stdout, sys.stderr = out, err
+
+
+def shown(line: str, ended: bool = True) -> str:
+    """What a terminal shows of ``line`` (no newline in it): the text after its last carriage
+    return; a line ended by CR LF keeps its text (``ended``: the newline followed it)."""
+    if ended and line.endswith("\r"):
+        line = line[:-1]
+    return line.rsplit("\r", 1)[-1]
