@@ -96,3 +96,24 @@ def test_an_export_that_cannot_be_written_is_one_line_and_the_same_command_expor
     r = posbench("study", "--config-dir", str(cfg), "mini")
     assert r.returncode == 0 and "1 of 1 runs done; 0 to train; 1 finished run(s) to export" in r.stdout, r.stderr
     assert seeds_reported(tmp_path) == [1]
+
+
+def test_a_plan_says_what_each_sweep_costs_and_times_it_once_this_machine_has_trained_one(tmp_path):
+    """Tokens and the preflight's peak memory from the config alone; the time from the throughput
+    a run of the same model and train_len measured on this machine (none yet: unknown)."""
+    import re
+
+    one = TWO.format(tmp=tmp_path).replace('"eval.multiples=[1,2]"]', '"eval.multiples=[1,2]", train.train_len=24]')
+    cfg = write_study(tmp_path, one.replace("seed: [0, 1]", "seed: [0]"))
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--step", "plan")
+    assert r.returncode == 0, r.stderr
+    # experiment=smoke: 4 steps x batch 8 x 24 tokens
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("  a encoding=alibi: ")]
+    assert "1 run(s) x 768 training tokens = 768; time unknown on this machine" in line
+    assert re.search(r"; peak memory about \d+\.\d\d GB a run$", line)
+    assert posbench("study", "--config-dir", str(cfg), "mini").returncode == 0
+    write_study(tmp_path, one)  # a second seed to train
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--step", "plan")
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("  a encoding=alibi: ")]
+    assert re.search(r"1 run\(s\) x 768 training tokens = 768; about \d+ s \(\d+ s a run, at the median tokens/s of "
+                     r"1 alibi run\(s\) on this machine\)", line), line

@@ -592,8 +592,7 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
         for line in orphans:
             print(f"study {study.name}: {line}", flush=True)
         if ns.step == "plan":
-            for s in todo:
-                print("  " + shlex.join(command(study, s, ns.jobs, ns.extra)))
+            print_plan(study, todo, ns.jobs, ns.extra)
             return
         stop = Stop(ns.deadline)
         failed = train(study, todo, ns.jobs, ns.extra, stop)
@@ -628,6 +627,29 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
             raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet; valid: "
                                 f"posbench study {study.name} to train and export them")
         report(study)
+
+
+def print_plan(study: Study, todo: list[Sweep], jobs: int, extra: list[str]) -> None:
+    """Each sweep to run with what it costs (:mod:`posbench.study.costs`: training tokens, time at
+    this machine's measured throughput, peak memory), then its command; the study's totals."""
+    from .costs import sweep_cost
+
+    tokens, seconds, unknown = 0, 0.0, 0
+    for s in todo:
+        cost = sweep_cost(study, s, extra)
+        what = cost.text() if cost else "evaluates: no training (a pretrained model's or trained runs' rows)"
+        print(f"  {s.stage} {s.name}: {what}")
+        print("    " + shlex.join(command(study, s, jobs, extra)))
+        if cost:
+            tokens += cost.runs * cost.tokens
+            seconds += cost.runs * (cost.seconds or 0.0)
+            unknown += cost.runs if cost.seconds is None else 0
+    if tokens:
+        from .costs import _duration, _tokens
+
+        left = f", and {unknown} run(s) of unknown time" if unknown else ""
+        print(f"study {study.name}: {_tokens(tokens)} training tokens to train; about {_duration(seconds)} of "
+              f"training one run at a time on this machine{left} (--jobs runs side by side)")
 
 
 def missing_runs(study: Study, only=None, extra: list[str] = (), where=None) -> list[str]:

@@ -52,6 +52,7 @@ from ..model.transformer import LanguageModel
 from ..runs import distributed, threads
 from ..runs.distributed import print0
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
+from ..runs.throughput import record
 from .branch import read_branch_state
 from .finetune import read_parent
 from .logger import check_wandb, open_logger
@@ -444,6 +445,7 @@ def train_and_finish(s: Setup, logger):
     """The loop under the signal handlers, the stop-and-checkpoint on a signal, then rank 0's
     evaluation (None on the other ranks)."""
     s.state.batches = Prefetcher(s.state.sampler, pin_memory=s.device.type == "cuda")
+    start = s.state.step
     announce(s)
     s.model.train()
     # In a terminal the bar redraws every second; in a log file (sweeps, clusters) every 30 s.
@@ -461,4 +463,10 @@ def train_and_finish(s: Setup, logger):
     finally:
         s.state.batches.close()
         bar.close()  # before any error line (a full disk while checkpointing)
-    return finish(s, logger) if s.world.is_main else None
+    if not s.world.is_main:
+        return None
+    rows = finish(s, logger)
+    if s.state.step > start and not s.world.active:  # this process trained: its speed, for plans' estimates
+        record(s.run.path, str(s.rc.tree.model.name), s.model.num_params(), s.rc.encoding, s.rc.train.train_len,
+               str(s.device), "bf16" if s.dtype == torch.bfloat16 else "fp32")
+    return rows
