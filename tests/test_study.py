@@ -189,6 +189,17 @@ def test_a_broken_study_file_is_listed_as_broken_beside_the_others(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "(not valid YAML)" in r.stderr
 
 
+def test_a_shipped_study_that_cannot_start_here_never_advises_removing_shipped_files():
+    """drope's branches start from its parents' checkpoints, which results/ does not ship: the plan
+    says so, and how to train them whole in folders of one's own."""
+    r = posbench("study", "drope", "--step", "plan")
+    assert r.returncode == 0 and "cannot start (below)" in r.stdout
+    lines = [x for x in r.stdout.splitlines() if "cannot start: its parent's run" in x]
+    assert lines and all("the project ships its runs' exports, not their checkpoints; to train the seed whole, copy "
+                         "the study file into DIR/study/" in x for x in lines)
+    assert "remove results/" not in r.stdout
+
+
 def test_unknown_study_and_stage_are_one_line_errors(tmp_path):
     r = posbench("study", "nosuch")
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "'nosuch' is not known; valid choices:" in r.stderr
@@ -361,8 +372,8 @@ def test_a_branch_whose_parent_trained_elsewhere_is_named_and_not_started(tmp_pa
     trained = []
     monkeypatch.setattr(st, "train", lambda study, todo, jobs, extra=(), stop=None: trained.extend(todo) or [])
     with pytest.raises(PosbenchError, match=rf"^study mini: 1 branch run\(s\) could not start, their parents' runs "
-                                            rf"not under {tmp_path}/out; valid: what the lines above name \(remove the "
-                                            rf"exports"):
+                                            rf"not under {tmp_path}/out; valid: what the lines above name \(train those "
+                                            rf"seeds whole as they say"):
         st.main(["--config-dir", str(tmp_path), "mini", "--step", "train"])
     assert [(s.folder, s.seeds) for s in trained] == [(s.folder, s.seeds) for s in keep]  # the rest trained first
 

@@ -224,6 +224,12 @@ def _hashed_config(run: str) -> dict | None:
     return found
 
 
+# keys a user sets, before those a preset derives from them (train.decay_frac, warmup_steps, ...):
+# the first named is the one --by is advised for
+CHOSEN = ("train.steps", "train.train_len", "data.train_tokens", "model.name", "train.batch_size", "train.lr",
+          "data.name")
+
+
 def config_diff(runs: list[str], hashes: list[str]) -> str:
     """'train.lr (0.001 in runs/a, 0.002 in runs/b)': the hashed config keys where ``runs`` differ."""
     configs = [_hashed_config(r) for r in runs]
@@ -233,6 +239,7 @@ def config_diff(runs: list[str], hashes: list[str]) -> str:
     unset = object()
     keys = sorted(set().union(*configs))
     differ = [k for k in keys if len({repr(c.get(k, unset)) for c in configs}) > 1]
+    differ.sort(key=lambda k: (CHOSEN.index(k) if k in CHOSEN else len(CHOSEN)))  # what a user sets, first
     if not differ:
         return (f"config_hash ({', '.join(f'{h} in {r}' for h, r in zip(hashes, runs))}) "
                 "though their config.yaml files agree")

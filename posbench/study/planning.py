@@ -128,10 +128,23 @@ def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
         family = [s.folder for s in every if s.folder == parent or s.parent == parent]
         exported = [str(study.runs / f / f"seed={seed}") for f in dict.fromkeys(family)
                     if (study.runs / f / f"seed={seed}").is_dir()]
-        lines.append(f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent's run "
-                     f"{study.out / parent / f'seed={seed}'} is not here (its export is), and a branch starts from "
-                     f"that run's checkpoints; to train the seed whole, remove {' '.join(exported)}")
+        why = (f"{', '.join(stages)} of {parent} seed={seed} cannot start: its parent's run "
+               f"{study.out / parent / f'seed={seed}'} is not here (its export is), and a branch starts from "
+               "that run's checkpoints")
+        if shipped(study.runs):  # the exports are the project's own files: never advise removing them
+            lines.append(f"{why}; the project ships its runs' exports, not their checkpoints; to train the seed "
+                         f"whole, copy the study file into DIR/study/ with out:, runs: and results: naming new folders "
+                         f"and run posbench study --config-dir DIR {study.name}")
+        else:
+            lines.append(f"{why}; to train the seed whole, remove {' '.join(exported)}")
     return keep, lines
+
+
+def shipped(path: Path) -> bool:
+    """Whether ``path`` lies in the project's shipped results (``results/`` of the source checkout
+    posbench runs from), files that the project tracks, not a user's outputs."""
+    results = Path(__file__).resolve().parents[2] / "results"
+    return results.is_dir() and Path(path).resolve().is_relative_to(results.resolve())
 
 
 def seed_major(todo: list[Sweep]) -> list[Sweep]:

@@ -21,6 +21,9 @@ from ..errors import PosbenchError
 from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
 from .spec import Study, Sweep, describe_study, load_study, parse_where, restrict, study_files, sweeps
 
+HELP = ("train and evaluate the runs a study file names that are not done yet (by config hash and seed), "
+        "export them, and report; a study is data: conf/study/NAME.yaml, or DIR/study/NAME.yaml with --config-dir DIR")
+
 
 def _posbench() -> list[str]:
     return [sys.executable, "-m", "posbench.cli"]
@@ -526,7 +529,7 @@ def sensitivity_reports(study: Study) -> list[Path]:
 
 
 def main(args: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="posbench study", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="posbench study", description=HELP)
     parser.add_argument("name", nargs="?", help="the study (conf/study/<name>.yaml); none: list the studies")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
                         help="a dir with study/<name>.yaml files (and the configs its runs use); repeatable")
@@ -608,8 +611,8 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
             raise PosbenchError(f"study {study.name}: {len(failed)} sweep(s) failed; their logs: {', '.join(failed)}")
         if orphans:
             raise PosbenchError(f"study {study.name}: {stuck} branch run(s) could not start, their parents' runs "
-                                f"not under {study.out}; valid: what the lines above name (remove the exports they "
-                                "list, to train those seeds whole, or choose the parents' stage)")
+                                f"not under {study.out}; valid: what the lines above name (train those seeds whole as "
+                                "they say, or choose the parents' stage)")
         missing = missing_runs(study, only, ns.extra, where)
         if missing:
             raise PosbenchError(f"study {study.name}: {len(missing)} planned run(s) are not exported after training: "
