@@ -526,3 +526,19 @@ def test_sliding_lines_name_their_stride(tmp_path):
     assert summary.label.tolist() == ["alibi sliding/16"] * 2 + ["rope+yarn sliding/L/2"] * 3 + \
         ["t5 sliding/16", "t5 sliding/20"]
     assert summary[summary.label == "rope+yarn sliding/L/2"].stride.tolist() == [16, 32, 64]
+
+
+def test_a_config_difference_names_the_key_a_user_sets_first(tmp_path):
+    """Runs at two budgets under warmup-stable-decay differ in train.steps and in the decay_frac and
+    warmup a preset derives from it: --by is advised for train.steps, not the first key by name."""
+    from omegaconf import OmegaConf
+
+    from posbench.report.tables import config_diff
+
+    for name, steps, frac in (("a", 400, 0.2), ("b", 800, 0.1)):
+        (tmp_path / name).mkdir()
+        config = {"train": {"steps": steps, "decay_frac": frac, "schedule": "wsd"}}
+        OmegaConf.save(config, tmp_path / name / "config.yaml")
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert config_diff(runs, ["h1", "h2"]).startswith(f"train.steps (400 in {runs[0]}, 800 in {runs[1]}), "
+                                                      "train.decay_frac (0.2 in")
