@@ -2,10 +2,16 @@
 that died is exported by the same command, a job refused because another process holds its run
 dir fails the study, and two studies of one file do not run at once."""
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-from test_study import posbench, write_study
+from test_study import ROOT, posbench, write_study
 
 from posbench.runs.lock import hold
 
@@ -117,3 +123,48 @@ def test_a_plan_says_what_each_sweep_costs_and_times_it_once_this_machine_has_tr
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("  a encoding=alibi: ")]
     assert re.search(r"1 run\(s\) x 768 training tokens = 768; about \d+ s \(\d+ s a run, at the median tokens/s of "
                      r"1 alibi run\(s\) on this machine\)", line), line
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (its children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_a_study_whose_whole_tree_is_sigkilled_completes_on_the_same_command(tmp_path):
+    """SIGKILL to the study and every process below it (an OOM kill of the job, a node lost) in
+    the middle of training: no checkpoint-and-stop, no export; the same command resumes the runs
+    from their last checkpoints and reports every run once."""
+    body = TWO.format(tmp=tmp_path).replace("train.steps=4", "train.steps=60")
+    cfg = write_study(tmp_path, body)
+    cmd = [sys.executable, "-m", "posbench.cli", "study", "--config-dir", str(cfg), "mini", "--jobs", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / "out" / "a" / "encoding=alibi" / "seed=0" / "checkpoints" / "last.pt"
+    deadline = time.time() + 300
+    while not checkpoint.is_file():  # step 10 of 60 saved
+        assert proc.poll() is None and time.time() < deadline, "the study ended before its first checkpoint"
+        time.sleep(0.05)
+    tree = [proc.pid, *descendants(proc.pid)]
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resuming" in (tmp_path / "out" / "a" / "encoding=alibi.log").read_text()
+    assert seeds_reported(tmp_path) == [2]
+    assert sorted(p.name for p in (tmp_path / "runs" / "a" / "encoding=alibi").iterdir()) == ["seed=0", "seed=1"]
