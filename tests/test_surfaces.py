@@ -75,3 +75,13 @@ def test_a_run_whose_config_yaml_does_not_parse_is_one_line(smoke_run_copy, tmp_
     assert one_line(posbench("eval", f"checkpoint={smoke_run_copy}", check=False)) == expected
     assert one_line(posbench("report", smoke_run_copy, "--out", tmp_path / "report", check=False)) == expected
     assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--short", "0"], "longppl: --short 0 is not valid; valid: a length in tokens >= 1"),
+    (["--long", "-4"], "longppl: --long -4 is not valid; valid: a length in tokens >= 1"),
+    (["--alpha", "nan"], "longppl: --alpha nan is not valid; valid: a finite number (nats)"),
+])
+def test_longppl_options_are_checked_before_any_run_is_read(tmp_path, args, message):
+    line = one_line(posbench("longppl", tmp_path / "nothing", "--evaluator", tmp_path, *args, check=False))
+    assert line == f"posbench: error: {message}"

@@ -9,6 +9,21 @@ from pathlib import Path
 HELP = "perplexity over an evaluator's key tokens, those it predicts only with a long context (LongPPL)"
 
 
+def check_options(ns) -> None:
+    """One line for a length that is not positive or a threshold that is not a finite number,
+    before any run is read."""
+    import math
+
+    from ..errors import PosbenchError
+
+    for flag, value in (("--short", ns.short), ("--short-stride", ns.short_stride), ("--long", ns.long)):
+        if value is not None and value < 1:
+            raise PosbenchError(f"longppl: {flag} {value} is not valid; valid: a length in tokens >= 1")
+    for flag, value in (("--alpha", ns.alpha), ("--beta", ns.beta)):
+        if not math.isfinite(value):
+            raise PosbenchError(f"longppl: {flag} {value} is not valid; valid: a finite number (nats)")
+
+
 def main(args: list[str]) -> None:
     from ..eval.longppl import ALPHA, BETA, FILE, SHORT_STRIDE_DIVISOR, study_longppl
     from ..eval.results import RESULTS, find_files
@@ -28,9 +43,11 @@ def main(args: list[str]) -> None:
                              "trained context)")
     parser.add_argument("--alpha", type=float, default=ALPHA, help=f"LSD threshold in nats (default {ALPHA})")
     parser.add_argument("--beta", type=float, default=BETA, help=f"LCL threshold, a log-probability (default {BETA})")
-    parser.add_argument("--split", default="validation", help="the rows' split (default validation)")
+    parser.add_argument("--split", default="validation", choices=["validation", "test"],
+                        help="the rows' split (default validation)")
     parser.add_argument("--out", default=FILE, help=f"the CSV written (default ./{FILE})")
     ns = parser.parse_args(args)
+    check_options(ns)
     runs = [f.parent for f in find_files(ns.runs, RESULTS)]
     table = study_longppl(ns.evaluator, runs, ns.short, ns.short_stride, ns.long, ns.split, ns.alpha, ns.beta)
     atomic_write_text(Path(ns.out), table.to_csv(index=False))
