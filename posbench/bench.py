@@ -81,6 +81,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .runs.throughput import cpu_model
+
 PEER_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "xpos", "nope")
 PEER_NO_FLASH = ("t5",)  # x-transformers asserts that attn_flash does not take T5's bias
 VOCAB = 8192  # every preset's, in the bench
@@ -495,7 +497,7 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     # bf16 products are emulated, and slow, on a CPU without bf16 instructions: measured only where used
     dtypes = ("float32", "bfloat16") if precision == "bf16" else ("float32",)
     gpu = device == "cuda"
-    name = torch.cuda.get_device_name() if gpu else _cpu_name()
+    name = torch.cuda.get_device_name() if gpu else cpu_model()
     n = MATMUL_N["cuda" if gpu else "cpu"]
 
     def matmul_peaks() -> dict:  # GFLOP/s of each dtype (nan where not measured or it failed)
@@ -585,16 +587,6 @@ def _measure_all(specs, jobs: int, deadline: float | None, timeout: float, log):
             log(f"{spec['model']:<6} {spec['encoding']:<14} {spec['impl']:<22} {spec['malloc']:<8} "
                 f"{spec['kind']:<5} {spec['length']:>6}  {figure}")
             yield [done[j] for j in sorted(done)]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def measured(result: dict):

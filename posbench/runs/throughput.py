@@ -30,7 +30,7 @@ def cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    return platform.processor() or "unknown"
 
 
 def machine(device: str = "cpu") -> str:
