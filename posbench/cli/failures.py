@@ -114,8 +114,9 @@ def user_errors(run_dir: Path | None):
     except Exception as e:
         if isinstance(e, BrokenPipeError):
             raise  # stdout closed (`| head`): main ends quietly, as SIGPIPE would; no job failed
-        if yaml_error(e) is not None:  # a run's config.yaml that does not parse: the user's to fix
-            e = PosbenchError(yaml_error(e))
+        unparsed = yaml_error(e)
+        if unparsed is not None:  # a run's config.yaml that does not parse: the user's to fix
+            e = PosbenchError(unparsed)
         if not _in_multirun():
             if not isinstance(e, PosbenchError):
                 raise  # bugs keep their traceback

@@ -52,16 +52,17 @@ def scored_tokens(tokens: np.ndarray, lengths: list[int], max_tokens: int, split
 
 
 
-def held_sets(results: Path, split: str, mode: str) -> dict[int, list[tuple[str, int, int]]]:
-    """token count -> the (rope_scaling, eval_len, stride) of every row of ``results`` in ``split``
-    and ``mode`` that scores it (empty without rows)."""
+def held_sets(results: Path, split: str) -> dict[str, dict[int, list[tuple[str, int, int]]]]:
+    """mode -> token count -> the (rope_scaling, eval_len, stride) of every row of ``results`` in
+    ``split`` and that mode that scores it (empty without rows)."""
     if not results.is_file():
         return {}
     df = read_results(results)
-    df = df[(df.split == split) & (df["mode"] == mode) & df.tokens.notna()]
-    held: dict[int, list[tuple[str, int, int]]] = {}
+    df = df[(df.split == split) & df.tokens.notna()]
+    held: dict[str, dict[int, list[tuple[str, int, int]]]] = {}
     for r in df.itertuples():
-        held.setdefault(int(r.tokens), []).append((str(r.rope_scaling), int(r.eval_len), int(r.stride)))
+        held.setdefault(str(r.mode), {}).setdefault(int(r.tokens), []).append(
+            (str(r.rope_scaling), int(r.eval_len), int(r.stride)))
     return held
 
 
@@ -100,11 +101,12 @@ def scored_count(results: Path, tokens: np.ndarray, lengths: list[int], ecfg: Ev
     whose results.csv is ``results`` (module docstring). ``budget_given``: ``eval.max_tokens``
     came from the command line, not from the run's config."""
     split, mode = ecfg.split, ecfg.mode
-    held = held_sets(results, split, mode)
+    by_mode = held_sets(results, split)  # one read of results.csv for both protocols
+    held = by_mode.get(mode, {})
     where = f"{results.parent}'s rows in {split}, {mode}"
     mine = {(label, length, stride) for length, stride in ecfg.strides(lengths).items()}
     if not held and not ecfg.recompute and not budget_given:  # the other protocol's set, where it fits
-        other = held_sets(results, split, next(m for m in MODES if m != mode))
+        other = by_mode.get(next(m for m in MODES if m != mode), {})
         if len(other) == 1 and len(fitting(ecfg, next(iter(other)), lengths)) == len(lengths):
             return next(iter(other))
     if ecfg.recompute or not held:
