@@ -214,16 +214,14 @@ class Verdicts:
                              + self._order(cells, values, self._pool(g, tlen, False), 2, g))
         return lines
 
-    def contrasts(self, pairs, strict: bool = False) -> list[str]:
+    def contrasts(self, pairs) -> list[str]:
         """``pairs``: (A, B) tuples, or 'A/B' texts (:func:`split_contrast`). A line that is not in
-        the report is 'no setup has both lines' (a study reported before all its runs exist), or,
-        ``strict`` (``posbench report --contrast`` typed by hand), refused in one line."""
+        the report is 'no setup has both lines' (a study reported before all its runs exist);
+        :func:`verdict_lines` refuses one typed by hand (``strict``)."""
         lines = []
         labels = set(self.s.label)
         for pair in pairs:
             a, b = split_contrast(pair, labels) if isinstance(pair, str) else pair
-            if strict:
-                check_contrast(a, b, labels)
             found = False
             for setup, g in self.setups():
                 if not {a, b} <= set(g.label):
@@ -324,20 +322,20 @@ def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | No
     """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`;
     ``strict``: a contrast naming no line of the report is refused (:meth:`Verdicts.contrasts`);
     ``untrained``: lines (keyed by :data:`~posbench.eval.results.LINE`) that learned too little to
-    compare (:func:`posbench.report.tables.untrained_lines`), left out of every verdict and named."""
-    held = [tuple(r) for r in summary[LINE].itertuples(index=False)] if untrained else []
-    out = [k in (untrained or {}) for k in held]
-    left = sorted({k[0] for k, o in zip(held, out) if o})
-    kept = summary[~np.array(out, dtype=bool)] if left else summary
+    compare (:func:`posbench.report.tables.untrained_lines`), left out of every verdict and named.
+    A contrast is checked against every line of the report, the untrained ones included."""
+    labels = set(summary.label)
+    for pair in contrasts if strict else ():
+        check_contrast(*(split_contrast(pair, labels) if isinstance(pair, str) else pair), labels)
+    out = np.array([tuple(r) in (untrained or {}) for r in summary[LINE].itertuples(index=False)], dtype=bool)
+    left = sorted(set(summary.label[out]))
     named = [f"not compared, having learned little beyond token frequencies (ppl at train_len at least "
              f"{100 * UNTRAINED:.0f}% of the unigram perplexity): {', '.join(left)}"] if left else []
+    kept = summary[~out]
     if kept.empty:
-        for pair in contrasts if strict else ():
-            check_contrast(*(split_contrast(pair, set(summary.label)) if isinstance(pair, str) else pair),
-                           set(summary.label))
         return [PREFIX + line for line in named]
     v = Verdicts(kept, estimator, per)
-    return [PREFIX + line for line in named + v.orderings() + v.contrasts(contrasts, strict) + v.across()]
+    return [PREFIX + line for line in named + v.orderings() + v.contrasts(contrasts) + v.across()]
 
 
 
