@@ -563,24 +563,25 @@ def main(args: list[str]) -> None:
     study.config_dirs = [d.resolve() for d in dirs]
     only = [s for s in ns.only.split(",") if s] if ns.only else None
     where = parse_where(ns.where)
-    restrict(study, sweeps(study, only), where)  # --only and --where checked before anything is written
+    chosen = restrict(study, sweeps(study, only), where)  # --only and --where checked before anything is written
     if ns.step == "plan" or not (ns.step in ("all", "train") or study.out.is_dir()):
-        return steps(study, ns, only, where)
+        return steps(study, ns, only, where, chosen)
     from ..runs.lock import hold
 
     made = not study.out.exists()
     try:
         with hold(study.out, "study"):  # one study of a file at a time: a second one is refused in one line
-            steps(study, ns, only, where)
+            steps(study, ns, only, where, chosen)
     finally:
         if made and study.out.is_dir() and not any(study.out.iterdir()):
             study.out.rmdir()  # a study that stopped before its first run leaves no empty folder
 
 
-def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: dict[str, set[str]]) -> None:
-    """The steps ``ns.step`` names of a loaded study: plan, train (and export), export, report. A
-    study that trains ends with every run it planned exported, or with one line naming the runs
-    that are not (:func:`missing_runs`)."""
+def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: dict[str, set[str]],
+          chosen: list[Sweep]) -> None:
+    """The steps ``ns.step`` names of a loaded study (``chosen``: the sweeps ``only`` and ``where``
+    pick): plan, train (and export), export, report. A study that trains ends with every run it
+    planned exported, or with one line naming the runs that are not (:func:`missing_runs`)."""
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra, where)
         kept, orphans = orphaned(study, todo)
@@ -588,7 +589,7 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
         todo = seed_major(kept) if ns.seed_major else kept
         total = have + stuck + sum(len(s.seeds) for s in todo)
         evals = sum(len(s.seeds) for s in todo if s.evaluates or s.pretrained)
-        pending = sum(len(unexported(study, s)) for s in restrict(study, sweeps(study, only), where))
+        pending = len(unexported_runs(study, chosen))
         print(f"study {study.name}: {have} of {total} runs done; {total - have - evals - stuck} to train"
               + (f", {evals} to evaluate" if evals else "") + (f", {stuck} cannot start (below)" if stuck else "")
               + (f"; {pending} finished run(s) to export" if pending else ""))
@@ -613,7 +614,7 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
             raise PosbenchError(f"study {study.name}: {stuck} branch run(s) could not start, their parents' runs "
                                 f"not under {study.out}; valid: what the lines above name (train those seeds whole as "
                                 "they say, or choose the parents' stage)")
-        missing = missing_runs(study, only, ns.extra, where)
+        missing = missing_runs(study, only, ns.extra, where, chosen)
         if missing:
             raise PosbenchError(f"study {study.name}: {len(missing)} planned run(s) are not exported after training: "
                                 f"{_named(missing)}; re-run the same command to train and export them")
@@ -621,7 +622,7 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
         n = sum(len(export(study, s)) for s in sweeps(study, only))
         print(f"study {study.name}: exported {n} run(s) to {study.runs}")
     if ns.step in ("all", "report"):
-        pending = [str(run) for s in restrict(study, sweeps(study, only), where) for run, _ in unexported(study, s)]
+        pending = [str(run) for run in unexported_runs(study, chosen)]
         if pending:
             raise PosbenchError(f"study {study.name}: {len(pending)} finished run(s) under {study.out} are not "
                                 f"exported, so the report would lack them: {_named(pending)}; valid: posbench study "
@@ -655,15 +656,19 @@ def print_plan(study: Study, todo: list[Sweep], jobs: int, extra: list[str]) -> 
               f"training one run at a time on this machine{left} (--jobs runs side by side)")
 
 
-def missing_runs(study: Study, only=None, extra: list[str] = (), where=None) -> list[str]:
+def unexported_runs(study: Study, chosen: list[Sweep]) -> list[Path]:
+    """The finished runs of the sweeps ``chosen`` that their exports lack (:func:`unexported`)."""
+    return [run for s in chosen for run, _ in unexported(study, s)]
+
+
+def missing_runs(study: Study, only, extra: list[str], where, chosen: list[Sweep]) -> list[str]:
     """The planned runs a study lacks once it has trained: those its plan still lists (a job
     refused or ended without its rows), and finished ones whose export is missing
-    (:func:`unexported`). -> their folders under ``out`` (``rope/seed=1``)."""
+    (:func:`unexported_runs` of ``chosen``). -> their folders under ``out`` (``rope/seed=1``)."""
     left, _ = plan(study, only, extra, where)
     named = [f"{s.folder}" + ("" if s.pretrained else f"/seed={seed}") for s in left
              for seed in (s.seeds if not s.pretrained else [None])]
-    named += [str(run.relative_to(study.out)) for s in restrict(study, sweeps(study, only), where or {})
-              for run, _ in unexported(study, s)]
+    named += [str(run.relative_to(study.out)) for run in unexported_runs(study, chosen)]
     return list(dict.fromkeys(named))
 
 
