@@ -22,6 +22,7 @@ from posbench.report.figures import (
     CLIPPED_NOTE,
     DPI,
     MIN_BIN_TOKENS,
+    REFERENCE_MIN_TOKENS,
     SEEDS_LABEL,
     Palette,
     _log_axes,
@@ -121,26 +122,36 @@ def test_a_run_dirs_figure_has_the_ratio_panel_and_its_setup(tmp_path):
 # ---------------------------------------------------------------- 2. the published panel
 def test_published_panel_only_where_the_comparison_means_something(tmp_path):
     ref = read_reference(REFERENCE)  # Press et al., WikiText-103, train_len 512
+    trained = pd.DataFrame({"train_tokens": [REFERENCE_MIN_TOKENS, 2e7]})  # every run trained enough
     for name, frames in {
-        "smoke": [rows("alibi", 0, {32: 10.0, 64: 10.5})],  # train_len 32
-        "sliding": [rows("alibi", 0, {64: 10.0, 128: 10.5}, mode="sliding", stride=32, train_len=64)],
-        "nope": [rows("nope", 0, {64: 10.0, 128: 10.5}, train_len=64)],  # an encoding the paper lacks
-        "at_one": [rows("alibi", 0, {64: 10.0}, train_len=64)],  # never past its train length
+        "short_windows": [rows("alibi", 0, {64: 10.0, 128: 10.5}, train_len=64)],  # below 128
+        "sliding": [rows("alibi", 0, {128: 10.0, 256: 10.5}, mode="sliding", stride=64, train_len=128)],
+        "nope": [rows("nope", 0, {128: 10.0, 256: 10.5}, train_len=128)],  # an encoding the paper lacks
+        "at_one": [rows("alibi", 0, {128: 10.0}, train_len=128)],  # never past its train length
     }.items():
         summary = summarize(pd.concat(frames, ignore_index=True))
-        assert reference_lines(summary, ref) == [], name
-        assert len(ppl_figure(summary, ref).axes) == 2, name
+        assert reference_lines(summary, ref, trained) == [], name
+        assert len(ppl_figure(summary, ref, setup=trained).axes) == 2, name
+    plain = summarize(rows("alibi", 0, {128: 10.0, 256: 10.5}, train_len=128))
+    assert reference_lines(plain, ref, trained) == ["alibi"]
+    for setup in (None, trained.assign(train_tokens=[REFERENCE_MIN_TOKENS - 1, 2e7]),  # one run short of it
+                  trained.assign(train_tokens=[math.nan, 2e7])):  # a run without its config
+        assert reference_lines(plain, ref, setup) == [] and len(ppl_figure(plain, ref, setup=setup).axes) == 2
 
-    run(tmp_path / "alibi", rows("alibi", 0, {64: 10.0, 128: 10.5, 256: 11.0}, train_len=64),
-        rows("alibi", 0, {64: 9.0, 128: 9.5}, mode="sliding", stride=32, train_len=64))
-    run(tmp_path / "nope", rows("nope", 0, {64: 10.0, 128: 12.0, 256: 20.0}, chash="h2", train_len=64))
-    summary = summarize(collect([tmp_path]))
-    assert reference_lines(summary, ref) == ["alibi"]
-    ours, _, paper = ppl_figure(summary, ref, setup=run_setup(collect([tmp_path]))).axes
+    steps = 9766  # x 8 windows of 128 tokens: 10,000,384 training tokens
+    run(tmp_path / "alibi", rows("alibi", 0, {128: 10.0, 256: 10.5, 512: 11.0}, train_len=128).assign(steps=steps),
+        rows("alibi", 0, {128: 9.0, 256: 9.5}, mode="sliding", stride=64, train_len=128).assign(steps=steps))
+    run(tmp_path / "nope", rows("nope", 0, {128: 10.0, 256: 12.0, 512: 20.0}, chash="h2",
+                                train_len=128).assign(steps=steps))
+    summary, setup = summarize(collect([tmp_path])), run_setup(collect([tmp_path]))
+    assert reference_lines(summary, ref, setup) == ["alibi"]
+    ours, ratio, paper = ppl_figure(summary, ref, setup=setup).axes
     title = paper.get_title().replace("\n", " ")
     for said in ("Press et al. 2022", "published: train_len 512", "247M params", "corpus WikiText-103",
-                 "21.1B training tokens", "ours: train_len 64", "corpus sotu", "5,120 training tokens"):
+                 "21.1B training tokens", "ours: train_len 128", "corpus sotu", "10M training tokens"):
         assert said in title, said
+    # our panels keep their own x (1x .. 4x); the paper's reaches 30x on its own axis
+    assert ours.get_xlim() == ratio.get_xlim() and ours.get_xlim()[1] < 5 and paper.get_xlim()[1] > 16
     paper_lines = by_gid(paper)
     assert paper_lines["paper:alibi"].get_color() == by_gid(ours)["ours:alibi"].get_color()
     ours_colours = {line.get_color() for line in ours.lines if line.get_gid().startswith("ours:")}
@@ -148,7 +159,7 @@ def test_published_panel_only_where_the_comparison_means_something(tmp_path):
 
     # a user's reference with an empty ppl: that length is left out
     user = read_reference(reference_csv(tmp_path))
-    paper = ppl_figure(summary, user).axes[2]
+    paper = ppl_figure(summary, user, setup=setup).axes[2]
     assert by_gid(paper)["paper:alibi"].get_xdata().tolist() == [1, 2, 32]
     assert by_gid(paper)["paper:sinusoidal"].get_xdata().tolist() == [1]
     assert by_gid(paper)["train_len"].get_xdata()[0] == 1
@@ -161,11 +172,12 @@ def test_one_colour_per_line_in_every_figure_with_by(tmp_path):
     runs = []
     for scale, ppl in (("none", 11.0), ("sqrt_head_dim", 10.0)):
         for seed in (0, 1):
-            path = run(tmp_path / f"{scale}/seed={seed}", rows("t5", seed, {64: ppl, 128: ppl + 0.5, 256: ppl + 1},
-                                                               chash=scale, train_len=64),
+            # 9,766 steps of 8 x 128 tokens: trained long enough for the published panel
+            path = run(tmp_path / f"{scale}/seed={seed}", rows("t5", seed, {128: ppl, 256: ppl + 0.5, 512: ppl + 1},
+                                                               chash=scale, train_len=128).assign(steps=9766),
                        encoding={"bias_scale": scale}, losses=[8.0 - seed, 6.0, 5.0])
             if scale == "sqrt_head_dim":
-                positions_rows("t5", seed, 64, [6.0, 5.0, 4.0, 4.0], tokens=6400, train_len=64).assign(
+                positions_rows("t5", seed, 128, [6.0, 5.0, 4.0, 4.0], tokens=6400, train_len=128).assign(
                     config_hash=scale).to_csv(path / "positions.csv", index=False)
             runs.append(path)
     out = tmp_path / "out"
@@ -180,6 +192,9 @@ def test_one_colour_per_line_in_every_figure_with_by(tmp_path):
     assert colour[first]["ours"] != colour[second]["ours"]
     # the published t5 takes the colour of our first t5 line
     assert svg_colour(out / "report.svg", "paper:t5") == colour[first]["ours"]
+    # the line without positions.csv is named, in the figure and under it, not silently dropped
+    assert f"not drawn (no positions.csv): {first}" in svg_text(out / "positions.svg").replace("\n", " ")
+    assert f"positions.png: not drawn (no positions.csv): {first}." in (out / "report.md").read_text()
 
 
 def test_by_values_most_lines_share_are_named_once_in_the_legends_title(tmp_path):

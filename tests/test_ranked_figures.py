@@ -168,6 +168,30 @@ def test_a_line_at_one_length_does_not_narrow_the_ranked_multiple():
     assert common_multiple(summary.iloc[9:], names.iloc[9:]) == 0.5  # no line with a ratio: the longest shared
 
 
+def test_baselines_are_found_by_encoding_in_the_setup_of_the_best_line():
+    """A budget study: every label carries its steps, so none equals its encoding; the baselines
+    are still drawn, each the line of its encoding at the budget of the lowest ppl at 16x."""
+    rows = []
+    for steps, ppl in ((1221, 60.0), (4883, 47.0)):
+        for enc, ratio in (("alibi", 0.97), ("nope", 8.0), ("rope", 5.0), ("sinusoidal", 11.0), ("t5", 1.0),
+                           ("fire", 1.2)):
+            rows.append({"name": f"{enc} [steps={steps}]", "short": f"{enc} [steps={steps}]", "encoding": enc,
+                         "multiple": 16.0, "ratio": ratio + (steps < 4883) / 100, "ppl_at": ppl * ratio + (enc == "fire"),
+                         "ppl": ppl + (enc != "alibi")})
+    points = pd.DataFrame(rows)
+    picked = pick_lines(points)
+    assert picked == {"alibi [steps=4883]": "lowest ppl at 16x, lowest ratio at 16x",
+                      "nope [steps=4883]": "baseline", "rope [steps=4883]": "baseline",
+                      "sinusoidal [steps=1221]": "highest ratio at 16x", "sinusoidal [steps=4883]": "baseline",
+                      "t5 [steps=4883]": "baseline"}
+    # a zoo's plain names (one with a train_len note) keep their plain baselines
+    zoo = pd.DataFrame({"name": ["alibi", "rope (train_len=64)", "rope [window=64]", "fire"],
+                        "encoding": ["alibi", "rope", "rope", "fire"], "multiple": 16.0,
+                        "ratio": [1.0, 4.0, 1.1, 1.2], "ppl_at": [10.0, 40.0, 11.0, 9.0]})
+    assert pick_lines(zoo) == {"alibi": "lowest ratio at 16x", "rope (train_len=64)": "highest ratio at 16x",
+                               "fire": "lowest ppl at 16x"}
+
+
 def test_the_picked_lines_text_says_what_their_short_names_leave_out():
     """Lines named by folder (``--by dir``): the legends drop the folder most lines share and name it
     once in their title; report.md's line under report.png names the same lines, so it says so too."""

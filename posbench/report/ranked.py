@@ -116,7 +116,12 @@ def named_lines(points: pd.DataFrame, named: list[str]) -> dict[str, str]:
 def pick_lines(points: pd.DataFrame) -> dict[str, str]:
     """The lines a report of many draws per line, each with why: the lowest ppl at M x, the lowest
     and the highest ratio ppl(M x) / ppl(1x) (among the lines that run there), and the baselines
-    (:data:`BASELINES`, as their plain lines), in the report's line order."""
+    (:data:`BASELINES`), in the report's line order.
+
+    A baseline is found by its encoding, not by its label: of the lines of a baseline encoding, the
+    one in the setup of the lowest ppl at M x (what its name adds to its encoding: ' [steps=4883]'
+    in a budget study, nothing in a zoo), so a study whose every label carries a setup keeps its
+    baselines, each compared within one setup."""
     ok, m = points.dropna(subset=["ratio", "ppl_at"]), f"{points.multiple.iloc[0]:g}x"
     why: dict[str, str] = {}
     if len(ok):
@@ -124,10 +129,20 @@ def pick_lines(points: pd.DataFrame) -> dict[str, str]:
                            (ok.loc[ok.ratio.idxmin(), "name"], f"lowest ratio at {m}"),
                            (ok.loc[ok.ratio.idxmax(), "name"], f"highest ratio at {m}")):
             why[name] = f"{why[name]}, {text}" if name in why else text
-    plain = points.short.str.replace(r" \(.*\)$", "", regex=True)
-    for name in points.name[plain.isin(BASELINES) & (plain == points.encoding)]:
+    setups = setup_of(points)
+    wanted = setups[ok.ppl_at.idxmin() if len(ok) else points.index[0]]
+    for name in points.name[points.encoding.isin(BASELINES) & (setups == (wanted or "")).to_numpy()]:
         why.setdefault(name, "baseline")
     return {name: why[name] for name in points.name if name in why}
+
+
+def setup_of(points: pd.DataFrame) -> pd.Series:
+    """What each line's name adds to its encoding, a trailing '(train_len=64)'-style note left out:
+    '' for 'rope' and 'rope (train_len=64)', ' [steps=4883]' for 'rope [steps=4883]'; None where the
+    name does not start with its encoding."""
+    plain = points.name.str.replace(r" \(.*\)$", "", regex=True)
+    return pd.Series([p[len(e):] if p.startswith(e) else None for p, e in zip(plain, points.encoding)],
+                     index=points.index, dtype=object)
 
 
 # ---------------------------------------------------------------- drawing

@@ -79,10 +79,13 @@ from .context import context_figure, context_gain, context_markdown
 from .figures import (
     MIN_BIN_TOKENS,
     MIN_BIN_WINDOWS,
+    REFERENCE_MIN_TOKENS,
     REFERENCE_MIN_TRAIN_LEN,
     Palette,
     _caption,
     amount,
+    budget_short,
+    missing_positions,
     positions_figure,
     positions_windows,
     ppl_figure,
@@ -869,17 +872,20 @@ def _setup_line(setup: pd.DataFrame) -> str:
     return f"Setup: {caption}." if caption else ""
 
 
-def _reference_note(summary: pd.DataFrame, ref: pd.DataFrame | None) -> str:
+def _reference_note(summary: pd.DataFrame, ref: pd.DataFrame | None, setup: pd.DataFrame) -> str:
     """Why report.png has no published panel, where a reference was asked for."""
-    if ref is None or reference_lines(summary, ref):
+    if ref is None or reference_lines(summary, ref, setup):
         return ""
     shared = ", ".join(sorted(set(summary.encoding) & set(ref.encoding))) or "none"
     source = ref.source.dropna().iloc[0] if "source" in ref and ref.source.notna().any() else "reference"
     theirs = "/".join(map(str, sorted(ref.train_len.unique())))
     ours = "/".join(map(str, sorted(summary.train_len.unique())))
+    short = budget_short(setup)
     return (f"The published panel ({source}, train_len {theirs}) is left out: it is drawn beside a line with "
-            f"non-overlapping windows and no RoPE scaling, of an encoding it has (here: {shared}), trained at "
-            f">= {REFERENCE_MIN_TRAIN_LEN} tokens (here: train_len {ours}) and evaluated past it.")
+            f"non-overlapping windows and no RoPE scaling, of an encoding it has (here: {shared}), trained on "
+            f"windows of >= {REFERENCE_MIN_TRAIN_LEN} tokens (here: train_len {ours}) and evaluated past it, "
+            f"where every run trained on >= {amount(REFERENCE_MIN_TOKENS)} tokens"
+            + (f" (here: {short})." if short else "."))
 
 
 FIGURE_TEXT = {  # report.md's line under each figure
@@ -1058,8 +1064,10 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     figures.update(per_figures(summary, per, setup))
     positions = keep(positions)
     few_windows = not positions.empty and positions_windows(positions) < MIN_BIN_WINDOWS
+    without = [] if positions.empty else sorted(set(palette.names(drawn)) - set(palette.names(positions)))
     if not positions.empty and not few_windows:
-        figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup)
+        figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup,
+                                                without=without)
     curves = keep(training_curves(df, palette, setup), "name")
     if not curves.empty:
         figures["training"] = training_figure(curves, palette, setup[setup.run.isin(set(curves.run))])
@@ -1080,8 +1088,9 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
             figures["context"] = context_figure(keep(gain, "line"), palette, setup)
     long_text, long_files = longppl_part(paths, out)  # where posbench longppl wrote longppl.csv
     files += long_files
-    notes = (_setup_line(setup), _reference_note(drawn, ref),
-             _positions_note(positions_windows(positions)) if few_windows else "")
+    notes = (_setup_line(setup), _reference_note(drawn, ref, setup),
+             _positions_note(positions_windows(positions)) if few_windows else "",
+             f"positions.png: {missing_positions(without)}." if "positions" in figures and without else "")
     atomic_write_text(files[1], (f"{header}\n\n" if header else "")
                       + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
