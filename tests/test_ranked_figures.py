@@ -176,7 +176,8 @@ def test_baselines_are_found_by_encoding_in_the_setup_of_the_best_line():
         for enc, ratio in (("alibi", 0.97), ("nope", 8.0), ("rope", 5.0), ("sinusoidal", 11.0), ("t5", 1.0),
                            ("fire", 1.2)):
             rows.append({"name": f"{enc} [steps={steps}]", "short": f"{enc} [steps={steps}]", "encoding": enc,
-                         "multiple": 16.0, "ratio": ratio + (steps < 4883) / 100, "ppl_at": ppl * ratio + (enc == "fire"),
+                         "multiple": 16.0, "ratio": ratio + (steps < 4883) / 100,
+                         "ppl_at": ppl * ratio + (enc == "fire"),
                          "ppl": ppl + (enc != "alibi")})
     points = pd.DataFrame(rows)
     picked = pick_lines(points)
