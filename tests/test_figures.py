@@ -256,9 +256,13 @@ def test_long_token_axes_label_every_other_length_and_narrow_log_axes_every_tick
 
 def test_compact_labels_leave_out_only_a_strict_majority_and_keep_lines_apart():
     zoo = ["alibi [scaling=none, window=0]", "rope [scaling=none, window=128]", "rope [scaling=ssmax, window=0]",
-           "rope [scaling=none, window=0]", "rope sliding/64"]
+           "rope [scaling=none, window=0]", "rope sliding/64 [scaling=none, window=0]"]
     assert compact_labels(zoo) == (["alibi", "rope [window=128]", "rope [scaling=ssmax]", "rope", "rope sliding/64"],
                                    "scaling=none, window=0")
+    # a key some line lacks (an option of another encoding) is never 'unless shown': it would be false there
+    study = ["rope [pose_target=2048]", "alibi", "rope", "t5 [bias_scale=none]", "t5 [bias_scale=sqrt]",
+             "t5 [bias_scale=none, pose_target=2048]"]
+    assert compact_labels(study) == (study, "")
     tie = ["t5 [bias_scale=none]", "t5 [bias_scale=sqrt]"]
     assert compact_labels(tie) == (tie, "")  # a tie names no common value
     odd = ["t5 [lengths=[1, 2]]", "t5 [lengths=[3]]"]  # not k=v pairs: as they are

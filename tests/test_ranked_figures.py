@@ -187,10 +187,17 @@ def test_baselines_are_found_by_encoding_in_the_setup_of_the_best_line():
                       "t5 [steps=4883]": "baseline"}
     # a zoo's plain names (one with a train_len note) keep their plain baselines
     zoo = pd.DataFrame({"name": ["alibi", "rope (train_len=64)", "rope [window=64]", "fire"],
+                        "short": ["alibi", "rope (train_len=64)", "rope [window=64]", "fire"],
                         "encoding": ["alibi", "rope", "rope", "fire"], "multiple": 16.0,
                         "ratio": [1.0, 4.0, 1.1, 1.2], "ppl_at": [10.0, 40.0, 11.0, 9.0]})
     assert pick_lines(zoo) == {"alibi": "lowest ratio at 16x", "rope (train_len=64)": "highest ratio at 16x",
                                "fire": "lowest ppl at 16x"}
+    # the best line has a setup, the baselines a plain line: the plain lines
+    zoo.loc[2, "ppl_at"] = 1.0
+    assert pick_lines(zoo)["rope (train_len=64)"] == "highest ratio at 16x"
+    assert pick_lines(zoo)["alibi"] == "lowest ratio at 16x"
+    zoo.loc[0, "ratio"] = 1.15
+    assert pick_lines(zoo)["alibi"] == "baseline"
 
 
 def test_the_picked_lines_text_says_what_their_short_names_leave_out():

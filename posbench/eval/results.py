@@ -131,8 +131,13 @@ def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverla
 
 def variant_text(config: dict, keys: list[str]) -> str:
     """'bias_scale=none, steps=800': the values of the dotted ``keys`` in a run's flattened
-    config, each named by its last component ('unset' where the run's config lacks it)."""
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={config.get(k, 'unset')}" for k in keys)
+    config, each named by its last component. A key the run's config lacks (an option of another
+    encoding, ``bias_scale`` on an alibi run; a key the run predates) is left out, not written
+    'unset': 'alibi [steps=488]', where 'alibi [steps=488, bias_scale=unset]' said nothing about
+    alibi. Lines stay apart: two runs that differ only there differ by the key one of them sets.
+    Wherever a key is read back from a label (``--per``, :func:`label_parts`), its absence reads
+    'unset'."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={config[k]}" for k in keys if k in config)
 
 
 def label_parts(label: str) -> tuple[str, list[list[str]] | None, str]:
@@ -146,25 +151,30 @@ def label_parts(label: str) -> tuple[str, list[list[str]] | None, str]:
     return m[1], [kv.split("=", 1) for kv in m[2].split(", ")], m[3]
 
 
-def compact_labels(labels: list[str]) -> tuple[list[str], str]:
+def compact_labels(labels: list[str], judged: list[str] | None = None) -> tuple[list[str], str]:
     """Line labels whose ``[k=v, ...]`` variants (:func:`variant_text`) repeat what most lines share,
-    shortened: each ``k=v`` whose value is the one most of the labels with ``k`` have (strictly
-    more than any other value) is left out, and brackets left empty go, so a zoo's
+    shortened: each ``k=v`` whose value is the one most of the labels have (strictly more than any
+    other value), of a ``k`` every label has, is left out, and brackets left empty go (a ``k`` some
+    label lacks, an option of one encoding, stays: 'unless shown: k=v' would be false of that
+    label), so a zoo's
     ``rope [length_scaling=none, qk_norm=False, window=128]`` reads ``rope [window=128]``.
     -> (the labels, in order, and 'length_scaling=none, ...' naming what was left out, for a
     legend's title; '' when nothing was). Labels without a variant stay as they are, and all of
-    them do where one variant does not read as ``k=v`` pairs; distinct labels stay distinct."""
+    them do where one variant does not read as ``k=v`` pairs; distinct labels stay distinct.
+    ``judged``: the labels that decide what is shared (default: all), where ``labels`` also hold
+    entries that are not lines (a legend's 'train length')."""
     parsed = [label_parts(label) for label in labels]  # (label, None, '') for a label without a variant
     if any(pairs is not None and not all(len(kv) == 2 for kv in pairs) for _, pairs, _ in parsed):
         return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
     counts: dict[str, Counter] = {}
-    for _, pairs, _ in dict(zip(labels, parsed)).values():  # each line once
+    lines = {label: label_parts(label) for label in (labels if judged is None else judged)}  # each line once
+    for _, pairs, _ in lines.values():
         for k, v in pairs or []:
             counts.setdefault(k, Counter())[v] += 1
     common = {}
     for k, values in counts.items():
         (top, n), *rest = values.most_common(2)
-        if not rest or n > rest[0][1]:
+        if sum(values.values()) == len(lines) and (not rest or n > rest[0][1]):
             common[k] = top
     out = []
     for label, (base, pairs, tail) in zip(labels, parsed):

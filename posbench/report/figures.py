@@ -250,7 +250,8 @@ def _legend(ax, n: int) -> None:
     ``--by`` values most lines share are left out of the entries and named once in the title
     (:func:`compact_labels`)."""
     handles, labels = ax.get_legend_handles_labels()
-    labels, common = compact_labels(labels)
+    lines = [label for h, label in zip(handles, labels) if ":" in str(h.get_gid())]  # 'ours:rope', not 'train_len'
+    labels, common = compact_labels(labels, lines)
     title = {"title": f"unless shown: {common}", "title_fontsize": "small"} if common else {}
     if n > 10:
         ax.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), **title)

@@ -118,10 +118,11 @@ def pick_lines(points: pd.DataFrame) -> dict[str, str]:
     and the highest ratio ppl(M x) / ppl(1x) (among the lines that run there), and the baselines
     (:data:`BASELINES`), in the report's line order.
 
-    A baseline is found by its encoding, not by its label: of the lines of a baseline encoding, the
-    one in the setup of the lowest ppl at M x (what its name adds to its encoding: ' [steps=4883]'
-    in a budget study, nothing in a zoo), so a study whose every label carries a setup keeps its
-    baselines, each compared within one setup."""
+    A baseline is found by its encoding, not by its label: of the lines of a baseline encoding, its
+    plain lines (the name, as legends show it, is the encoding, up to a '(model=...)'-style note),
+    else those in the setup of the
+    lowest ppl at M x (what its name adds to its encoding: ' [steps=4883]' in a budget study), so a
+    study whose every label carries a setup keeps its baselines, each compared within one setup."""
     ok, m = points.dropna(subset=["ratio", "ppl_at"]), f"{points.multiple.iloc[0]:g}x"
     why: dict[str, str] = {}
     if len(ok):
@@ -130,17 +131,22 @@ def pick_lines(points: pd.DataFrame) -> dict[str, str]:
                            (ok.loc[ok.ratio.idxmax(), "name"], f"highest ratio at {m}")):
             why[name] = f"{why[name]}, {text}" if name in why else text
     setups = setup_of(points)
-    wanted = setups[ok.ppl_at.idxmin() if len(ok) else points.index[0]]
-    for name in points.name[points.encoding.isin(BASELINES) & (setups == (wanted or "")).to_numpy()]:
-        why.setdefault(name, "baseline")
+    best = setups[ok.ppl_at.idxmin() if len(ok) else points.index[0]]
+    for encoding in BASELINES:
+        mine = setups[points.encoding == encoding]
+        for wanted in ("", best):
+            if wanted is not None and (mine == wanted).any():
+                for name in points.name[mine.index[mine == wanted]]:  # one a model or train_len, as legends say
+                    why.setdefault(name, "baseline")
+                break
     return {name: why[name] for name in points.name if name in why}
 
 
 def setup_of(points: pd.DataFrame) -> pd.Series:
-    """What each line's name adds to its encoding, a trailing '(train_len=64)'-style note left out:
+    """What each line's name as legends show it (``short``) adds to its encoding, a trailing '(train_len=64)'-style note left out:
     '' for 'rope' and 'rope (train_len=64)', ' [steps=4883]' for 'rope [steps=4883]'; None where the
     name does not start with its encoding."""
-    plain = points.name.str.replace(r" \(.*\)$", "", regex=True)
+    plain = points.short.str.replace(r" \(.*\)$", "", regex=True)
     return pd.Series([p[len(e):] if p.startswith(e) else None for p, e in zip(plain, points.encoding)],
                      index=points.index, dtype=object)
 

@@ -167,7 +167,7 @@ def given_path(file: Path, paths: list[str | Path]) -> str:
 def _variants(files: list[Path], by: list[str], paths: list[str | Path]) -> list[str]:
     """Each results file's run's values of the config keys ``by`` ('' without ``by``), ``dir``
     (:data:`DIR_KEY`) the one of ``paths`` it was found under (:func:`given_path`). A key some runs
-    predate reads 'unset' in theirs; a key no run has, or a config group instead of a key, is refused."""
+    predate is left out of theirs; a key no run has, or a config group instead of a key, is refused."""
     if not by:
         return [""] * len(files)
     runs = [f.parent for f in files]
