@@ -87,7 +87,8 @@ def test_runs_of_other_sizes_lengths_and_budgets_on_one_text_stay_together_and_t
     assert done.header == ("The runs differ in model.d_model (64/256), train_len (32/64), train.steps (10/40), "
                            "training tokens (2,560/0.0205M): each line keeps its own setup (the table's columns and "
                            "the figures' line names say which), so compare a line's ratio with the lines of its "
-                           "setup.")
+                           "setup. The table's bold, the range at train_len and its warning below compare every line, "
+                           "across setups: there a difference is the setup's as much as the encoding's.")
     assert (tmp_path / "out/report.md").read_text().startswith(done.header + "\n\n| encoding | train_len |")
     # one setup: no header
     assert report([small], tmp_path / "one", reference=None).header == ""

@@ -143,8 +143,8 @@ def test_per_key_ranks_and_spreads_each_value_s_lines_apart_from_the_other_value
     spans = [line for line in extrapolation_summary(apart.drop(columns=list(CELL_COLUMNS), errors="ignore"), ["train.steps"])
              if "spans" in line]
     assert [line.split(":")[0] for line in spans] == ["train_len=128, steps=488", "train_len=128, steps=1221"]
-    spreads = [float(re.search(r"across 2 \w+ \(spread (\S+)%", line).group(1)) for line in spans]
-    assert spreads == pytest.approx([100 * (math.exp(0.05) - 1), 100 * (math.exp(0.1) - 1)], abs=0.6), spans
+    spreads = [float(re.search(r"across 2 \w+ \(highest / lowest (\S+) ", line).group(1)) for line in spans]
+    assert spreads == pytest.approx([math.exp(0.05), math.exp(0.1)], abs=0.006), spans
     whole = [line for line in extrapolation_summary(mixed.drop(columns=list(CELL_COLUMNS), errors="ignore")) if "spans" in line]
     assert len(whole) == 1 and "across 4 " in whole[0]
 

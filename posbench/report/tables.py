@@ -402,7 +402,9 @@ def setup_header(df: pd.DataFrame, setup: pd.DataFrame, mixed: str = "") -> str:
     parts = []
     if differ:
         parts.append(f"The runs differ in {', '.join(differ)}: each line keeps its own setup (the table's columns "
-                     "and the figures' line names say which), so compare a line's ratio with the lines of its setup.")
+                     "and the figures' line names say which), so compare a line's ratio with the lines of its setup. "
+                     "The table's bold, the range at train_len and its warning below compare every line, across "
+                     "setups: there a difference is the setup's as much as the encoding's.")
     if mixed:
         parts.append(f"**Scored on different text** (--mix): {mixed}. Perplexities compare only between lines "
                      "scored on the same text; across that difference the table's bold and intervals pair nothing.")
@@ -698,8 +700,8 @@ def untrained_text(ppl: float, unigram: float) -> str:
 
 def extrapolation_summary(summary: pd.DataFrame, per: list[str] = (),
                           untrained: dict[tuple, tuple[float, float]] | None = None) -> list[str]:
-    """How far apart the lines are at train_len (the spread, worst / lowest, with its 95%
-    interval) and a warning when some differ beyond their intervals; for each line
+    """How far apart the lines are at train_len (the highest over the lowest, a ratio with its
+    paired 95% interval, :func:`interval_text`) and a warning when some differ beyond their intervals; for each line
     ppl(longest) / ppl(train_len) with its interval, and the longest length up to which every
     evaluated length is within 10% of its ppl at train_len: a length counts only when the whole
     interval of its ratio is at most 1.10, and one whose interval straddles 1.10 ends the range
@@ -721,10 +723,12 @@ def extrapolation_summary(summary: pd.DataFrame, per: list[str] = (),
             lo, hi = at_train.ppl_mean.min(), at_train.ppl_mean.max()
             what = "encodings" if (at_train.label == at_train.encoding).all() else "lines"
             worst = at_train.loc[at_train.vs_best.idxmax()] if at_train.vs_best.notna().any() else None
-            ci = "" if worst is None or math.isnan(worst.vs_best_ci_low) else \
-                f", 95% interval {100 * (worst.vs_best_ci_low - 1):.1f} .. {100 * (worst.vs_best_ci_high - 1):.1f}%"
+            # the highest line over the lowest as a ratio with its paired interval, the ratio itself the
+            # interval's centre: as a 'spread' in % the interval's low end read '-0.4%' for a highest/lowest
+            spread = f"highest / lowest {hi / lo:.3f}" if worst is None or math.isnan(worst.vs_best_ci_low) else \
+                f"highest / lowest {worst.vs_best:.3f} {interval_text(worst.vs_best_ci_low, worst.vs_best_ci_high, 3)}"
             lines.append(f"train_len={tlen}{where}: ppl at train_len spans {lo:.2f} .. {hi:.2f} "
-                         f"across {len(at_train)} {what} (spread {100 * (hi / lo - 1):.1f}%{ci})")
+                         f"across {len(at_train)} {what} ({spread})")
             apart = at_train[at_train.tied_best.astype("boolean").eq(False).fillna(False).astype(bool)]
             if len(apart):
                 best = at_train.loc[at_train.vs_best.idxmin(), "name"]
