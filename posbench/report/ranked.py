@@ -143,9 +143,9 @@ def pick_lines(points: pd.DataFrame) -> dict[str, str]:
 
 
 def setup_of(points: pd.DataFrame) -> pd.Series:
-    """What each line's name as legends show it (``short``) adds to its encoding, a trailing '(train_len=64)'-style note left out:
-    '' for 'rope' and 'rope (train_len=64)', ' [steps=4883]' for 'rope [steps=4883]'; None where the
-    name does not start with its encoding."""
+    """What each line's name as legends show it (``short``) adds to its encoding, a trailing
+    '(train_len=64)'-style note left out: '' for 'rope' and 'rope (train_len=64)', ' [steps=4883]'
+    for 'rope [steps=4883]'; None where the name does not start with its encoding."""
     plain = points.short.str.replace(r" \(.*\)$", "", regex=True)
     return pd.Series([p[len(e):] if p.startswith(e) else None for p, e in zip(plain, points.encoding)],
                      index=points.index, dtype=object)
