@@ -137,11 +137,29 @@ def t_quantile(p: float, df: float) -> float:
 
 
 class Interval(NamedTuple):
-    """An estimate on the log scale (mean NLL, or a difference of mean NLLs) and its 95% interval."""
+    """An estimate on the log scale (mean NLL, or a difference of mean NLLs) and its 95% interval;
+    where it is Student's t (:func:`combined_interval`), also its standard error and degrees of
+    freedom, from which :func:`p_value` gives the test the interval inverts."""
     estimate: float
     low: float
     high: float
     method: str  # 'seeds+text', 'text (1 seed)', 't', 'welch', 'wilson', 'pooled t', or 'none' (low = high = NaN)
+    se: float = math.nan
+    df: float = math.nan
+
+
+def p_value(iv: Interval) -> float:
+    """The two-sided p-value of 'the estimate is 0' that ``iv`` inverts: 2 P(T > |estimate| / se) at
+    its df (the normal at infinite df), so p < 1 - level exactly where the interval excludes 0. NaN
+    where the interval has no standard error (none, or not a t interval); 0 for a nonzero estimate
+    of zero standard error, 1 for a zero one."""
+    if math.isnan(iv.se) or math.isnan(iv.df):
+        return math.nan
+    if iv.se == 0:
+        return 1.0 if iv.estimate == 0 else 0.0
+    t = abs(iv.estimate) / iv.se
+    upper = 1.0 - NormalDist().cdf(t) if iv.df >= 1e4 else 1.0 - t_cdf(t, iv.df)
+    return min(1.0, 2.0 * upper)
 
 
 NONE = "none"
@@ -371,10 +389,10 @@ def combined_interval(estimate: float, seeds: list[tuple[float, float]], text: n
     v_text *= blocks / text_df if text_df < math.inf else 1.0  # n / (n - 1), at df = n - 1
     total = v_seeds + v_text
     if total == 0:
-        return Interval(estimate, estimate, estimate, method)
+        return Interval(estimate, estimate, estimate, method, 0.0, math.inf)
     terms = [*seeds, (v_text, text_df)]
     denom = sum(v * v / df for v, df in terms if v > 0 and df < math.inf)
     df = total * total / denom if denom > 0 else math.inf
     q = t_quantile((1 + level) / 2, df) if df < 1e4 else NormalDist().inv_cdf((1 + level) / 2)
     half = q * math.sqrt(total)
-    return Interval(estimate, estimate - half, estimate + half, method)
+    return Interval(estimate, estimate - half, estimate + half, method, math.sqrt(total), df)

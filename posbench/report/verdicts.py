@@ -8,17 +8,23 @@ only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three k
   ppl(L) / ppl(train_len) at the longest length every line reached (where one cannot run past
   train_len, a learned table, at the longest that two or more reached, naming those left out as
   n/a), and by ppl at train_len;
-  between two neighbours ``<`` where the 95% interval of the ratio of their values lies below 1,
-  ``~`` where it holds 1 ("cannot be told apart"). A symbol compares its two neighbours only: in
-  ``a ~ b ~ c``, a and c may still be apart.
+  every pair of lines decided at once (:func:`decide_pairs`: each pair's test is the interval of
+  the ratio of their values, the family of all pairs held at a 5% family-wise error rate by
+  :func:`holm`), ``<`` between two neighbours whose pair is decided, ``~`` where it is not ("cannot
+  be told apart"); where those symbols would mislead a reader who reads them transitively (``a ~
+  b ~ c`` with a and c apart), each value carries its letters (:func:`letters`: lines sharing a
+  letter cannot be told apart).
 * **contrasts** a study declares (``report.contrasts`` of conf/study/*.yaml, ``posbench report
   --contrast A/B``): line A's ratio over line B's, with its interval, "below", "above" or "cannot
-  be told apart", in every setup that has both.
+  be told apart", in every setup that has both: one comparison at 95%, not adjusted for the others
+  (a study declares it before looking), so it may be decided where an ordering, which reads every
+  pair at once, says ``~``.
 * **across setups** (more than one model size or text): for each column that varies (model, data),
-  over the setups that differ in it alone, and then over every setup: each pair of lines present
-  in all of them whose ratio order is decided in every one either holds (the same order
-  everywhere) or changes (opposite orders somewhere); pairs undecided somewhere are counted, not
-  listed.
+  over the setups that differ in it alone, and then over every setup, each pair of lines present
+  in all of them as each setup's ordering decides it: it **reverses** where it is decided one way
+  in some setup and the other way in another (naming both, and the setups where it is undecided);
+  it **holds** where it is decided alike wherever decided, in at least two setups (naming the
+  setups where it is undecided); pairs decided in fewer than two are counted.
 
 ``per`` (``posbench report --per KEY``, KEY one of ``--by``'s keys) makes the key's value part of
 the setup instead of the line: a budget study's lines ``alibi [steps=488]`` .. ``alibi
@@ -34,6 +40,7 @@ table's (a line below 3 seeds takes at least its column's pooled variance).
 from __future__ import annotations
 
 import math
+import string
 from itertools import combinations
 
 import numpy as np
@@ -41,7 +48,7 @@ import pandas as pd
 
 from ..errors import PosbenchError
 from ..eval.results import LINE, label_parts
-from ..intervals import Cell, Estimator, Interval
+from ..intervals import Cell, Estimator, Interval, p_value
 
 SETUP = [c for c in LINE if c != "label"]  # one setup: lines compared with each other
 PREFIX = "verdict: "
@@ -75,15 +82,82 @@ def _decided(iv: Interval) -> str:
     return "<" if iv.high < 0 else ">" if iv.low > 0 else "~"
 
 
+FWER = 0.05  # the family-wise error rate of one ordering's pairwise decisions (Holm)
+
+
+def holm(p: dict, alpha: float = FWER) -> dict:
+    """Holm's step-down procedure: the keys of ``p`` (p-values; NaN: no test) whose hypotheses it
+    rejects with family-wise error rate ``alpha`` over all of them. The i-th smallest of m p-values
+    (i from 0) is compared with alpha / (m - i), stopping at the first that is not below it.
+
+    Why Holm: it holds the family-wise rate under any dependence between the pairs (the lines of
+    one ordering share their text and pooled seed variance, so their pairs are far from
+    independent), needs only each pair's own test, and rejects everything Bonferroni does and
+    more; simultaneous (Tukey-like) intervals would need the joint law of all pairs under the
+    bootstrap-plus-seeds estimator, which posbench does not model."""
+    tested = sorted((v, k) for k, v in p.items() if not math.isnan(v))
+    m = len(p)  # an untestable pair still counts as one of the family
+    rejected = set()
+    for i, (v, key) in enumerate(tested):
+        if v >= alpha / (m - i):
+            break
+        rejected.add(key)
+    return {key: key in rejected for key in p}
+
+
+def decide_pairs(est: Estimator, cells: dict[str, Cell], pool) -> dict[tuple[str, str], str]:
+    """Every pair (a, b) of ``cells`` (a before b in sorted order) -> '<' (a below b), '>' or '~', each
+    pair's test the interval of their difference (the seeds' term pooled with ``pool``), the family of
+    all pairs held at :data:`FWER` by :func:`holm`."""
+    diffs = {(a, b): est.difference(cells[a], cells[b], pools=(pool, pool)) for a, b in combinations(sorted(cells), 2)}
+    kept = holm({pair: p_value(iv) for pair, iv in diffs.items()})
+    return {pair: _decided(iv) if kept[pair] else "~" for pair, iv in diffs.items()}
+
+
+def sign_of(signs: dict[tuple[str, str], str], a: str, b: str) -> str:
+    """The decision of a below b, whichever order ``signs`` holds the pair in."""
+    if (a, b) in signs:
+        return signs[(a, b)]
+    return {"<": ">", ">": "<"}.get(signs[(b, a)], "~")
+
+
+def letters(names: list[str], signs: dict[tuple[str, str], str]) -> dict[str, str]:
+    """A compact letter display (Piepho 2004, insert-and-absorb): each line of ``names`` (lowest
+    first) gets letters such that two lines share one exactly where their pair is undecided.
+    Starting from one group of every line, each decided pair splits every group that holds both
+    into one without either, and groups inside another are dropped; groups are lettered a, b, ...
+    in the order of their lowest line."""
+    groups = [set(names)]
+    for a, b in combinations(names, 2):
+        if sign_of(signs, a, b) == "~":
+            continue
+        split = []
+        for g in groups:
+            split += [g - {b}, g - {a}] if a in g and b in g else [g]
+        groups = [g for i, g in enumerate(split) if g and not any(g < h or (g == h and j < i)
+                                                                     for j, h in enumerate(split))]
+    order = sorted(groups, key=lambda g: min(names.index(n) for n in g))
+    alphabet = string.ascii_lowercase + string.ascii_uppercase
+    if len(order) > len(alphabet):  # numbered groups, dotted apart: 'g1.g2'
+        return {n: ".".join(f"g{i + 1}" for i, g in enumerate(order) if n in g) for n in names}
+    return {n: "".join(alphabet[i] for i, g in enumerate(order) if n in g) for n in names}
+
+
 def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
     """'a 0.950 < b 0.959 ~ c 4.276': the lines by value, lowest first, each neighbour pair's symbol
-    from the interval of their difference (the seeds' term pooled with ``pool``)."""
+    from :func:`decide_pairs` (every pair decided at once, family-wise at :data:`FWER`). Where the
+    chain would mislead a reader who reads it transitively (two lines with a '<' between them that
+    cannot be told apart, or two with only '~' between them that can), each value is followed by
+    its letters (:func:`letters`): 'rope 1.250 a ~ t5 1.300 ab ~ nope 3.122 b' says rope and nope
+    are apart though neither is apart from t5."""
     names = sorted(cells, key=lambda n: values[n])
-    out = f"{names[0]} {values[names[0]]:.{digits}f}"
-    for a, b in zip(names, names[1:]):
-        sign = _decided(est.difference(cells[a], cells[b], pools=(pool, pool)))
-        out += f" {'<' if sign == '<' else '~'} {b} {values[b]:.{digits}f}"
-    return out
+    signs = decide_pairs(est, cells, pool)
+    chain = ["<" if sign_of(signs, a, b) == "<" else "~" for a, b in zip(names, names[1:])]
+    hidden = any(("<" in chain[i:j]) != (sign_of(signs, names[i], names[j]) == "<")
+                 for i in range(len(names)) for j in range(i + 2, len(names)))
+    shown = letters(names, signs) if hidden else {}
+    text = {n: f"{n} {values[n]:.{digits}f}" + (f" {shown[n]}" if shown else "") for n in names}
+    return text[names[0]] + "".join(f" {s} {text[b]}" for s, b in zip(chain, names[1:]))
 
 
 def split_variant(label: str, key: str) -> tuple[str, str | None]:
@@ -242,34 +316,38 @@ class Verdicts:
         return lines
 
     def _signs(self) -> list[tuple[dict, dict[tuple[str, str], str]]]:
-        """Per setup with a common longest length: the decided order ('<', '>', '~') of each pair of lines."""
+        """Per setup with a common longest length: the decided order ('<', '>', '~') of each pair of
+        lines, as that setup's ratio ordering decides it (:func:`decide_pairs`, family-wise)."""
         out = []
         for setup, g in self.setups():
             length = common_longest(g)
             if length is None:
                 continue
-            cells, pool = self._ratios(g, length), self._pool(g, length, True)
-            out.append((setup, {(a, b): _decided(self.est.difference(cells[a], cells[b], pools=(pool, pool)))
-                                for a, b in combinations(sorted(cells), 2)}))
+            out.append((setup, decide_pairs(self.est, self._ratios(g, length), self._pool(g, length, True))))
         return out
 
     @staticmethod
-    def _agreement(found: list[dict[tuple[str, str], str]], what: str) -> list[str]:
-        """Over the setups ``found``: pairs decided alike in every one (holds), decided oppositely
-        (changes), and a count of pairs in every setup left undecided in some."""
+    def _agreement(found: list[tuple[str, dict[tuple[str, str], str]]], what: str) -> list[str]:
+        """Over the setups ``found`` ((name, pair decisions) each), for each pair in every one:
+        a **reversal** where it is decided in opposite directions in two of them (each direction
+        named with its setups, and where it is undecided); it **holds** where it is decided alike
+        wherever decided, in at least two (the setups where it is undecided named); the pairs
+        decided in fewer than two are counted."""
         holds, changes, undecided = [], [], 0
-        pairs = set.intersection(*(set(f) for f in found))
+        pairs = set.intersection(*(set(f) for _, f in found))
         for a, b in sorted(pairs):
-            signs = [f[(a, b)] for f in found]
-            if "~" in signs:
-                undecided += 1
-            elif len(set(signs)) == 1:
-                holds.append(f"{a} < {b}" if signs[0] == "<" else f"{b} < {a}")
+            by_sign = {s: [name for name, f in found if f[(a, b)] == s] for s in ("<", ">", "~")}
+            open_ = f" (undecided at {'/'.join(by_sign['~'])})" if by_sign["~"] else ""
+            if by_sign["<"] and by_sign[">"]:
+                changes.append(f"{a} < {b} at {'/'.join(by_sign['<'])}, {b} < {a} at {'/'.join(by_sign['>'])}{open_}")
+            elif len(by_sign["<"]) + len(by_sign[">"]) >= 2:
+                holds.append((f"{a} < {b}" if by_sign["<"] else f"{b} < {a}") + open_)
             else:
-                changes.append(f"{a} vs {b} ({' / '.join(signs)})")
-        return [f"{what}, the ratio order that holds in every one: " + ("; ".join(holds) or "none"),
-                f"{what}, the ratio order that changes: " + ("; ".join(changes) or "none"),
-                f"{what}: {undecided} pair(s) of lines in every one cannot be told apart in at least one"]
+                undecided += 1
+        held = "; ".join(holds) or "none"
+        return [f"{what}, the ratio order that holds wherever decided (in two or more): {held}",
+                f"{what}, the ratio order that reverses: " + ("; ".join(changes) or "none"),
+                f"{what}: {undecided} pair(s) of lines in every one decided in fewer than two"]
 
     def across(self) -> list[str]:
         """For each varied setup column (model, data, ...), over the setups that differ in it alone;
@@ -286,9 +364,11 @@ class Verdicts:
                     continue
                 values = "/".join(_short(setup[col]) for setup, _ in group)
                 at = "".join(f", {c}={v}" for c, v in zip(others, key))
-                lines += self._agreement([f for _, f in group], f"across {col} ({values}{at})")
+                named = [(_short(setup[col]), f) for setup, f in group]
+                lines += self._agreement(named, f"across {col} ({values}{at})")
         if len(self.varied) > 1 and len(signs) > 1:
-            lines += self._agreement([f for _, f in signs], f"across all {len(signs)} setups")
+            named = [(",".join(_short(setup[c]) for c in self.varied), f) for setup, f in signs]
+            lines += self._agreement(named, f"across all {len(signs)} setups")
         return lines
 
 
@@ -342,6 +422,12 @@ def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | No
 def verdicts_markdown(lines: list[str]) -> str:
     if not lines:
         return ""
-    return ("\n## Verdicts\n\nGenerated from the table's runs (posbench/report/verdicts.py): `<` where the 95% "
-            "interval of the ratio of two neighbours' values lies below 1, `~` where it holds 1 (cannot be told "
-            "apart; each symbol compares its two neighbours only).\n\n" + "".join(f"- {line}\n" for line in lines))
+    return ("\n## Verdicts\n\nGenerated from the table's runs (posbench/report/verdicts.py). An ordering decides "
+            "every pair of its lines at once, holding the chance of any wrong decision among them at 5% (Holm): "
+            "`<` between two neighbours where their pair is decided, `~` where it is not (cannot be told apart). "
+            "Where the symbols alone would mislead (two lines apart with only `~` between them, or not apart "
+            "with a `<` between them), each value is followed by letters: two lines that share a letter cannot "
+            "be told apart, two that share none can. A declared contrast (A / B) is one comparison with its "
+            "own 95% interval, not adjusted for the others, so it can be decided where an ordering says `~`. "
+            "Across setups, an order holds where it is decided alike wherever decided (in two setups or more) "
+            "and reverses where it is decided both ways.\n\n" + "".join(f"- {line}\n" for line in lines))
