@@ -920,6 +920,20 @@ def _positions_note(windows: float) -> str:
             f"more than its position (docs/report.md); score more tokens (eval.max_tokens) to draw it.")
 
 
+def _positions_part(positions: pd.DataFrame, drawn: pd.DataFrame, palette, setup: pd.DataFrame, log_y: bool,
+                    figures: dict) -> str:
+    """positions.png into ``figures`` where bins are fed (:func:`positions_windows`); -> report.md's
+    note under the figures: why there is none, or the drawn lines it lacks (no positions.csv)."""
+    if positions.empty:
+        return ""
+    windows = positions_windows(positions)
+    if windows < MIN_BIN_WINDOWS:
+        return _positions_note(windows)
+    without = sorted(set(palette.names(drawn)) - set(palette.names(positions)))
+    figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup, without=without)
+    return f"positions.png: {missing_positions(without)}." if without else ""
+
+
 class Report(NamedTuple):
     summary: pd.DataFrame  # the tidy table (report.csv); empty where the paths hold only tasks.csv
     table: str  # Markdown or LaTeX, as asked; empty where the paths hold only tasks.csv
@@ -1066,12 +1080,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
     drawn = keep(summary)
     figures["report"] = ppl_figure(drawn, ref, log_y=log_y, palette=palette, setup=setup)
     figures.update(per_figures(summary, per, setup))
-    positions = keep(positions)
-    few_windows = not positions.empty and positions_windows(positions) < MIN_BIN_WINDOWS
-    without = [] if positions.empty else sorted(set(palette.names(drawn)) - set(palette.names(positions)))
-    if not positions.empty and not few_windows:
-        figures["positions"] = positions_figure(positions, log_y=log_y, palette=palette, setup=setup,
-                                                without=without)
+    positions_note = _positions_part(keep(positions), drawn, palette, setup, log_y, figures)
     curves = keep(training_curves(df, palette, setup), "name")
     if not curves.empty:
         figures["training"] = training_figure(curves, palette, setup[setup.run.isin(set(curves.run))])
@@ -1092,9 +1101,7 @@ def ppl_report(paths: list[str | Path], out: Path, fmt: str, log_y: bool, refere
             figures["context"] = context_figure(keep(gain, "line"), palette, setup)
     long_text, long_files = longppl_part(paths, out)  # where posbench longppl wrote longppl.csv
     files += long_files
-    notes = (_setup_line(setup), _reference_note(drawn, ref, setup),
-             _positions_note(positions_windows(positions)) if few_windows else "",
-             f"positions.png: {missing_positions(without)}." if "positions" in figures and without else "")
+    notes = (_setup_line(setup), _reference_note(drawn, ref, setup), positions_note)
     atomic_write_text(files[1], (f"{header}\n\n" if header else "")
                       + f"{table}\n\nCells: {TABLE_NOTE}.{failures_markdown(failed)}"
                       "\n\n## Length extrapolation\n\n"
