@@ -59,7 +59,7 @@ def test_t_interval_closed_form_and_its_coverage():
     # 3 seeds from a normal distribution: the 95% interval covers the true mean 95% of the time
     rng = np.random.default_rng(0)
     samples = rng.normal(2.0, 0.3, size=(3000, 3))
-    covered = np.mean([low <= 2.0 <= high for _, low, high, _ in map(t_interval, samples)])
+    covered = np.mean([iv.low <= 2.0 <= iv.high for iv in map(t_interval, samples)])
     assert 0.935 <= covered <= 0.965  # binomial sd 0.004 around 0.95
 
 

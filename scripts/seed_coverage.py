@@ -1,0 +1,131 @@
+"""How often posbench's intervals hold a line's value over many seeds: a coverage study against a
+truth the intervals never saw.
+
+    python scripts/seed_coverage.py results/seed_coverage/runs > results/seed_coverage/coverage.md
+
+The runs (``posbench study seed_coverage``: 24 seeds each of a line that holds, alibi, and one
+that breaks, sinusoidal, at the zoo_quick budget) are read as the report reads them. Each line's
+**truth** at each length is the mean over all its seeds: the mean log perplexity (the report's
+``ppl_mean`` is its exp) and the mean per-seed log ratio ppl(L) / ppl(train_len). Then, for k = 2,
+3 and 5, ``--draws`` random sets of k seeds per line are reported as ``posbench report`` would
+report those k runs (:func:`posbench.report.tables.add_intervals`, the seeds' variance pooled over
+the column's lines below 3 seeds), and the script counts how often each interval holds the truth:
+
+* **seeds+text**, the report's interval. It covers a rerun on other text as well as other seeds,
+  while the truth here is on this one validation text, so it should hold the truth at least 95%
+  of the time: a shortfall means the seeds' term is too narrow.
+* **seeds only**, the same cells with their per-token blocks left out (the t interval over seeds):
+  the term the 24-seed truth tests sharply, with nothing of the text to hide behind.
+
+The draws share one pool of 24 seeds, so they are not independent. The ± is the binomial error of
+``24 // k`` disjoint draws per cell, pooled over the cells counted: a rough bound, wider than the
+error over random draws and narrower than a fresh pool of seeds would give. The truth itself is a
+24-seed mean, uncertain by about 1/sqrt(24) of one seed's spread: a line whose truth sits near an
+interval's end moves the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from posbench.intervals import Cell, Estimator  # noqa: E402
+from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, summarize  # noqa: E402
+
+SIZES = (2, 3, 5)
+INTERVALS = ["ppl_ci_low", "ppl_ci_high", "ratio_ci_low", "ratio_ci_high"]
+
+
+def truths(full: pd.DataFrame) -> pd.DataFrame:
+    """Per line and length: the mean over every seed of log ppl and of the per-seed log ratio."""
+    rows = []
+    for label, g in full.groupby("label", sort=False):
+        g = g.set_index("eval_len")
+        base = g.cell[int(g.train_len.iloc[0])]
+        for length, cell in g.cell.items():
+            common, ia, ib = np.intersect1d(cell.seeds, base.seeds, return_indices=True)
+            rows.append({"label": label, "eval_len": length, "seeds": common.size, "log_ppl": cell.nll.mean(),
+                         "log_ratio": float((cell.nll[ia] - base.nll[ib]).mean()),
+                         "seed_sd_ratio": float((cell.nll[ia] - base.nll[ib]).std(ddof=1))})
+    return pd.DataFrame(rows)
+
+
+def subset(full: pd.DataFrame, chosen: dict[str, np.ndarray], text: bool) -> pd.DataFrame:
+    """The summary of ``full`` (cells kept) re-computed for the seeds ``chosen`` per line, with
+    (``text``) or without the cells' per-token blocks."""
+    cells = []
+    for label, cell in zip(full.label, full.cell):
+        part = cell.only(np.flatnonzero(np.isin(cell.seeds, chosen[label])))
+        cells.append(part if text else Cell(part.seeds, part.nll, None, None, ()))
+    base = full.drop(columns=[c for c in [*CELL_COLUMNS, *INTERVALS] if c in full and c != "cell"])
+    return base.assign(cell=cells)
+
+
+def coverage(full: pd.DataFrame, truth: pd.DataFrame, draws: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    est = Estimator()
+    pool = {label: np.array(sorted(set(full.cell[full.label == label].iloc[0].seeds))) for label in full.label.unique()}
+    truth = truth.set_index(["label", "eval_len"])
+    rows = []
+    for k in [k for k in SIZES if k < min(map(len, pool.values()))]:
+        for _ in range(draws):
+            chosen = {label: rng.choice(seeds, size=k, replace=False) for label, seeds in pool.items()}
+            for text in (True, False):
+                s = add_intervals(subset(full, chosen, text), est)
+                for r in s.itertuples():
+                    t = truth.loc[(r.label, r.eval_len)]
+                    hold_ppl = r.ppl_ci_low <= math.exp(t.log_ppl) <= r.ppl_ci_high
+                    hold_ratio = (r.ratio_ci_low <= math.exp(t.log_ratio) <= r.ratio_ci_high
+                                  if r.eval_len != r.train_len else math.nan)
+                    rows.append({"k": k, "interval": "seeds+text" if text else "seeds only", "label": r.label,
+                                 "eval_len": r.eval_len, "ppl": hold_ppl, "ratio": hold_ratio,
+                                 "ratio_width": math.log(r.ratio_ci_high / r.ratio_ci_low)
+                                 if r.eval_len != r.train_len else math.nan})
+    return pd.DataFrame(rows)
+
+
+def table(hits: pd.DataFrame, pool_size: int) -> str:
+    out = ["| k seeds | interval | line | ppl at every length | ratio past train_len | ± (rough) |",
+           "|---|---|---|---|---|---|"]
+    for (k, interval, label), g in hits.groupby(["k", "interval", "label"], sort=False):
+        ratio = g.ratio.dropna().astype(float)
+        cells = g.groupby("eval_len").ngroups
+        n = (pool_size // k) * cells
+        p = float(ratio.mean())
+        err = math.sqrt(max(p * (1 - p), 0.05 * 0.95) / n)
+        out.append(f"| {k} | {interval} | {label} | {g.ppl.astype(float).mean():.3f} | {p:.3f} | {err:.3f} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", help="the exported runs (results/seed_coverage/runs)")
+    ap.add_argument("--draws", type=int, default=200, help="random sets of k seeds per k (default 200)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    full = summarize(collect([args.runs]), cells=True)
+    truth = truths(full)
+    pool_size = int(truth.seeds.min())
+    hits = coverage(full, truth, args.draws, args.seed)
+    print(f"# Interval coverage against a {pool_size}-seed truth\n")
+    print(f"`python scripts/seed_coverage.py {args.runs} --draws {args.draws} --seed {args.seed}`: each line's "
+          f"truth is the mean over its {pool_size} seeds; {args.draws} random sets of k seeds per k, each reported "
+          "as posbench reports k runs; the share of intervals (95%) that hold the truth, over every length "
+          "(ratios: past train_len).\n")
+    print(table(hits, pool_size))
+    print("\nTruth per line (log ratio's seed-to-seed sd beside it):\n")
+    print("| line | L | ppl (geometric mean) | ratio | one seed's sd of the log ratio |\n|---|---|---|---|---|")
+    for r in truth.itertuples():
+        print(f"| {r.label} | {r.eval_len} | {math.exp(r.log_ppl):.2f} | {math.exp(r.log_ratio):.4f} | "
+              f"{r.seed_sd_ratio:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
