@@ -54,6 +54,7 @@ EMBED_SCALES = ("sqrt_d", "none")
 SOURCES = ("sotu", "text", "hub", "pypi")  # data.source (posbench.data.corpus, posbench.data.pypi)
 SAMPLERS = ("random", "once")  # train.sampler (posbench.data.windows)
 LENGTH_SCALINGS = ("none", "logn", "ssmax")  # model.length_scaling (posbench.model.length_scaling)
+GATES = ("none", "headwise", "elementwise")  # model.gate: a sigmoid gate on each head's attention output
 
 
 def max_position(random_positions: int | None, train_len: int) -> int:
@@ -126,6 +127,7 @@ class ModelConfig:
     ssmax_init: float = 0.43  # SSMax's s at initialisation (length_scaling=ssmax only)
     qk_norm: bool = False  # RMSNorm on each head's q and k (learned gain), before the encoding's rotate
     window: int = 0  # sliding-window attention: each query sees its last `window` keys (itself included); 0: all
+    gate: str = "none"  # none | headwise | elementwise: sigmoid(x W) times each head's attention output (Qiu 2025)
 
     def __post_init__(self):
         if self.embed_scale not in EMBED_SCALES:
@@ -134,6 +136,8 @@ class ModelConfig:
         if self.length_scaling not in LENGTH_SCALINGS:
             raise PosbenchError(f"model.length_scaling={self.length_scaling!r} is not valid; "
                                 f"valid choices: {', '.join(LENGTH_SCALINGS)}")
+        if self.gate not in GATES:
+            raise PosbenchError(f"model.gate={self.gate!r} is not valid; valid choices: {', '.join(GATES)}")
 
     def embed_factor(self) -> float:
         """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
@@ -150,6 +154,9 @@ MODEL_OPTIONS = (
      "Henry et al. 2020, Query-Key Normalization; Dehghani et al. 2023; OLMo 2, Qwen3"),
     ("model.window=W", "sliding-window attention: each query sees its last W keys (itself included)",
      "Beltagy et al. 2020, Longformer; Jiang et al. 2023, Mistral 7B"),
+    ("model.gate=elementwise", "each head's attention output times sigmoid(x W_g), x the layer's normed input, "
+     "one gate per output dim (headwise: one per head)",
+     "Qiu et al. 2025, Gated Attention for Large Language Models; Qwen3-Next"),
 )
 
 
@@ -576,7 +583,7 @@ def flat_items(d: dict, prefix: str = ""):
 
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
-IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0,
+IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0, "model.gate": "none",
                        "train.sampler": "random", "data.train_tokens": None, "data.packages": None,
                        "data.min_doc_bytes": 0, "data.eval_min_tokens": 0,
                        # rope's scaling in training (extension by fine-tuning), off by default

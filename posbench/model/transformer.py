@@ -31,7 +31,16 @@ class Attention(nn.Module):
     Dehghani et al. 2023; in this form OLMo 2's and Qwen3's ``q_norm``/``k_norm``); it bounds the
     logits' size, so attention cannot sharpen by growing q and k. ``model.window``: sliding-window
     attention (Beltagy et al. 2020, Longformer; Mistral 7B), each query seeing its last ``window``
-    keys, itself included; an encoding may put a window on some layers (``attention_window``)."""
+    keys, itself included; an encoding may put a window on some layers (``attention_window``).
+    ``model.gate``: gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models",
+    the paper's best placement, G1): each head's attention output, before the output projection,
+    times sigmoid(x W_g), x the layer's (normed) input, the gate elementwise over the head's dims
+    (``elementwise``, d_model x d_model weights: the paper's best form) or one scalar per head
+    (``headwise``, d_model x n_heads); no bias, W_g at the model's N(0, 0.02) init. Qwen3-Next
+    computes the same gate from a q projection twice as wide (transformers' ``Qwen3NextAttention``:
+    ``query, gate = chunk(q_proj(x), 2)``, ``out * sigmoid(gate)``); a separate linear is the
+    same map. The gate sees only the token's own input, so it composes with every encoding and
+    kernel and keeps the model causal."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -40,6 +49,9 @@ class Attention(nn.Module):
         hs = cfg.d_model // cfg.n_heads
         self.q_norm, self.k_norm = (nn.RMSNorm(hs, eps=1e-6), nn.RMSNorm(hs, eps=1e-6)) if cfg.qk_norm else (None, None)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        # model.gate: a module only where gated, so other runs' state dicts (and inits) are as before
+        self.gate = None if cfg.gate == "none" else \
+            nn.Linear(cfg.d_model, cfg.d_model if cfg.gate == "elementwise" else cfg.n_heads, bias=False)
         self.chunk, self.window = cfg.attn_chunk, cfg.window
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -65,6 +77,8 @@ class Attention(nn.Module):
                                  layer_window(enc, layer, self.window), token_transforms(enc, x, layer))
             if feats is not None:  # sum_j A_ij e_j, for the block's update_features
                 y, cache["attended"] = y.split((D // self.n_heads, feats.shape[-1]), dim=-1)
+        if self.gate is not None:  # (B, T, D or H) -> (B, H, T, hs or 1)
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_heads, -1).transpose(1, 2).to(y.dtype)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
 
