@@ -1,0 +1,41 @@
+"""README tables are generated, never retyped: each table a README shows of a study's numbers is
+the output of the script named beside it, regenerated here from the shipped report.csv."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+TABLES = [  # (README, script, its report.csv)
+    ("README.md", "scripts/ratio_table.py", "results/headline/report.csv"),
+    ("results/headline/README.md", "scripts/ratio_table.py", "results/headline/report.csv"),
+]
+
+
+@pytest.mark.parametrize("readme, script, report", TABLES, ids=[t[0] for t in TABLES])
+def test_a_readme_table_is_its_script_s_output(readme, script, report):
+    table = subprocess.run([sys.executable, str(ROOT / script), str(ROOT / report)], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert table.count("\n") >= 2
+    assert table in (ROOT / readme).read_text(), f"{readme}: its table is not `python {script} {report}`'s output"
+
+
+def test_the_table_script_orders_lines_and_names_the_lowest(tmp_path):
+    """On a report of two lines: ascending ppl at train_len, the lowest named, the other's ratio to it."""
+    import pandas as pd
+
+    rows = []
+    for label, ppl, ratio in (("b", 20.0, 1.5), ("a", 10.0, 1.0)):
+        for L, p in ((4, ppl), (8, ppl * ratio)):
+            rows.append({"label": label, "mode": "nonoverlapping", "train_len": 4, "eval_len": L, "ppl_mean": p,
+                         "ppl_std": 0.25, "seeds": 3, "ratio_mean": p / ppl, "ratio_ci_low": p / ppl - 0.1,
+                         "ratio_ci_high": p / ppl + 0.1, "vs_best": ppl / 10.0, "vs_best_ci_low": ppl / 10.0 - 0.2,
+                         "vs_best_ci_high": ppl / 10.0 + 0.2})
+    pd.DataFrame(rows).to_csv(tmp_path / "report.csv", index=False)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/ratio_table.py"), str(tmp_path / "report.csv")],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "| encoding | seeds | L=4 | L=8 | ppl(8) / ppl(4) | ppl(4) / lowest |"
+    assert out[2] == "| a | 3 | 10.0 ± 0.2 | 10.0 ± 0.2 | 1.000 [0.900, 1.100] | 1 (lowest) |"
+    assert out[3] == "| b | 3 | 20.0 ± 0.2 | 30.0 ± 0.2 | 1.500 [1.400, 1.600] | 2.000 [1.800, 2.200] |"
