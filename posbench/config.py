@@ -128,6 +128,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm on each head's q and k (learned gain), before the encoding's rotate
     window: int = 0  # sliding-window attention: each query sees its last `window` keys (itself included); 0: all
     gate: str = "none"  # none | headwise | elementwise: sigmoid(x W) times each head's attention output (Qiu 2025)
+    differential: bool = False  # differential attention (Ye et al. 2025): two softmax maps per head, subtracted
 
     def __post_init__(self):
         if self.embed_scale not in EMBED_SCALES:
@@ -138,6 +139,11 @@ class ModelConfig:
                                 f"valid choices: {', '.join(LENGTH_SCALINGS)}")
         if self.gate not in GATES:
             raise PosbenchError(f"model.gate={self.gate!r} is not valid; valid choices: {', '.join(GATES)}")
+        if self.differential and ((self.d_model // self.n_heads) % 2 or self.length_scaling != "none"):
+            raise PosbenchError(f"model.differential=true splits each head's q and k in halves and takes no "
+                                f"model.length_scaling; valid: an even head dim (d_model / n_heads = "
+                                f"{self.d_model // self.n_heads} here) and model.length_scaling=none "
+                                f"({self.length_scaling} here)")
 
     def embed_factor(self) -> float:
         """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
@@ -157,6 +163,9 @@ MODEL_OPTIONS = (
     ("model.gate=elementwise", "each head's attention output times sigmoid(x W_g), x the layer's normed input, "
      "one gate per output dim (headwise: one per head)",
      "Qiu et al. 2025, Gated Attention for Large Language Models; Qwen3-Next"),
+    ("model.differential=true", "two softmax maps per head from q and k split in halves, the second times a "
+     "learned lambda subtracted, then RMSNorm x (1 - lambda_init); model.n_heads counts differential heads",
+     "Ye et al. 2025 (ICLR), Differential Transformer; microsoft/unilm Diff-Transformer"),
 )
 
 
@@ -584,6 +593,7 @@ def flat_items(d: dict, prefix: str = ""):
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
 IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0, "model.gate": "none",
+                       "model.differential": False,
                        "train.sampler": "random", "data.train_tokens": None, "data.packages": None,
                        "data.min_doc_bytes": 0, "data.eval_min_tokens": 0,
                        # rope's scaling in training (extension by fine-tuning), off by default

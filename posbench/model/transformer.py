@@ -23,6 +23,8 @@ from .loss import linear_cross_entropy
 
 # parameters that initialise themselves and get no weight decay: the encoding's and SSMax's scales
 OWN_PARAMETERS = ("encoding.", "length_scaling.")
+# hooks differential attention cannot take: they change the values or the softmax its two maps share
+DIFF_REFUSES = frozenset({"value", "features", "transition", "normalize"})
 
 
 class Attention(nn.Module):
@@ -40,14 +42,34 @@ class Attention(nn.Module):
     computes the same gate from a q projection twice as wide (transformers' ``Qwen3NextAttention``:
     ``query, gate = chunk(q_proj(x), 2)``, ``out * sigmoid(gate)``); a separate linear is the
     same map. The gate sees only the token's own input, so it composes with every encoding and
-    kernel and keeps the model causal."""
+    kernel and keeps the model causal.
+
+    ``model.differential``: differential attention (Ye et al. 2025, "Differential Transformer",
+    ICLR; reference code microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``). Each of the
+    ``n_heads`` heads splits its q and k into two halves, two sub-heads of head_dim / 2 that the
+    encoding sees as heads of their own (it is built for 2 x n_heads heads: ``LanguageModel.dims``),
+    both attending over the head's whole value; the head's output is A1 v - lambda A2 v, lambda =
+    exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init (four learned vectors of head_dim / 2 per layer,
+    N(0, 0.1), shared by the heads), then RMSNorm over the head's dims (eps 1e-5, learned gain) times
+    1 - lambda_init, lambda_init = 0.8 - 0.6 exp(-0.3 l) at layer index l from 0, as the reference
+    code computes it (the paper writes l from 1). The paper halves the heads against the
+    Transformer it compares with, to keep the parameters: ``model.n_heads`` counts differential
+    heads. Each softmax map is the attention kernel's own, so the encoding's rotation, bias and
+    decay enter both; hooks that change the values (``value``, ``features``), replace the softmax
+    (``normalize``) or transform between query and key (``transition``) are refused."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         hs = cfg.d_model // cfg.n_heads
-        self.q_norm, self.k_norm = (nn.RMSNorm(hs, eps=1e-6), nn.RMSNorm(hs, eps=1e-6)) if cfg.qk_norm else (None, None)
+        qk = hs // 2 if cfg.differential else hs  # the head dim of q and k (a sub-head's, differential)
+        self.q_norm, self.k_norm = (nn.RMSNorm(qk, eps=1e-6), nn.RMSNorm(qk, eps=1e-6)) if cfg.qk_norm else (None, None)
+        self.diff = None
+        if cfg.differential:  # the reference code's lambda_q1, lambda_k1, lambda_q2, lambda_k2 and subln
+            self.diff = nn.ParameterDict({n: nn.Parameter(torch.zeros(qk).normal_(0, 0.1))
+                                          for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
+            self.subln = nn.RMSNorm(hs, eps=1e-5)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         # model.gate: a module only where gated, so other runs' state dicts (and inits) are as before
         self.gate = None if cfg.gate == "none" else \
@@ -58,9 +80,17 @@ class Attention(nn.Module):
     def forward(self, x, enc: PositionEncoding, positions, layer: int, cache: dict):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.diff is not None:  # (B, H, T, hs) -> (B, 2H, T, hs / 2): head i's halves are sub-heads 2i, 2i + 1
+            q, k = (t.reshape(B, self.n_heads, T, 2, -1).transpose(2, 3).reshape(B, 2 * self.n_heads, T, -1)
+                    for t in (q, k))
+            v = v.repeat_interleave(2, dim=1)
         if self.q_norm is not None:  # in fp32, as Qwen3's RMSNorm (and no bf16 input beside an fp32 gain)
             q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         ext = enc.extension  # eval.extension (posbench.encodings.extension), None but at evaluation
+        if ext is not None and ext.sets_positions and self.diff is not None:
+            raise PosbenchError(f"eval.extension={ext.method} is not available for model.differential=true: "
+                                "it computes one softmax map per head; valid: an extension that leaves the "
+                                "attention to the model (logn) or none")
         if ext is not None and ext.sets_positions:  # the rotation (and the visible keys) are part of the attention
             y = enc.extended_attention(q, k, v, positions, layer)
         else:
@@ -77,9 +107,21 @@ class Attention(nn.Module):
                                  layer_window(enc, layer, self.window), token_transforms(enc, x, layer))
             if feats is not None:  # sum_j A_ij e_j, for the block's update_features
                 y, cache["attended"] = y.split((D // self.n_heads, feats.shape[-1]), dim=-1)
+        if self.diff is not None:
+            y = self.differential(y, layer)
         if self.gate is not None:  # (B, T, D or H) -> (B, H, T, hs or 1)
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_heads, -1).transpose(1, 2).to(y.dtype)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
+
+
+    def differential(self, y: torch.Tensor, layer: int) -> torch.Tensor:
+        """(B, 2H, T, hs) sub-head outputs -> (B, H, T, hs): A1 v - lambda A2 v, normed, x (1 - lambda_init)."""
+        p = self.diff
+        init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+        lam = torch.exp((p["lambda_q1"] * p["lambda_k1"]).sum()) - torch.exp((p["lambda_q2"] * p["lambda_k2"]).sum()) + init
+        out = y[:, 0::2] - lam.to(y.dtype) * y[:, 1::2]
+        wide = torch.promote_types(out.dtype, torch.float32)  # the norm in fp32 at least, as the reference's RMSNorm
+        return self.subln(out.to(wide)).to(y.dtype) * (1 - init)
 
 
 def carried_features(enc: PositionEncoding, positions: torch.Tensor, layer: int, batch: int) -> torch.Tensor | None:
@@ -118,6 +160,11 @@ class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, encoding: PositionEncoding):
         super().__init__()
         self.cfg, self.vocab_size, self.encoding = cfg, vocab_size, encoding
+        refused = sorted(DIFF_REFUSES & set(encoding.hooks())) if cfg.differential else []
+        if refused:
+            raise PosbenchError(f"model.differential=true takes no {refused[0]!r} hook (encoding {encoding.name!r}): "
+                                "it changes the values or the softmax the two maps share; valid: an encoding "
+                                f"without the {', '.join(sorted(DIFF_REFUSES))} hooks")
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -146,7 +193,9 @@ class LanguageModel(nn.Module):
 
     @staticmethod
     def dims(cfg: ModelConfig, train_len: int, vocab_size: int = 0) -> ModelDims:
-        return ModelDims(cfg.d_model, cfg.n_heads, cfg.n_layers, train_len, vocab_size)
+        """The shape the encoding is built for: differential attention's sub-heads are its heads."""
+        heads = 2 * cfg.n_heads if cfg.differential else cfg.n_heads
+        return ModelDims(cfg.d_model, heads, cfg.n_layers, train_len, vocab_size)
 
     def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> final hidden states (B, T, D), before the output embedding.
