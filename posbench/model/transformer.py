@@ -118,7 +118,8 @@ class Attention(nn.Module):
         """(B, 2H, T, hs) sub-head outputs -> (B, H, T, hs): A1 v - lambda A2 v, normed, x (1 - lambda_init)."""
         p = self.diff
         init = 0.8 - 0.6 * math.exp(-0.3 * layer)
-        lam = torch.exp((p["lambda_q1"] * p["lambda_k1"]).sum()) - torch.exp((p["lambda_q2"] * p["lambda_k2"]).sum()) + init
+        lam = torch.exp((p["lambda_q1"] * p["lambda_k1"]).sum()) - torch.exp((p["lambda_q2"] * p["lambda_k2"]).sum())
+        lam = lam + init
         out = y[:, 0::2] - lam.to(y.dtype) * y[:, 1::2]
         wide = torch.promote_types(out.dtype, torch.float32)  # the norm in fp32 at least, as the reference's RMSNorm
         return self.subln(out.to(wide)).to(y.dtype) * (1 - init)
