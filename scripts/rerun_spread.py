@@ -48,7 +48,7 @@ def train(out: Path, setting: str, encoding: str) -> Path:
         cmd = [sys.executable, "-m", "posbench.cli", "train", "experiment=zoo_quick", f"encoding={encoding}",
                "seed=0", f"hydra.run.dir={run}", *overrides]
         print("$", " ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd[2:]), file=sys.stderr)
-        subprocess.run(cmd, check=True, env={**os.environ, **env})
+        subprocess.run(cmd, check=True, env={**os.environ, **env}, stdout=sys.stderr)  # its table is not ours
     return run
 
 
@@ -83,7 +83,7 @@ def main(argv=None) -> None:
     for encoding in ENCODINGS:
         first = None
         for setting in SETTINGS:
-            ppl, ratio = measures(read_results(train(out, setting, encoding)))
+            ppl, ratio = measures(read_results(train(out, setting, encoding) / "results.csv"))
             first = first or (ppl, ratio)
             d = (math.log(ppl / first[0]), math.log(ratio / first[1]))
             moves.setdefault(encoding, []).append(d)
