@@ -144,15 +144,17 @@ def letters(names: list[str], signs: dict[tuple[str, str], str]) -> dict[str, st
     return {n: "".join(alphabet[i] for i, g in enumerate(order) if n in g) for n in names}
 
 
-def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], pool, digits: int) -> str:
+def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], pool, digits: int,
+             signs: dict[tuple[str, str], str] | None = None) -> str:
     """'a 0.950 < b 0.959 ~ c 4.276': the lines by value, lowest first, each neighbour pair's symbol
     from :func:`decide_pairs` (every pair decided at once, family-wise at :data:`FWER`). Where the
     chain would mislead a reader who reads it transitively (two lines with a '<' between them that
     cannot be told apart, or two with only '~' between them that can), each value is followed by
     its letters (:func:`letters`): 'rope 1.250 a ~ t5 1.300 ab ~ nope 3.122 b' says rope and nope
-    are apart though neither is apart from t5."""
+    are apart though neither is apart from t5. ``signs``: :func:`decide_pairs` of these cells, where
+    the caller has them already."""
     names = sorted(cells, key=lambda n: values[n])
-    signs = decide_pairs(est, cells, pool)
+    signs = decide_pairs(est, cells, pool) if signs is None else signs
     chain = ["<" if sign_of(signs, a, b) == "<" else "~" for a, b in zip(names, names[1:])]
     hidden = any(("<" in chain[i:j]) != (sign_of(signs, names[i], names[j]) == "<")
                  for i in range(len(names)) for j in range(i + 2, len(names)))
@@ -219,6 +221,15 @@ class Verdicts:
         self.s = s
         self.est = estimator or Estimator()
         self.varied = [c for c in self.setup if c in self.s and self.s[c].astype(str).nunique() > 1]
+        self._decided: dict[tuple, dict[tuple[str, str], str]] = {}  # (rows, length) -> the ratios' pair decisions
+
+    def _ratio_signs(self, g: pd.DataFrame, length: int) -> dict[tuple[str, str], str]:
+        """:func:`decide_pairs` of ``g``'s ratios at ``length``, computed once per rows and length: the
+        ratio ordering and the across-setups lines read the same decisions."""
+        key = (tuple(g.index), length)
+        if key not in self._decided:
+            self._decided[key] = decide_pairs(self.est, self._ratios(g, length), self._pool(g, length, True))
+        return self._decided[key]
 
     def setups(self):
         for keys, g in self.s.groupby(self.setup, dropna=False, sort=True):
@@ -250,8 +261,18 @@ class Verdicts:
         intervals used (:func:`posbench.report.tables.add_intervals`), of the cells or the ratios."""
         return g[g.eval_len == length]["ratio_pool" if ratio else "cell_pool"].iloc[0]
 
-    def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int, g: pd.DataFrame) -> str:
-        return ordering(self.est, cells, values, pool, digits) + self._one_seed(g, cells) + self._two_seeds(g, cells)
+    def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int, g: pd.DataFrame,
+               signs: dict[tuple[str, str], str] | None = None) -> str:
+        return (ordering(self.est, cells, values, pool, digits, signs) + self._one_seed(g, cells)
+                + self._two_seeds(g, cells))
+
+    @staticmethod
+    def _trained(g: pd.DataFrame, names, seeds: int) -> list[str]:
+        """The trained lines among ``names`` whose rows in ``g`` have ``seeds`` seeds (none where ``g``
+        does not say which lines were trained)."""
+        if "trained" not in g:
+            return []
+        return sorted({r.label for r in g.itertuples() if r.label in names and r.trained and r.seeds == seeds})
 
     @staticmethod
     def _two_seeds(g: pd.DataFrame, names) -> str:
@@ -259,11 +280,10 @@ class Verdicts:
         and a ratio past :data:`BREAKS` at the setup's longest length: results/seed_coverage measured
         such a line's report interval (2 seeds) holding a 24-seed mean 0.90 of the time, short of 0.95
         beyond its error, where 3 and 5 seeds held it within error."""
-        if "trained" not in g or "ratio_mean" not in g:
+        if "ratio_mean" not in g:
             return ""
         longest = g[g.eval_len == g.eval_len.max()]
-        two = sorted({r.label for r in longest.itertuples() if r.label in names and r.trained and r.seeds == 2
-                      and r.ratio_mean > BREAKS})
+        two = Verdicts._trained(longest[longest.ratio_mean > BREAKS], names, 2)
         if not two:
             return ""
         return (f" (two seeds of a line that breaks: {', '.join(two)}; such intervals held a 24-seed mean 0.90 of "
@@ -274,9 +294,7 @@ class Verdicts:
         """' (one seed: a, b; ...)' where trained lines among ``names`` have one seed: their intervals hold the
         text's variation alone, so a symbol beside them says nothing of the seeds' (a pretrained model is one
         model, and says nothing of it)."""
-        if "trained" not in g:
-            return ""
-        one = sorted({r.label for r in g.itertuples() if r.label in names and r.trained and r.seeds == 1})
+        one = Verdicts._trained(g, names, 1)
         if not one:
             return ""
         who = "every line" if len(one) == len(set(names)) else ", ".join(one)
@@ -292,11 +310,13 @@ class Verdicts:
             if length is None:  # a line that cannot run past train_len (a learned table): order the others
                 length, missing = self._longest_most(g)
             if length is not None:
-                cells = self._ratios(g[~g.label.isin(missing)], length)
+                ordered = g[~g.label.isin(missing)]
+                cells = self._ratios(ordered, length)
                 values = {n: math.exp(c.mean) for n, c in cells.items()}
                 without = f" (n/a: {', '.join(missing)})" if missing else ""
                 lines.append(f"{where}ppl(L={length}) / ppl(L={tlen}) ({length / tlen:g}x), lowest first{without}: "
-                             + self._order(cells, values, self._pool(g, length, True), 3, g))
+                             + self._order(cells, values, self._pool(g, length, True), 3, g,
+                                           self._ratio_signs(ordered, length)))
             at = g[g.eval_len == tlen].set_index("label")
             if len(at) > 1:
                 cells = dict(at.cell)
@@ -340,7 +360,7 @@ class Verdicts:
             length = common_longest(g)
             if length is None:
                 continue
-            out.append((setup, decide_pairs(self.est, self._ratios(g, length), self._pool(g, length, True))))
+            out.append((setup, self._ratio_signs(g, length)))
         return out
 
     @staticmethod
