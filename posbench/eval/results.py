@@ -167,7 +167,7 @@ def compact_labels(labels: list[str], judged: list[str] | None = None) -> tuple[
     if any(pairs is not None and not all(len(kv) == 2 for kv in pairs) for _, pairs, _ in parsed):
         return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
     counts: dict[str, Counter] = {}
-    lines = {label: label_parts(label) for label in (labels if judged is None else judged)}  # each line once
+    lines = dict(zip(labels, parsed)) if judged is None else {label: label_parts(label) for label in judged}  # once
     for _, pairs, _ in lines.values():
         for k, v in pairs or []:
             counts.setdefault(k, Counter())[v] += 1

@@ -113,7 +113,6 @@ class Attention(nn.Module):
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_heads, -1).transpose(1, 2).to(y.dtype)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
-
     def differential(self, y: torch.Tensor, layer: int) -> torch.Tensor:
         """(B, 2H, T, hs) sub-head outputs -> (B, H, T, hs): A1 v - lambda A2 v, normed, x (1 - lambda_init)."""
         p = self.diff

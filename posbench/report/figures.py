@@ -182,7 +182,8 @@ def setup_caption(setup: pd.DataFrame) -> str:
 
     model, params, data = values("model"), values("params", amount), values("data")
     steps, tokens = values("steps", lambda v: f"{int(v):,}"), values("train_tokens", amount)
-    quants = "/".join(dict.fromkeys(q for q in map(quantization, str(model).split("/")) if q))
+    names = setup["model"].dropna().astype(str) if "model" in setup else pd.Series([], dtype=str)
+    quants = "/".join(dict.fromkeys(q for q in map(quantization, names) if q))
     size = ", ".join(p for p in (quants, f"{params} params" if params else "") if p)
     parts = [f"model {model}" + (f" ({size})" if size else "") if model else size,
              f"corpus {data}" if data else "", f"{steps} steps" if steps else "",
