@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from posbench.intervals import Cell, Estimator  # noqa: E402
 from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, summarize  # noqa: E402
+from posbench.report.verdicts import ratio_cell  # noqa: E402
 
 SIZES = (2, 3, 5)
 INTERVALS = ["ppl_ci_low", "ppl_ci_high", "ratio_ci_low", "ratio_ci_high"]
@@ -50,10 +51,9 @@ def truths(full: pd.DataFrame) -> pd.DataFrame:
         g = g.set_index("eval_len")
         base = g.cell[int(g.train_len.iloc[0])]
         for length, cell in g.cell.items():
-            common, ia, ib = np.intersect1d(cell.seeds, base.seeds, return_indices=True)
-            rows.append({"label": label, "eval_len": length, "seeds": common.size, "log_ppl": cell.nll.mean(),
-                         "log_ratio": float((cell.nll[ia] - base.nll[ib]).mean()),
-                         "seed_sd_ratio": float((cell.nll[ia] - base.nll[ib]).std(ddof=1))})
+            per_seed = ratio_cell(cell, base).nll  # each seed's log ratio, paired by seed as the report pairs them
+            rows.append({"label": label, "eval_len": length, "seeds": per_seed.size, "log_ppl": cell.nll.mean(),
+                         "log_ratio": float(per_seed.mean()), "seed_sd_ratio": float(per_seed.std(ddof=1))})
     return pd.DataFrame(rows)
 
 
