@@ -129,6 +129,7 @@ class ModelConfig:
     window: int = 0  # sliding-window attention: each query sees its last `window` keys (itself included); 0: all
     gate: str = "none"  # none | headwise | elementwise: sigmoid(x W) times each head's attention output (Qiu 2025)
     differential: bool = False  # differential attention (Ye et al. 2025): two softmax maps per head, subtracted
+    sinks: bool = False  # a learned sink logit per head in each softmax's denominator (gpt-oss)
 
     def __post_init__(self):
         if self.embed_scale not in EMBED_SCALES:
@@ -166,6 +167,9 @@ MODEL_OPTIONS = (
     ("model.differential=true", "two softmax maps per head from q and k split in halves, the second times a "
      "learned lambda subtracted, then RMSNorm x (1 - lambda_init); model.n_heads counts differential heads",
      "Ye et al. 2025 (ICLR), Differential Transformer; microsoft/unilm Diff-Transformer"),
+    ("model.sinks=true", "a learned logit per head, exp(s_h) added to each softmax's denominator with no value: "
+     "a head may attend to nothing", "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card; Xiao et al. 2024, "
+     "StreamingLLM (sinks); transformers GptOssAttention"),
 )
 
 
@@ -593,7 +597,7 @@ def flat_items(d: dict, prefix: str = ""):
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
 IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0, "model.gate": "none",
-                       "model.differential": False,
+                       "model.differential": False, "model.sinks": False,
                        "train.sampler": "random", "data.train_tokens": None, "data.packages": None,
                        "data.min_doc_bytes": 0, "data.eval_min_tokens": 0,
                        # rope's scaling in training (extension by fine-tuning), off by default

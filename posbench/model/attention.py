@@ -92,18 +92,22 @@ FLEX = flex_setting(os.environ.get("POSBENCH_FLEX"))  # read once, at import; te
 FLEX_RECOMPILES = 64  # shapes (batch, length, grad or not) the compiled flex kernel may specialise for
 EXPLICIT_MAX_LEN = 128  # training at T <= this: explicit attention (faster backward on CPU)
 EXPLICIT_HOOKS = frozenset({"score", "value", "normalize"})  # hooks that take the explicit query chunks
+SINK_REFUSES = frozenset({"normalize", "transition"})  # hooks with no softmax to add a sink to
 ATTN_BUDGET = 1 << 25  # elements of one fp32 score / bias tensor in the chunked kernels
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: PositionEncoding,
                      positions: torch.Tensor, layer: int, chunk_size: int = 1024,
                      cache: dict | None = None, decay: torch.Tensor | None = None, window: int = 0,
-                     transition: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     transition: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     sink: torch.Tensor | None = None) -> torch.Tensor:
     """q, k, v: (B, H, T, hs) -> (B, H, T, hs). ``cache``: a dict living for one forward pass.
     ``decay``: (B, H, T) cumulative log forget gates c (the ``decay`` hook's gates summed over
     T): the logit of (i, j) gains c_i - c_j, after the logit scale. ``window``: sliding-window
     attention, the query at position i seeing the keys at i - window < j <= i (0: every j <= i).
     ``transition``: the ``transition`` hook's (w, beta) for this layer's tokens (:func:`token_transforms`).
+    ``sink``: (H,) learned sink logits (``model.sinks``), one more term exp(sink) in each softmax's
+    denominator with no value: explicit attention in query chunks (:func:`_explicit_chunks`).
     An extension that sets the positions or the visible keys itself (``Extension.sets_positions``)
     is computed by ``enc.extended_attention`` from q and k before rotation, never here: one line
     rather than numbers silently as trained."""
@@ -113,14 +117,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
                             "(q and k before rotation); this attention layer did not hand it there")
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
+    if sink is not None and SINK_REFUSES & set(hooks):
+        raise PosbenchError(f"model.sinks=true takes no {sorted(SINK_REFUSES & set(hooks))[0]!r} hook (encoding "
+                            f"{enc.name!r}): a sink is a term of softmax's denominator; valid: an encoding without "
+                            f"the {', '.join(sorted(SINK_REFUSES))} hooks")
     if transition is not None:
         if ({"bias"} | EXPLICIT_HOOKS) & set(hooks):
             raise PosbenchError(f"encoding {enc.name!r}: the transition hook takes no bias, score, value or "
                                 "normalize hook beside it (householder_attention adds decay alone)")
         return householder_attention(q, k, v, *transition, scale, positions, decay, window)
-    if EXPLICIT_HOOKS & set(hooks):
+    if EXPLICIT_HOOKS & set(hooks) or sink is not None:
         return _explicit_chunks(q, k, v, enc, positions, layer, _rows(chunk_size, B * enc.pair_cost() * T), decay,
-                                window)
+                                window, sink)
     explicit = torch.is_grad_enabled() and T <= EXPLICIT_MAX_LEN and q.device.type == "cpu"
     cache = {} if cache is None else cache
     if decay is None and "bias" in hooks and enc.relative_bias and flex_wanted(q) and _contiguous(cache, positions):
@@ -362,7 +370,10 @@ def _decay_chunks(q, k, v, enc, positions, layer, chunk_size, decay, explicit, w
     return sdpa_chunks(q, k, v, rows, enc.logit_scale(), mask_of)
 
 
-def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, window=0):
+def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, window=0, sink=None):
+    """Attention one query chunk at a time, every hook's term added to explicit fp32 logits. ``sink``:
+    (H,) logits of a key every query sees with no value (gpt-oss's learned sinks, as transformers'
+    ``GptOssAttention``: a column concatenated to the logits before the softmax, dropped after it)."""
     hooks, scale = enc.hooks(), enc.logit_scale()
     outs = []
     for start, end in _chunks(q.shape[2], chunk_size):
@@ -381,6 +392,10 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, win
             probs = enc.normalize(logits, q_pos, k_pos, hidden, layer)
             rest = 1 - probs.sum(-1, keepdim=True)
             out = probs.to(vc.dtype) @ vc + (rest * v[:, :, start:end].float()).to(vc.dtype)
+        elif sink is not None:
+            column = sink.float().view(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
+            probs = torch.cat((logits.masked_fill(hidden, float("-inf")), column), dim=-1).softmax(dim=-1)[..., :-1]
+            out = probs.to(vc.dtype) @ vc
         else:
             probs = logits.masked_fill(hidden, float("-inf")).softmax(dim=-1)
             out = probs.to(vc.dtype) @ vc
@@ -391,11 +406,11 @@ def _explicit_chunks(q, k, v, enc, positions, layer, chunk_size, decay=None, win
 
 
 def reference_attention(q, k, v, enc: PositionEncoding, positions: torch.Tensor, layer: int = 0,
-                        decay: torch.Tensor | None = None, window: int = 0, transition=None):
+                        decay: torch.Tensor | None = None, window: int = 0, transition=None, sink=None):
     """Plain full-matrix attention in fp32, for tests comparing kernels (with a ``transition``: the
     Householder form in one chunk of every token)."""
     if transition is not None:
         return householder_attention(q.float(), k.float(), v.float(), *transition, enc.logit_scale(), positions, decay,
                                      window, chunk=q.shape[2])
     return _explicit_chunks(q.float(), k.float(), v.float(), enc, positions, layer,
-                            chunk_size=q.shape[2], decay=decay, window=window)
+                            chunk_size=q.shape[2], decay=decay, window=window, sink=sink)

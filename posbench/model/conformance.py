@@ -18,7 +18,7 @@ check                  what it asserts
 ``reads_positions``    the claim ``reads_positions``: gapped positions change the output
                        exactly when the encoding says it reads them
 ``bf16``               under bf16 autocast the loss is finite and every parameter of the
-                       encoding gets a finite, non-zero gradient (it can learn), at its init or
+                       encoding and of the model options gets a finite, non-zero gradient (it can learn), at its init or
                        after one step where a factor starts at zero
 ``long``               a forward at 16x the training length is finite (or the encoding refuses
                        with a PositionRangeError, as a learned table must), and no tensor any
@@ -104,7 +104,10 @@ def check_causality(cls, options, model=None) -> None:
 
 
 def check_kernels(cls, options, model=None) -> None:
-    enc = _model(cls, options, perturb=True, model=model).encoding
+    net = _model(cls, options, perturb=True, model=model)
+    enc, sink = net.encoding, net.blocks[1].attn.sinks  # model.sinks: the layer's learned sink logits, else None
+    if sink is not None:
+        sink = sink.detach() + torch.linspace(-1, 1, len(sink))  # far from 0, so a sink on the wrong head shows
     for grad, T, chunk in [(True, 37, 64), (False, 37, 64), (False, 37, 10), (True, 150, 64)]:
         torch.manual_seed(1)
         q, k, v = (torch.randn(2, enc.dims.n_heads, T, enc.dims.head_dim) for _ in range(3))
@@ -114,8 +117,9 @@ def check_kernels(cls, options, model=None) -> None:
             decay = cumulative_decay(enc, torch.randn(2, T, enc.dims.d_model), 1)
         window = layer_window(enc, 1, (model or {}).get("window", 0))
         with torch.set_grad_enabled(grad):
-            out = causal_attention(q, k, v, enc, pos, 1, chunk_size=chunk, cache={}, decay=decay, window=window)
-            ref = reference_attention(q, k, v, enc, pos, 1, decay=decay, window=window)
+            out = causal_attention(q, k, v, enc, pos, 1, chunk_size=chunk, cache={}, decay=decay, window=window,
+                                   sink=sink)
+            ref = reference_attention(q, k, v, enc, pos, 1, decay=decay, window=window, sink=sink)
         if not torch.allclose(out.float(), ref, atol=1e-5, rtol=1e-5):
             _fail("kernels", cls, f"the attention kernel at T={T}, query chunk {chunk}, grad={grad} differs from "
                                   f"plain fp32 attention by up to {(out.float() - ref).abs().max():.2e}")
@@ -183,7 +187,7 @@ def check_bf16(cls, options, model=None) -> None:
     net = _model(cls, options, model=model).train()
     x = _tokens(2, 17, 4)
     scaling = net.length_scaling.named_parameters("length_scaling") if net.length_scaling is not None else []
-    params = [*net.encoding.named_parameters(), *scaling]
+    params = [*net.encoding.named_parameters(), *scaling, *net.option_parameters()]
     for step in range(2):
         net.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):

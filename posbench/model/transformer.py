@@ -17,12 +17,14 @@ from ..config import ModelConfig
 from ..encodings import ModelDims, PositionEncoding
 from ..encodings.randomized import check_positions
 from ..errors import PosbenchError
-from .attention import causal_attention, cumulative_decay, layer_window, token_transforms
+from .attention import SINK_REFUSES, causal_attention, cumulative_decay, layer_window, token_transforms
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 
 # parameters that initialise themselves and get no weight decay: the encoding's and SSMax's scales
 OWN_PARAMETERS = ("encoding.", "length_scaling.")
+# the attention's parameters that model options add (model.gate, model.differential, model.sinks)
+OPTION_MODULES = frozenset({"gate", "diff", "subln", "sinks"})
 # hooks differential attention cannot take: they change the values or the softmax its two maps share
 DIFF_REFUSES = frozenset({"value", "features", "transition", "normalize"})
 
@@ -56,7 +58,17 @@ class Attention(nn.Module):
     Transformer it compares with, to keep the parameters: ``model.n_heads`` counts differential
     heads. Each softmax map is the attention kernel's own, so the encoding's rotation, bias and
     decay enter both; hooks that change the values (``value``, ``features``), replace the softmax
-    (``normalize``) or transform between query and key (``transition``) are refused."""
+    (``normalize``) or transform between query and key (``transition``) are refused.
+
+    ``model.sinks``: learned attention sinks as in gpt-oss (OpenAI 2025, gpt-oss model card;
+    transformers' ``GptOssAttention``, whose ``sinks`` this follows): one logit s_h per head of the
+    kernel (per sub-head under ``model.differential``), a column every query sees appended to the
+    scaled logits (after the encoding's bias) with no value, so softmax's weights over the real keys
+    sum to 1 - exp(s_h) / Z and a head may attend to nothing; N(0, 0.02) at init, as transformers'
+    ``GptOssPreTrainedModel`` initialises it, no weight decay (a vector). Unlike StreamingLLM's sinks
+    (``eval.extension=sinks``: the first tokens kept in a window) it is trained and holds no token.
+    It runs the explicit query-chunk kernel; encodings that replace the softmax (``normalize``) or
+    transform keys (``transition``) are refused."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -70,6 +82,8 @@ class Attention(nn.Module):
             self.diff = nn.ParameterDict({n: nn.Parameter(torch.zeros(qk).normal_(0, 0.1))
                                           for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
             self.subln = nn.RMSNorm(hs, eps=1e-5)
+        kernel_heads = 2 * cfg.n_heads if cfg.differential else cfg.n_heads
+        self.sinks = nn.Parameter(torch.zeros(kernel_heads).normal_(0, 0.02)) if cfg.sinks else None
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         # model.gate: a module only where gated, so other runs' state dicts (and inits) are as before
         self.gate = None if cfg.gate == "none" else \
@@ -87,10 +101,11 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # in fp32, as Qwen3's RMSNorm (and no bf16 input beside an fp32 gain)
             q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         ext = enc.extension  # eval.extension (posbench.encodings.extension), None but at evaluation
-        if ext is not None and ext.sets_positions and self.diff is not None:
-            raise PosbenchError(f"eval.extension={ext.method} is not available for model.differential=true: "
-                                "it computes one softmax map per head; valid: an extension that leaves the "
-                                "attention to the model (logn) or none")
+        if ext is not None and ext.sets_positions and (self.diff is not None or self.sinks is not None):
+            option = "model.differential=true" if self.diff is not None else "model.sinks=true"
+            raise PosbenchError(f"eval.extension={ext.method} is not available for {option}: it computes "
+                                "plain softmax maps itself; valid: an extension that leaves the attention to the "
+                                "model (logn) or none")
         if ext is not None and ext.sets_positions:  # the rotation (and the visible keys) are part of the attention
             y = enc.extended_attention(q, k, v, positions, layer)
         else:
@@ -104,7 +119,7 @@ class Attention(nn.Module):
             if ext is not None and ext.method == "logn":
                 q = q * ext.query_scale(positions)[:, None].to(q.dtype)
             y = causal_attention(q, k, v, enc, positions, layer, self.chunk, cache, cumulative_decay(enc, x, layer),
-                                 layer_window(enc, layer, self.window), token_transforms(enc, x, layer))
+                                 layer_window(enc, layer, self.window), token_transforms(enc, x, layer), self.sinks)
             if feats is not None:  # sum_j A_ij e_j, for the block's update_features
                 y, cache["attended"] = y.split((D // self.n_heads, feats.shape[-1]), dim=-1)
         if self.diff is not None:
@@ -165,6 +180,11 @@ class LanguageModel(nn.Module):
             raise PosbenchError(f"model.differential=true takes no {refused[0]!r} hook (encoding {encoding.name!r}): "
                                 "it changes the values or the softmax the two maps share; valid: an encoding "
                                 f"without the {', '.join(sorted(DIFF_REFUSES))} hooks")
+        refused = sorted(SINK_REFUSES & set(encoding.hooks())) if cfg.sinks else []
+        if refused:
+            raise PosbenchError(f"model.sinks=true takes no {refused[0]!r} hook (encoding {encoding.name!r}): a sink "
+                                "is a term of softmax's denominator; valid: an encoding without the "
+                                f"{', '.join(sorted(SINK_REFUSES))} hooks")
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -244,6 +264,12 @@ class LanguageModel(nn.Module):
         nll = [F.cross_entropy((h[i:i + rows] @ self.tok_emb.weight.t()).float(), y[i:i + rows], reduction="none")
                for i in range(0, len(y), rows)]
         return torch.cat(nll).view(targets.shape)
+
+    def option_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters a model option adds to the attention (gate, differential lambdas and norm,
+        sinks), by name: the conformance checks' bf16 check asks each for a gradient."""
+        return [(name, p) for name, p in self.named_parameters()
+                if name.startswith("blocks.") and name.split(".")[3] in OPTION_MODULES]
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
