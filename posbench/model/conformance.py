@@ -72,8 +72,10 @@ def _model(cls, options, *, d_model=32, n_layers=2, n_heads=4, d_ff=64, chunk=8,
     counts (a table that starts at zero would hide a wrong flag); ``model``: more ModelConfig
     options (a model option such as ``length_scaling`` checked with the encoding)."""
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk,
-                      **dict(model or {}))
+    model = dict(model or {})
+    if set(model.get("layers", "a")) != {"a"}:  # room for the MLPs to give up the layers' parameters (mlp_width)
+        d_ff = model.pop("d_ff", 4 * d_ff)
+    cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk, **model)
     net = LanguageModel(cfg, VOCAB, cls.build(LanguageModel.dims(cfg, train_len, VOCAB), dict(options)))
     if perturb:
         with torch.no_grad():
@@ -105,7 +107,8 @@ def check_causality(cls, options, model=None) -> None:
 
 def check_kernels(cls, options, model=None) -> None:
     net = _model(cls, options, perturb=True, model=model)
-    enc, sink = net.encoding, net.blocks[1].attn.sinks  # model.sinks: the layer's learned sink logits, else None
+    attention = [b.attn for b in net.blocks if b.kind == "a"]
+    enc, sink = net.encoding, attention[0].sinks if attention else None  # model.sinks: learned sink logits
     if sink is not None:
         sink = sink.detach() + torch.linspace(-1, 1, len(sink))  # far from 0, so a sink on the wrong head shows
     for grad, T, chunk in [(True, 37, 64), (False, 37, 64), (False, 37, 10), (True, 150, 64)]:

@@ -19,10 +19,14 @@ from ..encodings.randomized import check_positions
 from ..errors import PosbenchError
 from .attention import SINK_REFUSES, causal_attention, cumulative_decay, layer_window, token_transforms
 from .length_scaling import LengthScaling, key_counts
+from .recurrent import MIXERS
 from .loss import linear_cross_entropy
 
 # parameters that initialise themselves and get no weight decay: the encoding's and SSMax's scales
 OWN_PARAMETERS = ("encoding.", "length_scaling.")
+# parameters of model.layers' layers that keep their reference init: Mamba-2's convolution (PyTorch's
+# default, as mamba_ssm's and transformers' Mamba2) and both layers' dt bias (a bias that is not zero)
+MIXER_OWN = ("dt_bias", "mixer.conv.conv.weight", "mixer.conv.conv.bias")
 # the attention's parameters that model options add (model.gate, model.differential, model.sinks)
 OPTION_MODULES = frozenset({"gate", "diff", "subln", "sinks"})
 # hooks differential attention cannot take: they change the values or the softmax its two maps share
@@ -153,16 +157,42 @@ def carried_features(enc: PositionEncoding, positions: torch.Tensor, layer: int,
     return enc.carried
 
 
+def mlp_width(cfg: ModelConfig, kind: str) -> int:
+    """The MLP width of a block of type ``kind`` (``model.layers``): ``d_ff`` for attention; for another
+    layer, ``d_ff`` less round((P_layer - P_attention) / (2 d_model + 1)), the MLP units (2 d_model + 1
+    parameters each) that hold the difference between the layer's parameters and the attention
+    layer's (with the same model options), so every block, and the model, holds the attention
+    model's parameters to within one unit a block. The layers' own shapes stay their references'."""
+    if kind == "a":
+        return cfg.d_ff
+    with torch.device("meta"):
+        extra = sum(p.numel() for p in MIXERS[kind](cfg).parameters()) - sum(p.numel() for p in Attention(cfg).parameters())
+    width = cfg.d_ff - round(extra / (2 * cfg.d_model + 1))
+    if width < 1:
+        raise PosbenchError(f"model.layers={cfg.layers!r}: a {kind!r} layer holds {extra:,} parameters more than "
+                            f"attention, more than an MLP of model.d_ff={cfg.d_ff} can give up; valid: a larger d_ff")
+    return width
+
+
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """A pre-LN block: softmax attention (``kind`` "a") or a layer of :mod:`posbench.model.recurrent`
+    (``self.mixer``, its MLP narrowed by :func:`mlp_width`), then the MLP."""
+
+    def __init__(self, cfg: ModelConfig, kind: str = "a"):
         super().__init__()
+        self.kind = kind
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
-                                 nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout))
+        if kind == "a":  # attribute names as before layer types existed: checkpoints load as they were
+            self.attn = Attention(cfg)
+        else:
+            self.mixer = MIXERS[kind](cfg)
+        width = mlp_width(cfg, kind)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, width), nn.GELU(),
+                                 nn.Linear(width, cfg.d_model), nn.Dropout(cfg.dropout))
 
     def forward(self, x, enc, positions, layer, cache):
-        x = x + self.attn(self.ln1(x), enc, positions, layer, cache)
+        mix = self.attn if self.kind == "a" else self.mixer
+        x = x + mix(self.ln1(x), enc, positions, layer, cache)
         h = self.mlp(self.ln2(x))
         attended = cache.pop("attended", None)
         if attended is not None:  # the next layer's position features (none after the last layer)
@@ -180,6 +210,9 @@ class LanguageModel(nn.Module):
             raise PosbenchError(f"model.differential=true takes no {refused[0]!r} hook (encoding {encoding.name!r}): "
                                 "it changes the values or the softmax the two maps share; valid: an encoding "
                                 f"without the {', '.join(sorted(DIFF_REFUSES))} hooks")
+        if set(cfg.layer_kinds()) != {"a"} and "features" in encoding.hooks():
+            raise PosbenchError(f"model.layers={cfg.layers!r} takes no 'features' hook (encoding {encoding.name!r}): "
+                                "its position features pass through every layer; valid: model.layers=a")
         refused = sorted(SINK_REFUSES & set(encoding.hooks())) if cfg.sinks else []
         if refused:
             raise PosbenchError(f"model.sinks=true takes no {refused[0]!r} hook (encoding {encoding.name!r}): a sink "
@@ -187,7 +220,7 @@ class LanguageModel(nn.Module):
                                 f"{', '.join(sorted(SINK_REFUSES))} hooks")
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, kind) for kind in cfg.layer_kinds())
         self.ln_f = nn.LayerNorm(cfg.d_model)
         # model.length_scaling: a module only where scaling is on, so other runs' state dicts are as before
         self.length_scaling = (LengthScaling(cfg.length_scaling, cfg.n_layers, cfg.n_heads, encoding.dims.train_len,
@@ -197,15 +230,17 @@ class LanguageModel(nn.Module):
 
     def _init_weights(self):
         """GPT-2 init, N(0, 0.02), for every encoding. The token embeddings are then multiplied by
-        sqrt(d_model) under ``model.embed_scale=sqrt_d`` (fairseq, Vaswani et al.); initialising
+        sqrt(d_model) under ``model.embed_scale=sqrt_d`` (fairseq, Vaswani et al.); the layers of
+        ``model.layers`` take the same init (flash-linear-attention's models init Gated DeltaNet's
+        matrices and convolutions at N(0, 0.02) too) but for ``MIXER_OWN``; initialising
         them at N(0, d^-0.5) as well (tensor2tensor/fairseq) was measured worse here with tied
         embeddings (README, "Reference results")."""
         for name, p in self.named_parameters():
-            if name.startswith(OWN_PARAMETERS):
-                continue  # encodings and the length scaling initialise their own parameters
+            if name.startswith(OWN_PARAMETERS) or (".mixer." in name and name.endswith(MIXER_OWN)):
+                continue  # encodings, the length scaling and the layers' gates initialise their own
             if p.dim() >= 2:
                 # GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
-                residual = name.endswith(("proj.weight", "mlp.2.weight"))
+                residual = name.endswith((".proj.weight", "mlp.2.weight"))
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if residual else 0.02
                 nn.init.normal_(p, std=std)
             elif name.endswith("bias"):
@@ -267,9 +302,10 @@ class LanguageModel(nn.Module):
 
     def option_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The parameters a model option adds to the attention (gate, differential lambdas and norm,
-        sinks), by name: the conformance checks' bf16 check asks each for a gradient."""
-        return [(name, p) for name, p in self.named_parameters()
-                if name.startswith("blocks.") and name.split(".")[3] in OPTION_MODULES]
+        sinks) and those of ``model.layers``' layers, by name: the conformance checks' bf16 check asks
+        each for a gradient."""
+        return [(name, p) for name, p in self.named_parameters() if name.startswith("blocks.")
+                and (name.split(".")[2] == "mixer" or name.split(".")[3] in OPTION_MODULES)]
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

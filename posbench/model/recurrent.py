@@ -1,0 +1,210 @@
+"""Layers that are not softmax attention: Gated DeltaNet and Mamba-2, in plain PyTorch.
+
+Both keep a fixed-size state per head that each token updates; neither reads positions (a token's
+place enters only through the order of the updates), so a model mixing them with attention
+layers (``model.layers``) takes its position information from the attention layers' encoding and
+from the recurrence itself.
+
+**One scan for both.** With a state S (K x V) per head, a log forget gate g_t <= 0, and optional
+delta-rule strengths beta_t, the layers compute (o_t the output of query q_t)
+
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,    o_t = S_t^T q_t,
+    u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t)     (Gated DeltaNet: the gated delta rule)
+    u_t = v_t                                       (Mamba-2's SSD: q = C, k = B, v = dt x, g = dt A)
+
+:func:`recurrent_scan` runs it token by token: the reference, as flash-linear-attention's
+``naive_recurrent_gated_delta_rule`` writes it. :func:`chunk_scan` computes the same in chunks of
+C tokens, the form the paper's kernels use (Yang, Kautz & Hatamizadeh 2025; Yang et al. 2024,
+"Parallelizing Linear Transformers with the Delta Rule over Sequence Length"): within a chunk,
+with gamma_r the cumulative gate from the chunk's start and S_0 the state entering it,
+
+    u_r = beta_r (v_r - exp(gamma_r) S_0^T k_r - sum_{s<r} exp(gamma_r - gamma_s) (k_r . k_s) u_s),
+
+a unit lower-triangular system (I + A) U = diag(beta) V - diag(beta exp(gamma)) K S_0, solved once
+for every chunk at the same time as U = U0 - W S_0 (two triangular solves), so the loop over
+chunks is matrix products only:
+
+    O = diag(exp(gamma)) Q S_0 + (Q K^T * M) U,   M_rs = exp(gamma_r - gamma_s) for s <= r, else 0,
+    S_C = exp(gamma_C) S_0 + (K * exp(gamma_C - gamma))^T U.
+
+Every exponent is <= 0, so nothing overflows; the scan runs in fp32 (autocast off). Memory is
+linear in T: (C, C) matrices per chunk and head, and one state per head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CHUNK = 64  # tokens per chunk of chunk_scan
+
+
+def recurrent_scan(q, k, v, g, beta=None, state=None):
+    """The recurrence token by token. q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log gates;
+    beta: (B, H, T) or None (no delta rule). -> (o (B, H, T, V), final state (B, H, K, V))."""
+    B, H, T, K = q.shape
+    S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        S = S * g[:, :, t].exp()[..., None, None]
+        u = v[:, :, t]
+        if beta is not None:
+            u = beta[:, :, t, None] * (u - torch.einsum("bhkv,bhk->bhv", S, k[:, :, t]))
+        S = S + k[:, :, t, :, None] * u[:, :, None, :]
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
+    return torch.stack(out, dim=2), S
+
+
+def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
+    """:func:`recurrent_scan` in chunks of ``chunk`` tokens (module docstring), in fp32 (fp64 for fp64
+    inputs). -> (o, state)."""
+    dtype = v.dtype
+    wide = torch.promote_types(dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, g = q.to(wide), k.to(wide), v.to(wide), g.to(wide)
+        beta = None if beta is None else beta.to(wide)
+        B, H, T, K = q.shape
+        V = v.shape[-1]
+        pad = -T % chunk
+        if pad:  # zeros at the end: later tokens change no earlier output
+            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+            g = F.pad(g, (0, pad))
+            beta = None if beta is None else F.pad(beta, (0, pad))
+        n = (T + pad) // chunk
+        q, k, v = (t.view(B, H, n, chunk, -1) for t in (q, k, v))
+        gamma = g.view(B, H, n, chunk).cumsum(-1)
+        lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+        decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+        if beta is None:
+            u0, w = v, None
+        else:
+            beta = beta.view(B, H, n, chunk)
+            a = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
+            system = a + torch.eye(chunk, device=q.device, dtype=wide)
+            u0 = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
+            w = torch.linalg.solve_triangular(system, (beta * gamma.exp())[..., None] * k, upper=False,
+                                              unitriangular=True)
+        scores = (q @ k.transpose(-1, -2)) * decay
+        last = gamma[..., -1:]
+        carry = k * (last - gamma).exp()[..., None]  # (B, H, n, C, K)
+        S = q.new_zeros(B, H, K, V)
+        out = []
+        for i in range(n):
+            u = u0[:, :, i] if w is None else u0[:, :, i] - w[:, :, i] @ S
+            out.append(gamma[:, :, i, :, None].exp() * (q[:, :, i] @ S) + scores[:, :, i] @ u)
+            S = last[:, :, i, :, None].exp() * S + carry[:, :, i].transpose(-1, -2) @ u
+        o = torch.stack(out, dim=2).view(B, H, n * chunk, V)[:, :, :T]
+    return o.to(dtype), S
+
+
+class ShortConv(nn.Module):
+    """A depthwise causal convolution over time (kernel 4) and SiLU: the short convolution both
+    layers put before their scan (flash-linear-attention's ``ShortConvolution``, Mamba's ``conv1d``)."""
+
+    def __init__(self, channels: int, kernel: int = 4, bias: bool = False):
+        super().__init__()
+        self.conv = nn.Conv1d(channels, channels, kernel, groups=channels, padding=kernel - 1, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        return F.silu(self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2))
+
+
+def dt_bias_init(heads: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Tensor:
+    """Mamba's dt bias: softplus^-1 of dt drawn log-uniformly in [dt_min, dt_max] (floor 1e-4)."""
+    dt = torch.exp(torch.rand(heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=1e-4)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet (Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta
+    Rule", ICLR 2025), as flash-linear-attention's ``GatedDeltaNet`` layer builds it (the form in
+    Qwen3-Next): q, k, v projections, each through a short convolution and SiLU; q and k
+    L2-normalised per head and q scaled by K^-1/2; beta_t = sigmoid(x W_b); the log gate
+    g_t = -exp(A_log) softplus(x W_a + dt_bias), A_log = log U(0, 16) and dt_bias Mamba's; the
+    gated delta rule (:func:`chunk_scan`); the output RMS-normalised per head, times SiLU(x W_g),
+    then projected. Shape: n_heads / 2 heads of key dim 2 d_model / n_heads (keys d_model wide in
+    all) and values twice as wide (the layer's ``expand_v = 2``)."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.heads = max(1, n_heads // 2)
+        self.dk = d_model // self.heads
+        self.dv = 2 * self.dk
+        key, value = self.heads * self.dk, self.heads * self.dv
+        self.q_proj, self.k_proj = nn.Linear(d_model, key, bias=False), nn.Linear(d_model, key, bias=False)
+        self.v_proj = nn.Linear(d_model, value, bias=False)
+        self.q_conv, self.k_conv, self.v_conv = ShortConv(key), ShortConv(key), ShortConv(value)
+        self.a_proj, self.b_proj = nn.Linear(d_model, self.heads, bias=False), nn.Linear(d_model, self.heads, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.heads).uniform_(0, 16).log())
+        self.dt_bias = nn.Parameter(dt_bias_init(self.heads))
+        self.g_proj = nn.Linear(d_model, value, bias=False)
+        self.o_norm = nn.RMSNorm(self.dv, eps=1e-5)
+        self.proj = nn.Linear(value, d_model, bias=False)
+
+    def scan_inputs(self, x: torch.Tensor):
+        """(q, k, v, g, beta) of the scan for the layer input x (B, T, D), heads first."""
+        B, T, _ = x.shape
+        heads = lambda t: t.view(B, T, self.heads, -1).transpose(1, 2)  # noqa: E731
+        wide = torch.promote_types(x.dtype, torch.float32)
+        q = F.normalize(heads(self.q_conv(self.q_proj(x))).to(wide), dim=-1) / math.sqrt(self.dk)
+        k = F.normalize(heads(self.k_conv(self.k_proj(x))).to(wide), dim=-1)
+        v = heads(self.v_conv(self.v_proj(x)))
+        g = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias)
+        beta = torch.sigmoid(self.b_proj(x).to(wide))
+        return q, k, v, g.transpose(1, 2), beta.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
+        B, T, _ = x.shape
+        o, _ = chunk_scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
+        o = self.o_norm(o.transpose(1, 2).to(torch.promote_types(o.dtype, torch.float32))).to(x.dtype)  # per head
+        o = o.reshape(B, T, -1) * F.silu(self.g_proj(x))
+        return self.proj(o)
+
+
+class Mamba2(nn.Module):
+    """Mamba-2 (Dao & Gu, "Transformers are SSMs", ICML 2024), as ``mamba_ssm``'s ``Mamba2`` layer
+    builds it with its defaults: expand 2 (d_inner = 2 d_model), head dim 64, d_state 128 (d_model / 2
+    in models narrower than 256, whose MLPs could not give up a 128-wide state's projections), one
+    group, a short convolution (kernel 4, with bias) and SiLU over (x, B, C); dt = softplus(dt +
+    dt_bias); A = -exp(A_log), A_log = log U(1, 16); y = SSD(x, dt, A, B, C) + D x (D = 1 at init)
+    (:func:`chunk_scan` with q = C, k = B, v = dt x, g = dt A); then RMSNorm(y SiLU(z)) over d_inner
+    and the output projection."""
+
+    def __init__(self, d_model: int, d_state: int | None = None, headdim: int = 64, expand: int = 2):
+        super().__init__()
+        self.d_inner, self.d_state = expand * d_model, d_state or min(128, d_model // 2)
+        self.headdim = min(headdim, self.d_inner)
+        self.heads = self.d_inner // self.headdim
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * self.d_state + self.heads, bias=False)
+        self.conv = ShortConv(self.d_inner + 2 * self.d_state, bias=True)
+        self.A_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16).log())
+        self.dt_bias = nn.Parameter(dt_bias_init(self.heads))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm = nn.RMSNorm(self.d_inner, eps=1e-5)
+        self.proj = nn.Linear(self.d_inner, d_model, bias=False)
+
+    def scan_inputs(self, x: torch.Tensor):
+        """(q, k, v, g) of the scan and (x, z) for the skip and the gate, for the layer input x (B, T, D)."""
+        B, T, _ = x.shape
+        z, xbc, dt = self.in_proj(x).split((self.d_inner, self.d_inner + 2 * self.d_state, self.heads), dim=-1)
+        xs, b, c = self.conv(xbc).split((self.d_inner, self.d_state, self.d_state), dim=-1)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        dt = F.softplus(dt.to(wide) + self.dt_bias).transpose(1, 2)  # (B, H, T)
+        xh = xs.view(B, T, self.heads, self.headdim).transpose(1, 2).to(wide)  # (B, H, T, P)
+        shared = lambda t: t.to(wide)[:, None].expand(B, self.heads, T, self.d_state)  # noqa: E731
+        return (shared(c), shared(b), xh * dt[..., None], -self.A_log.to(wide).exp()[:, None] * dt), xh, z
+
+    def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
+        B, T, _ = x.shape
+        scan, xh, z = self.scan_inputs(x)
+        y, _ = chunk_scan(*scan)
+        y = y.to(xh.dtype) + self.D.to(xh.dtype)[:, None, None] * xh
+        y = y.transpose(1, 2).reshape(B, T, self.d_inner)
+        return self.proj(self.norm(y * F.silu(z.to(y.dtype))).to(x.dtype))
+
+
+MIXERS = {"d": lambda cfg: GatedDeltaNet(cfg.d_model, cfg.n_heads),  # model.layers letters besides "a"
+          "m": lambda cfg: Mamba2(cfg.d_model)}

@@ -1,0 +1,163 @@
+"""model.layers: Gated DeltaNet and Mamba-2 layers. The chunked scan against the token-by-token
+recurrence, each layer against its definition written out here in float64 one token at a time
+(flash-linear-attention's naive gated delta rule; Mamba-2's selective state update), causality,
+parameter matching, and the hybrid models' conformance with encodings."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import compose
+
+from posbench.config import ModelConfig, config_hash
+from posbench.encodings import build_encoding
+from posbench.errors import PosbenchError
+from posbench.model.recurrent import GatedDeltaNet, Mamba2, chunk_scan, recurrent_scan
+from posbench.model.transformer import LanguageModel
+from posbench.testing import check_encoding
+
+VOCAB = 40
+
+
+def inputs(T, K=6, V=5, seed=0, delta=True):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 3, T, K, generator=g, dtype=torch.float64), torch.randn(2, 3, T, K, generator=g,
+                                                                                   dtype=torch.float64)
+    k = F.normalize(k, dim=-1)
+    v = torch.randn(2, 3, T, V, generator=g, dtype=torch.float64)
+    gates = -torch.rand(2, 3, T, generator=g, dtype=torch.float64) * 2  # log gates in [-2, 0]
+    beta = torch.rand(2, 3, T, generator=g, dtype=torch.float64) if delta else None
+    return q, k, v, gates, beta
+
+
+@pytest.mark.parametrize("T, chunk, delta", [(37, 8, True), (37, 64, True), (64, 16, True), (37, 8, False),
+                                             (5, 4, False)])
+def test_chunk_scan_equals_the_recurrence(T, chunk, delta):
+    """Ragged last chunks, one chunk longer than T, the delta rule and the plain gated scan."""
+    q, k, v, g, beta = inputs(T, delta=delta)
+    want, state = recurrent_scan(q, k, v, g, beta)
+    got, got_state = chunk_scan(q.float(), k.float(), v.float(), g.float(), None if beta is None else beta.float(),
+                                chunk=chunk)
+    assert torch.allclose(got.double(), want, atol=2e-5), (got.double() - want).abs().max()
+    if T % chunk == 0:  # the state after the last real token (padding keeps it only where none was added)
+        assert torch.allclose(got_state.double(), state, atol=2e-5)
+
+
+def test_recurrence_against_the_delta_rule_written_out():
+    """S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t: the paper's form."""
+    q, k, v, g, beta = inputs(9)
+    got, _ = recurrent_scan(q, k, v, g, beta)
+    for b in range(2):
+        for h in range(3):
+            S = torch.zeros(6, 5, dtype=torch.float64)
+            for t in range(9):
+                kt = k[b, h, t][:, None]
+                S = math.exp(g[b, h, t]) * (torch.eye(6, dtype=torch.float64) - beta[b, h, t] * kt @ kt.T) @ S \
+                    + beta[b, h, t] * kt @ v[b, h, t][None]
+                assert torch.allclose(got[b, h, t], S.T @ q[b, h, t], atol=1e-12)
+
+
+def gdn_oracle(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """The Gated DeltaNet layer, token by token in float64 from its weights."""
+    B, T, D = x.shape
+    H, dk, dv = layer.heads, layer.dk, layer.dv
+
+    def conv(module, seq):  # causal depthwise convolution, kernel 4, then SiLU
+        w = module.conv.weight[:, 0]  # (C, 4)
+        padded = torch.cat([seq.new_zeros(B, 3, seq.shape[-1]), seq], dim=1)
+        return F.silu(torch.stack([(padded[:, t:t + 4] * w.T).sum(1) for t in range(T)], dim=1))
+
+    q = conv(layer.q_conv, x @ layer.q_proj.weight.T).view(B, T, H, dk)
+    k = conv(layer.k_conv, x @ layer.k_proj.weight.T).view(B, T, H, dk)
+    v = conv(layer.v_conv, x @ layer.v_proj.weight.T).view(B, T, H, dv)
+    gate = x @ layer.g_proj.weight.T
+    out = torch.zeros(B, T, H * dv, dtype=x.dtype)
+    for b in range(B):
+        for h in range(H):
+            S = torch.zeros(dk, dv, dtype=x.dtype)
+            for t in range(T):
+                qt, kt = q[b, t, h] / q[b, t, h].norm() / math.sqrt(dk), k[b, t, h] / k[b, t, h].norm()
+                alpha = math.exp(-math.exp(layer.A_log[h]) * math.log1p(math.exp(x[b, t] @ layer.a_proj.weight[h]
+                                                                                  + layer.dt_bias[h])))
+                beta = 1 / (1 + math.exp(-(x[b, t] @ layer.b_proj.weight[h])))
+                S = alpha * S
+                S = S + beta * torch.outer(kt, v[b, t, h] - S.T @ kt)
+                o = S.T @ qt
+                o = o / torch.sqrt((o * o).mean() + 1e-5) * layer.o_norm.weight
+                out[b, t, h * dv:(h + 1) * dv] = o * F.silu(gate[b, t, h * dv:(h + 1) * dv])
+    return out @ layer.proj.weight.T
+
+
+def mamba_oracle(layer: Mamba2, x: torch.Tensor) -> torch.Tensor:
+    """Mamba-2, token by token in float64: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t + D x_t."""
+    B, T, D = x.shape
+    H, P, N, E = layer.heads, layer.headdim, layer.d_state, layer.d_inner
+    zxbcdt = x @ layer.in_proj.weight.T
+    z, xbc, dt = zxbcdt[..., :E], zxbcdt[..., E:2 * E + 2 * N], zxbcdt[..., 2 * E + 2 * N:]
+    w, bias = layer.conv.conv.weight[:, 0], layer.conv.conv.bias
+    padded = torch.cat([xbc.new_zeros(B, 3, xbc.shape[-1]), xbc], dim=1)
+    xbc = F.silu(torch.stack([(padded[:, t:t + 4] * w.T).sum(1) + bias for t in range(T)], dim=1))
+    xs, Bm, Cm = xbc[..., :E], xbc[..., E:E + N], xbc[..., E + N:]
+    y = torch.zeros(B, T, E, dtype=x.dtype)
+    for b in range(B):
+        for h in range(H):
+            state = torch.zeros(P, N, dtype=x.dtype)
+            for t in range(T):
+                step = math.log1p(math.exp(dt[b, t, h] + layer.dt_bias[h]))
+                xt = xs[b, t, h * P:(h + 1) * P]
+                state = math.exp(-step * math.exp(layer.A_log[h])) * state + step * torch.outer(xt, Bm[b, t])
+                y[b, t, h * P:(h + 1) * P] = state @ Cm[b, t] + layer.D[h] * xt
+    y = y * F.silu(z)
+    y = y / torch.sqrt((y * y).mean(-1, keepdim=True) + 1e-5) * layer.norm.weight
+    return y @ layer.proj.weight.T
+
+
+@pytest.mark.parametrize("kind", ["d", "m"])
+def test_each_layer_computes_its_definition(kind):
+    torch.manual_seed(0)
+    layer = (GatedDeltaNet(32, 4) if kind == "d" else Mamba2(32, headdim=16)).double()
+    with torch.no_grad():
+        for p in layer.parameters():  # every weight off its init, so a term left out shows
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+        x = torch.randn(2, 70, 32, dtype=torch.float64)  # two chunks of 64, the second ragged
+        got = layer(x)
+        want = gdn_oracle(layer, x) if kind == "d" else mamba_oracle(layer, x)
+    assert torch.allclose(got, want, atol=1e-10), (got - want).abs().max()  # fp64 inputs: an fp64 scan
+
+
+def hybrid(layers: str, encoding: str = "nope", seed: int = 0, **model) -> LanguageModel:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, d_ff=128, layers=layers, **model)
+    return LanguageModel(cfg, VOCAB, build_encoding({"name": encoding}, LanguageModel.dims(cfg, 16, VOCAB))).eval()
+
+
+def test_layout_parameters_matched_and_causal():
+    plain = hybrid("a")
+    for layers, kinds in [("ddda", "ddda"), ("ma", "mama"), ("d", "dddd")]:
+        net = hybrid(layers)
+        assert "".join(b.kind for b in net.blocks) == kinds
+        assert abs(net.num_params() / plain.num_params() - 1) < 0.01  # one MLP unit a block at most
+        x = torch.randint(0, VOCAB, (2, 80))
+        y = x.clone()
+        y[:, 50:] = torch.randint(0, VOCAB, (2, 30))
+        with torch.no_grad():
+            assert torch.allclose(net(x)[:, :50], net(y)[:, :50], atol=1e-5)  # causal across chunks
+            assert not torch.allclose(net(x)[:, 50:], net(y)[:, 50:], atol=1e-3)
+
+
+def test_hybrids_conform_with_encodings():
+    for layers, encoding, model in [("ddda", "nope", {}), ("ddda", "rope", {}), ("ma", "alibi", {"window": 8})]:
+        assert check_encoding(encoding, model={"layers": layers, **model},
+                              checks=["causality", "kernels", "bf16", "long"])
+
+
+def test_config_hash_and_refusals():
+    assert config_hash(compose("model.layers=a")) == "5905295095c6"  # the default job's hash from before
+    assert config_hash(compose("model.layers=ddda")) != "5905295095c6"
+    with pytest.raises(PosbenchError, match=r"model.layers='dxa' is not valid; valid: a pattern of the letters "
+                                            r"a \(softmax attention\), d \(Gated DeltaNet\), m \(Mamba-2\)"):
+        ModelConfig(layers="dxa")
+    with pytest.raises(PosbenchError, match=r"model.layers='ddda' takes no 'features' hook \(encoding 'tape'\)"):
+        hybrid("ddda", "tape")
