@@ -181,6 +181,11 @@ MODEL_OPTIONS = (
     ("model.sinks=true", "a learned logit per head, exp(s_h) added to each softmax's denominator with no value: "
      "a head may attend to nothing", "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card; Xiao et al. 2024, "
      "StreamingLLM (sinks); transformers GptOssAttention"),
+    ("model.layers=ddda", "Gated DeltaNet layers (d) beside attention (a), the pattern repeated over the layers; "
+     "their MLPs narrowed to hold the attention model's parameters",
+     "Yang, Kautz & Hatamizadeh 2025 (ICLR), Gated Delta Networks; flash-linear-attention GatedDeltaNet; Qwen3-Next"),
+    ("model.layers=ma", "Mamba-2 layers (m) beside attention (a); with model.window=W the Samba layout",
+     "Dao & Gu 2024 (ICML), Transformers are SSMs (Mamba-2); mamba_ssm Mamba2; Ren et al. 2025, Samba"),
 )
 
 

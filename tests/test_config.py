@@ -69,7 +69,7 @@ def test_help_and_encodings_list():
     options = [line.split()[0] for line in listing[end + 1:] if line.startswith("model.")]
     assert options == ["model.length_scaling=logn", "model.length_scaling=ssmax", "model.qk_norm=true",
                        "model.window=W", "model.gate=elementwise", "model.differential=true",
-                       "model.sinks=true"]
+                       "model.sinks=true", "model.layers=ddda", "model.layers=ma"]
     assert {"sinusoidal", "learned", "rope", "alibi", "t5", "nope"} <= set(rows)
     assert all(len(r) > 5 for r in rows.values())  # each has counts and a description
     # the default model: tiny (D 256, 4 layers, d_ff 1024) and the default corpus's 8192 tokens

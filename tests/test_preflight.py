@@ -63,8 +63,11 @@ SHAPES = [("train", 128, 16, "alibi"),  # explicit attention (short CPU training
           ("train", 512, 4, "t5"),  # a bias with parameters: SDPA's math path
           ("train", 256, 4, "shaw"),  # content-dependent scores, explicit chunks
           ("eval", 2048, 16384, "alibi"),  # Toeplitz slices
-          ("eval", 2048, 16384, "shaw")]  # chunked scores (the ratio measured 1.03-1.5 here, and
+          ("eval", 2048, 16384, "shaw"),  # chunked scores (the ratio measured 1.03-1.5 here, and
           # up to 1.65 at 8,192 tokens a pass; alibi's once 2.02 there: both keep the default pass)
+          ("train", 512, 8, "rope model.layers=ddda"),  # Gated DeltaNet's chunked scans, kept for the backward
+          ("train", 512, 4, "alibi model.sinks=true"),  # learned sinks: explicit chunks
+          ("eval", 2048, 16384, "rope model.layers=ma")]  # Mamba-2's scans at 16x
 
 
 @pytest.mark.parametrize("kind, length, n, encoding", SHAPES)
@@ -74,7 +77,8 @@ def test_estimate_is_within_a_factor_of_two_of_the_measured_peak(kind, length, n
     machine): where a measurement falls short of half the estimate, up to two more are taken and
     the largest peak kept."""
     def measure() -> dict:
-        proc = subprocess.run([sys.executable, "-c", MEASURE, kind, str(length), str(n), f"encoding={encoding}"],
+        name, *options = encoding.split()
+        proc = subprocess.run([sys.executable, "-c", MEASURE, kind, str(length), str(n), f"encoding={name}", *options],
                               capture_output=True, text=True, timeout=600,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]

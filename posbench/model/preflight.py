@@ -25,6 +25,14 @@ autocast else 4):
   the output embedding (V, D), and 1,024 x V fp32 logits per slice;
 * a bias with parameters (T5, KERPLE, FIRE, ...) needs its gradient, so SDPA takes its math
   path in training and keeps about 8 bytes per (B, H, T, T) value and layer (measured);
+* ``model.sinks``: the explicit kernel's fp32 logits and weights in every attention layer, as above;
+* the layers of ``model.layers`` (:mod:`posbench.model.recurrent`): in training, beyond an attention
+  layer's activations, SCAN_D d_model + SCAN_HKV H (K + V) fp32 values a token and layer (H heads with
+  a K x V state; their projections, convolutions, fp32 casts and the scan's per-chunk products, set
+  from measurements: Gated DeltaNet and Mamba-2 at 512 tokens, within 1.1x); in evaluation the
+  largest layer's scan per window of T tokens and head: fp32 (C, C) matrices per chunk of C tokens
+  (4 C a token), the scan's inputs and solutions (2 K + 2 V a token) and the state entering each
+  chunk (2 K V per chunk);
 * evaluation (no gradients): 4 P (+2 P), the activations of one layer of one forward pass of
   ``eval.batch_tokens`` tokens (16 D + 2 F fp32 values a token), the chunked scores (a few
   tensors of ``ATTN_BUDGET`` fp32 values), the Toeplitz table at the longest length, and
@@ -46,8 +54,10 @@ import torch
 from ..encodings.extension import FUSED_BLOCK, ONE_ATTENTION_METHODS, PARTS_METHODS
 from ..errors import PosbenchError
 from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
+from .recurrent import CHUNK
 
 ACT_D, ACT_F = 20, 3  # activation values kept per token and layer: ACT_D x d_model + ACT_F x d_ff
+SCAN_D, SCAN_HKV = 48, 4  # and by a layer of model.layers beyond those: SCAN_D x d_model + SCAN_HKV x H (K + V)
 LOSS_ROWS, NLL_ROWS = 1024, 4096  # the fused loss's and head_nll's slices (posbench.model.loss, model.head_nll)
 GB = 1e9
 
@@ -84,17 +94,36 @@ def _attention_train(enc, micro: int, T: int, n_layers: int, device: torch.devic
     return probs + masks * heads * rows * T * max(act, 4 if explicit else act)
 
 
+def scan_bytes(model, windows: int, T: int, training: bool) -> float:
+    """Bytes the layers of ``model.layers`` hold for ``windows`` windows of ``T`` tokens (module
+    docstring): in training, what every such layer keeps for the backward beyond an attention layer;
+    in evaluation, the largest layer's scan."""
+    shapes = [block.mixer.scan_shape() for block in model.blocks if block.kind != "a"]
+    if training:
+        return float(sum(4 * windows * T * (SCAN_D * model.cfg.d_model + SCAN_HKV * h * (k + v)) for h, k, v in shapes))
+    return float(max(4 * windows * h * (T * (4 * CHUNK + 2 * k + 2 * v) + 2 * (T // CHUNK + 1) * k * v)
+                     for h, k, v in shapes))
+
+
 def train_memory(model, micro: int, T: int, device: torch.device, dtype) -> Estimate:
     """Peak bytes of one training step of ``micro`` windows of ``T`` tokens (see the module docstring)."""
     cfg, P, V = model.cfg, model.num_params(), model.vocab_size
     act = 2 if dtype == torch.bfloat16 else 4
     N = micro * T
-    return Estimate({
+    enc, attention_layers = model.encoding, sum(block.kind == "a" for block in model.blocks)
+    if cfg.sinks:  # the explicit kernel in every attention layer: fp32 logits and weights, a score per pair
+        attention = attention_layers * micro * T * T * 4 * (2 * enc.dims.n_heads + enc.pair_cost())
+    else:
+        attention = _attention_train(enc, micro, T, attention_layers, device, act, cfg.attn_chunk)
+    parts = {
         "weights+grads+AdamW": 16 * P + (2 * P if act == 2 else 0),
         "activations": N * cfg.n_layers * (ACT_D * cfg.d_model + ACT_F * cfg.d_ff) * act,
-        "attention": _attention_train(model.encoding, micro, T, cfg.n_layers, device, act, cfg.attn_chunk),
+        "attention": attention,
         "loss": 4 * (N * cfg.d_model + V * cfg.d_model + 2 * min(N, LOSS_ROWS) * V),
-    })
+    }
+    if attention_layers < cfg.n_layers:
+        parts["scans"] = scan_bytes(model, micro, T, training=True)
+    return Estimate(parts)
 
 
 def eval_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, device: torch.device,
@@ -107,16 +136,19 @@ def eval_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, d
     N = max(1, min(batch_tokens // T, math.ceil(max_tokens / T))) * T  # windows per forward pass
     attention = 0.0
     hooks = enc.hooks()
-    if (EXPLICIT_HOOKS | {"decay", "transition"}) & set(hooks):  # a chunk's logits, masks, their sum, weights
+    if (EXPLICIT_HOOKS | {"decay", "transition"}) & set(hooks) or cfg.sinks:  # a chunk's logits, masks, sum, weights
         attention = 4 * 4 * ATTN_BUDGET
     elif "bias" in hooks:  # the Toeplitz table (or one chunk's bias) and the blocks it is built from
         attention = enc.dims.n_heads * min(T, cfg.attn_chunk) * T * act + 2 * 4 * ATTN_BUDGET
-    return Estimate({
+    parts = {
         "weights": 4 * P + (2 * P if act == 2 else 0),
         "activations": N * (16 * cfg.d_model + 2 * cfg.d_ff) * 4,
         "attention": attention,
         "logits": 3 * 4 * min(N, NLL_ROWS) * V,  # logits, log-softmax, and a slice of them
-    })
+    }
+    if any(block.kind != "a" for block in model.blocks):
+        parts["scans"] = scan_bytes(model, N // T, T, training=False)
+    return Estimate(parts)
 
 
 def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: int, extension: str = "none",

@@ -145,6 +145,10 @@ class GatedDeltaNet(nn.Module):
         self.o_norm = nn.RMSNorm(self.dv, eps=1e-5)
         self.proj = nn.Linear(value, d_model, bias=False)
 
+    def scan_shape(self) -> tuple[int, int, int]:
+        """(heads, K, V) of the scan's state (the preflight's memory estimate)."""
+        return self.heads, self.dk, self.dv
+
     def scan_inputs(self, x: torch.Tensor):
         """(q, k, v, g, beta) of the scan for the layer input x (B, T, D), heads first."""
         B, T, _ = x.shape
@@ -186,6 +190,10 @@ class Mamba2(nn.Module):
         self.D = nn.Parameter(torch.ones(self.heads))
         self.norm = nn.RMSNorm(self.d_inner, eps=1e-5)
         self.proj = nn.Linear(self.d_inner, d_model, bias=False)
+
+    def scan_shape(self) -> tuple[int, int, int]:
+        """(heads, K, V) of the scan's state (the preflight's memory estimate)."""
+        return self.heads, self.d_state, self.headdim
 
     def scan_inputs(self, x: torch.Tensor):
         """(q, k, v, g) of the scan and (x, z) for the skip and the gate, for the layer input x (B, T, D)."""
