@@ -161,3 +161,17 @@ def test_config_hash_and_refusals():
         ModelConfig(layers="dxa")
     with pytest.raises(PosbenchError, match=r"model.layers='ddda' takes no 'features' hook \(encoding 'tape'\)"):
         hybrid("ddda", "tape")
+
+
+def test_posbench_check_takes_model_options_alone():
+    """`posbench check model.KEY=VALUE`: each check with nope, rope, alibi and fox; a bad option is one line."""
+    from conftest import posbench
+
+    out = posbench("check", "model.layers=ma", "model.window=8", "--only", "causality,reads_positions").stdout
+    lines = out.splitlines()
+    assert [line.split()[:3] for line in lines[:8]] == [["ok", e, c] for e in ("nope", "rope", "alibi", "fox")
+                                                        for c in ("causality", "reads_positions")]
+    assert lines[-1] == "model.layers=ma model.window=8: 8 of 8 checks passed, with nope, rope, alibi, fox"
+    bad = posbench("check", "model.layers=dxa", check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith(
+        "posbench: error: model.layers='dxa' is not valid; valid: a pattern of the letters")

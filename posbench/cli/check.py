@@ -1,5 +1,10 @@
 """``posbench check ENCODING``: the conformance checks (:mod:`posbench.testing`) on a built-in, a
-plugin, a config dir's encoding or a class named ``pkg.module:Class``, one line a check."""
+plugin, a config dir's encoding or a class named ``pkg.module:Class``, one line a check.
+
+``posbench check model.KEY=VALUE ...`` (no encoding): the model options or layers named, checked with
+each encoding of ``OPTION_ENCODINGS`` in turn (no position information, a rotation, a bias, a
+decay), one line a check and encoding: a model option is held to the checks with every kind of
+encoding it composes with."""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ from pathlib import Path
 from ..errors import fail
 from .validate import check_plugin_yaml, existing_dirs
 
-HELP = "run the conformance checks on an encoding (a name or pkg.module:Class), as the zoo's tests do"
+HELP = ("run the conformance checks on an encoding (a name or pkg.module:Class), or on model options and layers "
+        "(model.KEY=VALUE) with one encoding of each kind, as the zoo's tests do")
+OPTION_ENCODINGS = ("nope", "rope", "alibi", "fox")  # what model options alone are checked with
 
 
 def config_dir_encoding(name: str, dirs: list[Path]) -> tuple[type | None, dict]:
@@ -34,8 +41,9 @@ def main(args: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="posbench check", description=HELP,
                                      epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")
-    parser.add_argument("encoding", help="a registered name, a config dir's encoding (--config-dir), or the class as "
-                                         "pkg.module:Class")
+    parser.add_argument("encoding", help="a registered name, a config dir's encoding (--config-dir), the class as "
+                                         "pkg.module:Class, or a model option model.KEY=VALUE (checked with "
+                                         f"{', '.join(OPTION_ENCODINGS)})")
     parser.add_argument("options", nargs="*", metavar="KEY=VALUE",
                         help="constructor options (YAML values); model.KEY=VALUE: a model option to check with it "
                              "(e.g. model.length_scaling=ssmax)")
@@ -46,6 +54,8 @@ def main(args: list[str]) -> None:
     ns = parser.parse_args(args)
     import yaml
 
+    if ns.encoding.startswith("model."):  # model options alone: each checked with OPTION_ENCODINGS
+        return check_model_options([ns.encoding, *ns.options], [c for c in ns.only.split(",") if c])
     cls, options = config_dir_encoding(ns.encoding, existing_dirs(ns.config_dir))
     model = {}
     for item in ns.options:
@@ -74,5 +84,43 @@ def main(args: list[str]) -> None:
             failed += 1
             print(f"FAIL  {check}: {e}")
     print(f"{cls.name or cls.__name__}: {len(checks) - failed} of {len(checks)} checks passed")
+    if failed:
+        raise SystemExit(1)
+
+
+def check_model_options(items: list[str], checks: list[str]) -> None:
+    """``posbench check model.KEY=VALUE ...``: the checks with each of ``OPTION_ENCODINGS``; an
+    encoding the options refuse (a PosbenchError at build) is named and skipped."""
+    import yaml
+
+    from ..config import model_config
+    from ..errors import PosbenchError
+    from ..model.conformance import CHECKS, ConformanceError, check_encoding
+
+    model = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("model."):
+            fail(f"option {item!r} is not model.KEY=VALUE; valid: e.g. model.layers=ddda (after a model option, "
+                 "only model options)")
+        model[key.removeprefix("model.")] = yaml.safe_load(value)
+    model_config(model)  # an unknown or bad model option is one line
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        fail(f"unknown check {unknown[0]!r}; valid choices: {', '.join(CHECKS)}")
+    failed = passed = 0
+    for name in OPTION_ENCODINGS:
+        for check in checks:
+            try:
+                check_encoding(name, None, [check], model=model)
+                passed += 1
+                print(f"ok    {name:6s} {check}")
+            except ConformanceError as e:
+                failed += 1
+                print(f"FAIL  {name:6s} {check}: {e}")
+            except PosbenchError as e:
+                print(f"skip  {name:6s} refused: {e}")
+                break
+    print(f"{' '.join(items)}: {passed} of {passed + failed} checks passed, with {', '.join(OPTION_ENCODINGS)}")
     if failed:
         raise SystemExit(1)

@@ -18,7 +18,9 @@ check                  what it asserts
 ``reads_positions``    the claim ``reads_positions``: gapped positions change the output
                        exactly when the encoding says it reads them
 ``bf16``               under bf16 autocast the loss is finite and every parameter of the
-                       encoding and of the model options gets a finite, non-zero gradient (it can learn), at its init or
+                       encoding and of the model options gets a finite, non-zero gradient (it can
+                       learn; in a model with ``model.layers``, some parameter of the encoding,
+                       its other layers' having no attention to act in), at its init or
                        after one step where a factor starts at zero
 ``long``               a forward at 16x the training length is finite (or the encoding refuses
                        with a PositionRangeError, as a learned table must), and no tensor any
@@ -73,8 +75,9 @@ def _model(cls, options, *, d_model=32, n_layers=2, n_heads=4, d_ff=64, chunk=8,
     options (a model option such as ``length_scaling`` checked with the encoding)."""
     torch.manual_seed(0)
     model = dict(model or {})
-    if set(model.get("layers", "a")) != {"a"}:  # room for the MLPs to give up the layers' parameters (mlp_width)
-        d_ff = model.pop("d_ff", 4 * d_ff)
+    if set(model.get("layers", "a")) != {"a"}:  # room for the MLPs to give up the layers' parameters (mlp_width),
+        d_ff = model.pop("d_ff", 4 * d_ff)  # and layers enough for every type of the pattern
+        n_layers = max(n_layers, len(model["layers"]))
     cfg = ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, attn_chunk=chunk, **model)
     net = LanguageModel(cfg, VOCAB, cls.build(LanguageModel.dims(cfg, train_len, VOCAB), dict(options)))
     if perturb:
@@ -170,6 +173,9 @@ def check_relative(cls, options, model=None) -> None:
 
 
 def check_reads_positions(cls, options, model=None) -> None:
+    """The claim is the encoding's: a sliding window (``model.window``) is measured in positions, so
+    it reads them whatever the encoding does, and the model is checked without it."""
+    model = {k: v for k, v in (model or {}).items() if k != "window"}
     net, x = _model(cls, options, perturb=True, train_len=16, model=model), _tokens(2, 24, 1)
     gapped = torch.randperm(64, generator=torch.Generator().manual_seed(2))[:24].sort().values
     try:
@@ -204,9 +210,17 @@ def check_bf16(cls, options, model=None) -> None:
             for p in net.parameters():
                 if p.grad is not None:
                     p -= 1e-2 * p.grad.sign()
+    hybrid = any(block.kind != "a" for block in net.blocks)
     for name, param in params:
+        if hybrid and name in dict(net.encoding.named_parameters()):
+            continue  # the encoding's parameters of layers that are not attention have nothing to act on
         if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0:
             _fail("bf16", cls, f"parameter {name!r} gets no finite non-zero gradient: it cannot learn")
+    if hybrid and list(net.encoding.parameters()) and not any(
+            p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+            for p in net.encoding.parameters()):
+        _fail("bf16", cls, "no parameter of the encoding gets a finite non-zero gradient in the model with "
+                           f"model.layers={net.cfg.layers!r}: its attention layers do not use it")
 
 
 def _long_model(cls, options, model=None):
