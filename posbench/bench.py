@@ -155,7 +155,9 @@ def split_entry(entry: str) -> tuple[str, list[str]]:
 
 # the model options of `posbench encodings`, each measured with one encoding in the default bench
 MODEL_OPTION_ENTRIES = ("nope+model.length_scaling=ssmax", "rope+model.length_scaling=logn",
-                        "rope+model.qk_norm=true", "rope+model.window=64")
+                        "rope+model.qk_norm=true", "rope+model.window=64", "rope+model.gate=elementwise",
+                        "rope+model.differential=true", "rope+model.sinks=true", "nope+model.layers=ddda",
+                        "rope+model.layers=ddda", "rope+model.layers=ma+model.window=64")
 
 
 def _posbench_model(encoding: str, train_len: int, max_len: int, model: str = "tiny"):

@@ -175,3 +175,19 @@ def test_posbench_check_takes_model_options_alone():
     bad = posbench("check", "model.layers=dxa", check=False)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith(
         "posbench: error: model.layers='dxa' is not valid; valid: a pattern of the letters")
+
+
+def test_inference_time_methods_need_an_attention_layer():
+    from posbench.encodings.extension import Extension
+    from posbench.eval.subject import check_extension
+
+    only_deltanet, hybrid_net = hybrid("d", "rope"), hybrid("ddda", "rope")
+    with pytest.raises(PosbenchError, match=r"eval.rope_scaling=yarn acts in attention layers; this run's "
+                                            r"model.layers=d has none; valid here: eval.rope_scaling=none"):
+        check_extension(only_deltanet, Extension("none"), "yarn")
+    with pytest.raises(PosbenchError, match=r"eval.extension=logn acts in attention layers"):
+        check_extension(only_deltanet, Extension("logn", train_len=16))
+    check_extension(hybrid_net, Extension("self_extend", 8, 2, 16), "yarn")  # its attention layer takes both
+    with pytest.raises(PosbenchError, match=r"eval.extension=self_extend computes plain softmax attention without "
+                                            r"model.sinks; this run has model.sinks=true"):
+        check_extension(hybrid("a", "rope", sinks=True), Extension("self_extend", 8, 2, 16))

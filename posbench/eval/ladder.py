@@ -218,7 +218,7 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     if ext is None:
         ext = extension_of(ecfg, model.encoding.dims.train_len)
     if isinstance(model, LanguageModel):  # posbench eval, and a training run's own evaluation
-        check_extension(model, ext)
+        check_extension(model, ext, kind)
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor), model.encoding.extended(ext):

@@ -57,14 +57,25 @@ def scaling_label(kind: str, ext: Extension) -> str:
     return ext.label if kind == "none" else f"{kind}+{ext.label}"
 
 
-def check_extension(model: LanguageModel, ext: Extension) -> None:
-    """One line unless ``ext`` runs on this posbench model: the encoding takes it
+def check_extension(model: LanguageModel, ext: Extension, scaling: str = "none") -> None:
+    """One line unless ``ext`` (and the RoPE ``scaling``) runs on this posbench model: it has an
+    attention layer to act in (``model.layers``), the encoding takes it
     (:meth:`PositionEncoding.check_extension`), and a method that sets positions (Self-Extend,
     ReRoPE, llama3, STRING, sinks, LM-Infinite, DCA), computing the whole attention itself, meets no
-    sliding window or trained length scaling it would drop."""
+    sliding window, trained length scaling, learned sinks or differential attention it would drop.
+    In a model with other layers too, a method acts on its attention layers alone."""
+    if "a" not in model.cfg.layer_kinds():
+        for key, value in (("eval.extension", ext.method), ("eval.rope_scaling", scaling)):
+            if value != "none":
+                raise PosbenchError(f"{key}={value} acts in attention layers; this run's model.layers="
+                                    f"{model.cfg.layers} has none; valid here: {key}=none")
     model.encoding.check_extension(ext)
     if not ext.sets_positions:
         return
+    for key, on in (("model.sinks", model.cfg.sinks), ("model.differential", model.cfg.differential)):
+        if on:
+            raise PosbenchError(f"eval.extension={ext.method} computes plain softmax attention without {key}; this "
+                                f"run has {key}=true; valid here: eval.extension=none or logn")
     for key, value, valid in (("model.window", model.cfg.window, 0), ("model.length_scaling", model.cfg.length_scaling,
                                                                       "none")):
         if value != valid:
@@ -122,7 +133,7 @@ class TrainedRun(Subject):
             return
         model, self.device, self.dtype = load_model(self.command, self.run, self.state, self.rows_config,
                                                     self.source.vocab_size)
-        check_extension(model, self.ext)
+        check_extension(model, self.ext, self.ecfg.rope_scaling)
         self.model = model
         self.scaling = scaling_by_length(model.encoding, self.ecfg.rope_scaling, self.ecfg.rope_factor, self.train_len)
 
