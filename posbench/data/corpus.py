@@ -32,10 +32,12 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import lzma
 import os
 import random
 import re
 import shutil
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ import numpy as np
 
 from ..config import DataConfig, default_cache_dir, typed
 from ..errors import PosbenchError
+from .carry import carried, unpack
 
 SPLITS = ("train", "validation", "test")
 EOS = "<|endoftext|>"
@@ -247,6 +250,13 @@ def load_corpus(cfg: DataConfig, cache_dir: str | os.PathLike | None = None, log
     root = Path(cache_dir or cfg.cache_dir or default_cache_dir()).expanduser()
     key = cache_key(cfg, tokenizer)
     final = root / f"{cfg.name}-{key}"
+    if not final.exists() and carried(final).is_file():  # a carried entry (posbench.data.carry): restored first
+        log(f"posbench: unpacking corpus {cfg.name!r} from {carried(final)}")
+        try:
+            unpack(carried(final), final)
+        except (OSError, EOFError, ValueError, lzma.LZMAError, tarfile.TarError) as e:
+            log(f"posbench: {carried(final)} is damaged ({str(e).splitlines()[0] or type(e).__name__}); "
+                "building the entry instead")
     corpus = read_cache(final, log) if final.exists() else None  # an entry renamed into place holds meta.json
     if corpus is None and cfg.train_tokens is not None:
         full = load_corpus(dataclasses.replace(cfg, train_tokens=None), root, log, tokenizer, eos_token)
