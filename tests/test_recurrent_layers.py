@@ -191,3 +191,23 @@ def test_inference_time_methods_need_an_attention_layer():
     with pytest.raises(PosbenchError, match=r"eval.extension=self_extend computes plain softmax attention without "
                                             r"model.sinks; this run has model.sinks=true"):
         check_extension(hybrid("a", "rope", sinks=True), Extension("self_extend", 8, 2, 16))
+
+
+def test_a_plan_times_a_hybrid_by_hybrid_runs_only(tmp_path):
+    """Throughput records carry model.layers: a hybrid's plan is never timed by transformers of its name."""
+    import json
+
+    from posbench.runs import throughput
+
+    here = throughput.machine("cpu")
+    rows = [{"machine": here, "device": "cpu", "model": "tiny", "params": 1, "encoding": "rope", "train_len": 128,
+             "precision": "bf16", "tokens_per_s": 100.0},  # a record from before the key: attention only
+            {"machine": here, "device": "cpu", "model": "tiny", "params": 1, "layers": "ddda", "encoding": "rope",
+             "train_len": 128, "precision": "bf16", "tokens_per_s": 50.0}]
+    (tmp_path / throughput.FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert throughput.measured("tiny", "rope", 128, cache_dir=tmp_path) == (100.0, "1 rope run(s)")
+    assert throughput.measured("tiny", "rope", 128, cache_dir=tmp_path, layers="ddda") == (
+        50.0, "1 rope run(s) of model.layers=ddda")
+    assert throughput.measured("tiny", "nope", 128, cache_dir=tmp_path, layers="ddda") == (
+        50.0, "1 run(s) of other encodings")
+    assert throughput.measured("tiny", "rope", 128, cache_dir=tmp_path, layers="ma") is None  # unknown, not guessed

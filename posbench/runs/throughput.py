@@ -2,7 +2,9 @@
 
 A training run that finishes appends one record to ``throughput.jsonl`` in the cache
 (``~/.cache/posbench``): the machine (host, CPU model, cores, and the GPU where it trained on
-one), the model's name and size, the encoding, train_len, precision, and the median tokens/s of
+one), the model's name and size, its layer types (``model.layers``: a hybrid of Gated DeltaNet
+and attention trains at another speed than the transformer of the same name; records without the
+key are ``a``), the encoding, train_len, precision, and the median tokens/s of
 its logged windows after the first (which holds compiling and warming up). ``posbench study
 NAME --step plan`` reads the records of this machine (:func:`measured`) to turn a stage's
 training tokens into hours; where none matches it says the time is unknown on this machine
@@ -50,7 +52,7 @@ def cache_file(cache_dir: Path | None = None) -> Path:
 
 
 def record(run_dir: Path, model: str, params: int, encoding: str, train_len: int, device: str, precision: str,
-           cache_dir: Path | None = None) -> dict | None:
+           cache_dir: Path | None = None, layers: str = "a") -> dict | None:
     """Append the run's measured throughput (from its metrics.jsonl) -> the record, or None where
     it logged no window, or the cache cannot be written."""
     try:
@@ -61,7 +63,7 @@ def record(run_dir: Path, model: str, params: int, encoding: str, train_len: int
     if not rates:
         return None
     entry = {"machine": machine(device), "device": device.split(":")[0], "model": model, "params": int(params),
-             "encoding": encoding, "train_len": int(train_len), "precision": precision,
+             "layers": layers, "encoding": encoding, "train_len": int(train_len), "precision": precision,
              "tokens_per_s": statistics.median(rates[1:] or rates)}  # one window alone: warm-up and all
     try:
         path = cache_file(cache_dir)
@@ -74,10 +76,10 @@ def record(run_dir: Path, model: str, params: int, encoding: str, train_len: int
 
 
 def measured(model: str, encoding: str, train_len: int, device: str = "cpu",
-             cache_dir: Path | None = None) -> tuple[float, str] | None:
-    """(tokens/s, what it is the median of) of this machine's records of ``model`` at ``train_len``:
-    those of ``encoding`` where there are some, else those of every encoding of the model (said
-    so); None where this machine has trained no such model."""
+             cache_dir: Path | None = None, layers: str = "a") -> tuple[float, str] | None:
+    """(tokens/s, what it is the median of) of this machine's records of ``model`` with the layer
+    types ``layers`` at ``train_len``: those of ``encoding`` where there are some, else those of
+    every encoding (said so); None where this machine has trained no such model."""
     path = cache_file(cache_dir)
     if not path.is_file():
         return None
@@ -87,12 +89,13 @@ def measured(model: str, encoding: str, train_len: int, device: str = "cpu",
             entry = json.loads(line)
         except ValueError:
             continue
-        if (entry.get("machine"), entry.get("device"), entry.get("model"), entry.get("train_len")) == \
-                (here, kind, model, int(train_len)):
+        if (entry.get("machine"), entry.get("device"), entry.get("model"), entry.get("train_len"),
+                entry.get("layers", "a")) == (here, kind, model, int(train_len), layers):
             found.append(entry)
     same = [e["tokens_per_s"] for e in found if e.get("encoding") == encoding]
     if same:
-        return statistics.median(same), f"{len(same)} {encoding} run(s)"
+        of = "" if layers == "a" else f" of model.layers={layers}"
+        return statistics.median(same), f"{len(same)} {encoding} run(s){of}"
     if found:
         return statistics.median(e["tokens_per_s"] for e in found), f"{len(found)} run(s) of other encodings"
     return None

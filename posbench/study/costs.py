@@ -63,7 +63,8 @@ def _device(device: str):
 def _throughput(cfg, device: str) -> tuple[float, str] | None:
     from ..runs.throughput import measured
 
-    return measured(str(cfg.model.name), str(cfg.encoding.name), int(cfg.train.train_len), str(_device(device)))
+    return measured(str(cfg.model.name), str(cfg.encoding.name), int(cfg.train.train_len), str(_device(device)),
+                    layers=str(cfg.model.get("layers", "a")))
 
 
 def _peak_gb(cfg, device: str) -> float | None:

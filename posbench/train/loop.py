@@ -468,5 +468,5 @@ def train_and_finish(s: Setup, logger):
     rows = finish(s, logger)
     if s.state.step > start and not s.world.active:  # this process trained: its speed, for plans' estimates
         record(s.run.path, str(s.rc.tree.model.name), s.model.num_params(), s.rc.encoding, s.rc.train.train_len,
-               str(s.device), "bf16" if s.dtype == torch.bfloat16 else "fp32")
+               str(s.device), "bf16" if s.dtype == torch.bfloat16 else "fp32", layers=s.model.cfg.layers)
     return rows
