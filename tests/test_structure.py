@@ -117,7 +117,7 @@ ROOT = "posbench"
 STAGES = {
     "base": (ROOT, "posbench.errors", "posbench.config", "posbench.intervals", "posbench.plugins", "posbench.runs"),
     "data": ("posbench.data",),
-    "model": ("posbench.encodings", "posbench.model"),
+    "model": ("posbench.methods", "posbench.encodings", "posbench.model"),
     "eval": ("posbench.eval",),
     "train": ("posbench.train",),
     "report": ("posbench.report",),
@@ -164,6 +164,16 @@ def test_no_import_from_a_later_stage():
                 for m, deps in sorted(import_graph().items()) for d in sorted(deps)
                 if d != "posbench" and stage_of(d) > stage_of(m)]
     assert backward == []
+
+
+def test_a_method_module_is_imported_by_the_registry_alone():
+    """Inference-time methods are classes of posbench/methods/, registered by name: only the registry
+    (posbench.methods) imports a method's module; the rest of posbench asks the registry."""
+    graph = import_graph()
+    modules = {m for m in graph if m.startswith("posbench.methods.") and m != "posbench.methods.base"}
+    assert modules >= {"posbench.methods.regroup", "posbench.methods.scaled", "posbench.methods.parts"}
+    importers = {m: sorted(n for n, deps in graph.items() if m in deps) for m in modules}
+    assert importers == {m: ["posbench.methods"] for m in modules}
 
 
 def test_code_version_says_when_the_checkout_differs_from_its_commit(tmp_path):

@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from ..config import LENGTH_SCALINGS
-from ..encodings.extension import logn_factor
 from ..errors import PosbenchError
+from ..methods import logn_factor
 
 SCALINGS = LENGTH_SCALINGS  # the choices live in the torch-free config, which checks them
 SSMAX_INIT = 0.43
