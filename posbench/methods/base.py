@@ -78,13 +78,10 @@ class Extension:
             REGISTRY[name] = cls
 
     def __new__(cls, method: str = "none", *args, **kwargs):
-        if cls is Extension:  # the registered class of that name
-            from . import methods  # the built-ins register themselves on import
+        if cls is Extension:  # the registered class of that name (or import path)
+            from . import method_class  # the registry, which imports the built-ins
 
-            cls = methods().get(method)
-            if cls is None:
-                raise PosbenchError(f"eval.extension={method!r} is not valid; valid choices: "
-                                    f"{', '.join(methods())}")
+            cls = method_class(method)
         return super().__new__(cls)
 
     def __post_init__(self):

@@ -51,8 +51,9 @@ from pathlib import Path
 
 import torch
 
-from ..encodings.extension import FUSED_BLOCK, ONE_ATTENTION_METHODS, PARTS_METHODS
+from ..encodings.extension import FUSED_BLOCK
 from ..errors import PosbenchError
+from ..methods import method_class
 from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
 from .recurrent import CHUNK
 
@@ -168,9 +169,10 @@ def pretrained_memory(model, lengths: list[int], batch_tokens: int, max_tokens: 
     N = windows * T
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     attention = 2 * N * D * 4  # keys and values repeated to every query head
-    if extension not in ONE_ATTENTION_METHODS:
+    kernel = method_class(extension).kernel  # how posbench.encodings.extension computes it
+    if kernel != "one":
         attention += 4 * 4 * windows * H * min(chunk, T) * T + 2 * N * D * 4  # score blocks; rotated keys
-    if extension in PARTS_METHODS:
+    if kernel == "parts":
         attention += 5 * min(FUSED_BLOCK, T) * T + 3 * N * D * 4  # fp32 and bool mask; keys of up to 3 parts
     return Estimate({"weights": weights, "activations": N * (16 * D + 2 * F) * 4, "attention": attention,
                      "logits": 3 * 4 * min(N, model.head_rows) * V})
