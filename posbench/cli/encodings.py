@@ -100,3 +100,12 @@ def main(args: list[str]) -> None:
     width = max(len(o) for o, _, _ in MODEL_OPTIONS)
     for option, description, paper in MODEL_OPTIONS:
         print(f"{option:<{width}}  {description}  [{paper}]")
+    from ..methods import methods
+
+    print("\ninference-time methods, on rotary runs and pretrained models (posbench eval ... eval.extension=NAME):")
+    found = {name: cls for name, cls in methods().items() if name != "none"}
+    width = max(len(name) for name in found)
+    for name, cls in found.items():
+        options = ", ".join(f"eval.extension_{key}={value}" for key, value in zip(("window", "group"), cls.params)
+                            if value)
+        print(f"{name:<{width}}  {options or 'no options'}  [{cls.paper}]")

@@ -64,6 +64,7 @@ class Extension:
     factor: float | None = None
 
     name: ClassVar[str] = "none"
+    paper: ClassVar[str] = ""  # its paper and reference code, for listings
     params: ClassVar[tuple[str | None, ...]] = ()  # what window and group are called in labels and errors
     # how posbench.encodings.extension computes it: "one" fused causal attention (no position moves),
     # "regroup" (near keys as trained, far keys at the method's positions), or from its "parts"

@@ -50,6 +50,8 @@ class String(FromParts, name="string"):
     for short contexts. The reference's near part is a flash window of S + 1 keys (d <= S), so its
     key at d = S is counted in both parts; here each key is in one."""
 
+    paper = "An et al. 2024, Why Does the Effective Context Length of LLMs Fall Short? (STRING); HKUNLP/STRING"
+
     params = ("S", "W")
 
     def defaults(self) -> tuple[int, int]:
@@ -102,6 +104,8 @@ class Sinks(StartAndRecent, name="sinks"):
     at the window's first token. Defaults: n = 4 (the reference's ``start_size``), W = L - n (the
     cache and the query fill the trained context)."""
 
+    paper = "Xiao et al. 2024 (ICLR), StreamingLLM; mit-han-lab/streaming-llm"
+
     starts = 4  # start_size (streaming-llm)
 
     def defaults(self) -> tuple[int, int]:
@@ -122,6 +126,8 @@ class LMInfinite(StartAndRecent, name="lm_infinite"):
     those at d < W; d < W as trained; a starting key at d >= W: R(min(L, T - 1))q . k, its distance
     capped at ``limit_distance`` = L (the reference rotates such a query by the limit and leaves
     the starting keys unrotated). Defaults: W = L and n_global = 10 (its README's perplexity runs)."""
+
+    paper = "Han et al. 2024 (NAACL), LM-Infinite; Glaciohound/LM-Infinite"
 
     starts = 10  # global_branch (LM-Infinite's README)
 
@@ -144,6 +150,8 @@ class DualChunk(FromParts, name="dca"):
     key in the chunk before (successive-chunk) and at min(2c - 1, C) for any earlier one
     (inter-chunk); past L, q and k times 0.05 ln(T / L) + 1 (the reference's ``get_mscale`` on
     cos and sin). Defaults: C = 3L // 4, w = L // 8 (``replace_with_chunkllama``)."""
+
+    paper = "An et al. 2024 (ICML), Training-Free Long-Context Scaling (Dual Chunk Attention); HKUNLP/ChunkLlama"
 
     params = ("C", "w")
 

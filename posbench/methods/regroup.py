@@ -32,6 +32,8 @@ class SelfExtend(Regrouped, name="self_extend"):
     group size G): d < W: R(i)q . R(j)k as trained; d >= W: R(i // G + W - W // G)q . R(j // G)k,
     so far keys are seen at grouped distances that stay within what the model trained on."""
 
+    paper = "Jin et al. 2024, LLM Maybe LongLM (Self-Extend); datamllab/LongLM"
+
     params = ("W", "G")
 
     def validate(self) -> None:
@@ -47,6 +49,8 @@ class SelfExtend(Regrouped, name="self_extend"):
 class ReRoPE(Regrouped, name="rerope"):
     """**ReRoPE** (Su 2023, bojone/rerope; window W): d < W as trained; d >= W: R(W)q . k, the
     relative position clipped at W."""
+
+    paper = "Su 2023, ReRoPE; bojone/rerope"
 
     params = ("W", None)
 

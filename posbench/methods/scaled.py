@@ -16,6 +16,8 @@ class LogN(Extension, name="logn"):
     so attention stays as sharp over more keys; the factor is :func:`logn_factor`, the one
     posbench's own models train with (``model.length_scaling=logn``, :mod:`posbench.model.length_scaling`)."""
 
+    paper = "Chiang & Cholak 2022; Qwen's use_logn_attn"
+
     sets_positions = False
 
     def identity_at(self, length: int) -> bool:
@@ -48,6 +50,8 @@ class Llama3(Extension, name="llama3"):
     (:func:`llama3_inv_freq`). s is ``factor``, or max(1, T / L) per window when None (as
     ``eval.rope_factor`` null for the RoPE scalings). On a model whose own config already scales its
     RoPE, it scales the frequencies the model has."""
+
+    paper = "Meta 2024, The Llama 3 Herd of Models; meta-llama/llama-models apply_scaling"
 
     moves = "frequencies"
 
