@@ -154,3 +154,23 @@ def test_bench_compiles_side_by_side_and_reports_mfu_on_the_gpu(tmp_path):
     assert (rows.compile_s > 0).all() and (rows.tokens == 4096).all()
     text = (out / "bench.md").read_text()
     assert text.startswith("Command: `posbench bench --device cuda") and "| t5 | 5.25M |" in text
+
+
+@pytest.mark.parametrize("delta", [True, False])
+def test_flash_linear_attention_kernels_equal_the_plain_scan(delta):
+    """POSBENCH_FLA=1's kernels (Gated DeltaNet's delta rule; Mamba-2's scan as simple GLA) against
+    posbench.model.recurrent.chunk_scan, on the GPU, in fp32."""
+    pytest.importorskip("fla")
+    from posbench.model.recurrent import chunk_scan, fla_scan
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, H, T, K, V = 2, 3, 200, 64, 128
+    q = torch.nn.functional.normalize(torch.randn(B, H, T, K, device="cuda", generator=g), dim=-1) / K ** 0.5
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, K, device="cuda", generator=g), dim=-1)
+    v = torch.randn(B, H, T, V, device="cuda", generator=g)
+    gates = -torch.rand(B, H, T, device="cuda", generator=g)
+    beta = torch.rand(B, H, T, device="cuda", generator=g) if delta else None
+    want, want_state = chunk_scan(q, k, v, gates, beta)
+    got, got_state = fla_scan(q, k, v, gates, beta)
+    torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(got_state.float(), want_state, rtol=2e-3, atol=2e-3)

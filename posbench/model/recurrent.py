@@ -29,17 +29,49 @@ chunks is matrix products only:
 
 Every exponent is <= 0, so nothing overflows; the scan runs in fp32 (autocast off). Memory is
 linear in T: (C, C) matrices per chunk and head, and one state per head.
+
+On CUDA with ``POSBENCH_FLA=1`` the layers call flash-linear-attention's Triton kernels instead
+(``chunk_gated_delta_rule``, and ``chunk_simple_gla`` for Mamba-2's scan: the same recurrence with
+no delta rule), the package the issue's references ship (``fla-core``); tests/test_gpu.py checks
+them equal to :func:`chunk_scan` where a GPU and the package are present. Off by default: the
+plain scan is the one every shipped row used.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 CHUNK = 64  # tokens per chunk of chunk_scan
+FLA = os.environ.get("POSBENCH_FLA") == "1"  # read once, at import: flash-linear-attention's kernels on CUDA
+
+
+def scan(q, k, v, g, beta=None):
+    """The layers' scan: :func:`chunk_scan`, or on CUDA with ``POSBENCH_FLA=1`` :func:`fla_scan`."""
+    if FLA and q.is_cuda:
+        return fla_scan(q, k, v, g, beta)
+    return chunk_scan(q, k, v, g, beta)
+
+
+def fla_scan(q, k, v, g, beta=None):
+    """:func:`chunk_scan` by flash-linear-attention's kernels (layout (B, T, H, .), scale 1: the layers
+    scale q themselves), in q's dtype. -> (o (B, H, T, V), final state (B, H, K, V))."""
+    heads_second = lambda t: t.transpose(1, 2).contiguous().to(q.dtype)  # noqa: E731
+    if beta is None:
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        o, state = chunk_simple_gla(heads_second(q), heads_second(k), heads_second(v), g=heads_second(g),
+                                    scale=1.0, output_final_state=True)
+    else:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        o, state = chunk_gated_delta_rule(heads_second(q), heads_second(k), heads_second(v), heads_second(g),
+                                          heads_second(beta), scale=1.0, output_final_state=True)
+    return o.transpose(1, 2).to(v.dtype), state
 
 
 def recurrent_scan(q, k, v, g, beta=None, state=None):
@@ -163,7 +195,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
         B, T, _ = x.shape
-        o, _ = chunk_scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
+        o, _ = scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
         o = self.o_norm(o.transpose(1, 2).to(torch.promote_types(o.dtype, torch.float32))).to(x.dtype)  # per head
         o = o.reshape(B, T, -1) * F.silu(self.g_proj(x))
         return self.proj(o)
@@ -208,8 +240,8 @@ class Mamba2(nn.Module):
 
     def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
         B, T, _ = x.shape
-        scan, xh, z = self.scan_inputs(x)
-        y, _ = chunk_scan(*scan)
+        inputs, xh, z = self.scan_inputs(x)
+        y, _ = scan(*inputs)
         y = y.to(xh.dtype) + self.D.to(xh.dtype)[:, None, None] * xh
         y = y.transpose(1, 2).reshape(B, T, self.d_inner)
         return self.proj(self.norm(y * F.silu(z.to(y.dtype))).to(x.dtype))
