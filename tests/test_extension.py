@@ -167,7 +167,7 @@ def test_log_n_runs_on_any_encoding_and_changes_nothing_inside_the_context():
 
 def test_an_extension_a_run_cannot_take_is_one_line():
     from posbench.config import EvalConfig
-    from posbench.eval.ladder import check_extension, extension_of
+    from posbench.eval.subject import check_extension, extension_of
     from tests.conftest import tiny_model
 
     se = Extension("self_extend", 4, 2, 8)

@@ -176,6 +176,24 @@ def test_a_method_module_is_imported_by_the_registry_alone():
     assert importers == {m: ["posbench.methods"] for m in modules}
 
 
+def test_eval_asks_the_model_and_never_branches_on_its_type():
+    """The ladder and probes score a posbench model and a pretrained one through the methods both
+    have (check_method, encoding.reference_len, ...): no isinstance on a model class in eval/, and
+    only the opening of a subject (eval.subject) imports posbench.model.pretrained."""
+    models = {"LanguageModel", "PretrainedLM"}
+    branches = []
+    for path in sorted((PACKAGE / "eval").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                named = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node.args[1])}
+                if named & models:
+                    branches.append(f"{path.name}:{node.lineno}")
+    assert branches == []
+    importers = sorted(m for m, deps in import_graph().items() if "posbench.model.pretrained" in deps
+                       and m.startswith("posbench.eval"))
+    assert importers == ["posbench.eval.subject"]
+
+
 def test_code_version_says_when_the_checkout_differs_from_its_commit(tmp_path):
     """A results row's code_version names the commit, and '.dirty' where posbench's tracked files
     were changed since it: rows from a modified checkout do not claim a commit they did not run."""

@@ -116,6 +116,16 @@ class PositionEncoding(nn.Module):
     # meant (a saved run's config.yaml lacks the key): :func:`saved_options` fills them in.
     former_defaults: ClassVar[dict] = {}
 
+    @property
+    def reference_len(self) -> int:
+        """The context a RoPE scaling's factor is relative to (:mod:`posbench.eval.ladder`): the trained
+        length, unless the encoding sets another (rotary's ``original_len``)."""
+        return self.__dict__.get("_reference_len") or self.dims.train_len
+
+    @reference_len.setter
+    def reference_len(self, value: int) -> None:
+        self.__dict__["_reference_len"] = int(value)
+
     def __init__(self, dims: ModelDims):
         super().__init__()
         self.dims = dims

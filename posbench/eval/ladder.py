@@ -57,7 +57,7 @@ from ..runs.rundir import RunDir
 from .pretrained import stored_ladder
 from .probe import Subject
 from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
-from .subject import check_extension, extension_of, open_subject, scaling_label
+from .subject import extension_of, open_subject, scaling_label
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
 from .token_set import scored_count, scored_tokens
@@ -214,11 +214,10 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
         text = text_size(tokenizer, ids[1:]) if tokenizer is not None else (None, None)
     nbytes, words = text
     kind = ecfg.rope_scaling
-    train_len = getattr(model.encoding, "reference_len", model.encoding.dims.train_len)  # what s is relative to
+    train_len = model.encoding.reference_len  # what s is relative to
     if ext is None:
         ext = extension_of(ecfg, model.encoding.dims.train_len)
-    if isinstance(model, LanguageModel):  # posbench eval, and a training run's own evaluation
-        check_extension(model, ext, kind)
+    model.check_method(ext, kind)
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor), model.encoding.extended(ext):

@@ -35,7 +35,6 @@ from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
 from ..model.build import autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..model.preflight import check_evaluation, check_pretrained
-from ..model.transformer import LanguageModel
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint
 from .pretrained import measured_config, output_dir, pretrained_lengths
 from .probe import Subject, scaling_by_length
@@ -57,30 +56,10 @@ def scaling_label(kind: str, ext: Extension) -> str:
     return ext.label if kind == "none" else f"{kind}+{ext.label}"
 
 
-def check_extension(model: LanguageModel, ext: Extension, scaling: str = "none") -> None:
-    """One line unless ``ext`` (and the RoPE ``scaling``) runs on this posbench model: it has an
-    attention layer to act in (``model.layers``), the encoding takes it
-    (:meth:`PositionEncoding.check_extension`), and a method that sets positions (Self-Extend,
-    ReRoPE, llama3, STRING, sinks, LM-Infinite, DCA), computing the whole attention itself, meets no
-    sliding window, trained length scaling, learned sinks or differential attention it would drop.
-    In a model with other layers too, a method acts on its attention layers alone."""
-    if "a" not in model.cfg.layer_kinds():
-        for key, value in (("eval.extension", ext.method), ("eval.rope_scaling", scaling)):
-            if value != "none":
-                raise PosbenchError(f"{key}={value} acts in attention layers; this run's model.layers="
-                                    f"{model.cfg.layers} has none; valid here: {key}=none")
-    model.encoding.check_extension(ext)
-    if not ext.sets_positions:
-        return
-    for key, on in (("model.sinks", model.cfg.sinks), ("model.differential", model.cfg.differential)):
-        if on:
-            raise PosbenchError(f"eval.extension={ext.method} computes plain softmax attention without {key}; this "
-                                f"run has {key}=true; valid here: eval.extension=none or logn")
-    for key, value, valid in (("model.window", model.cfg.window, 0), ("model.length_scaling", model.cfg.length_scaling,
-                                                                      "none")):
-        if value != valid:
-            raise PosbenchError(f"eval.extension={ext.method} computes global attention without {key}; this run "
-                                f"has {key}={value}; valid here: eval.extension=none or logn")
+def check_extension(model, ext: Extension, scaling: str = "none") -> None:
+    """One line unless ``ext`` (and the RoPE ``scaling``) runs on ``model``: the model's own
+    ``check_method`` (a posbench model's, :meth:`LanguageModel.check_method`; a pretrained one's)."""
+    model.check_method(ext, scaling)
 
 
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:

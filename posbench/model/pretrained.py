@@ -96,6 +96,11 @@ class PositionScheme:
         return self
 
     @property
+    def reference_len(self) -> int:
+        """The context a RoPE scaling's factor is relative to: the trained one."""
+        return self.train_len
+
+    @property
     def layer_types(self) -> tuple[str, ...] | None:
         """The layer types of a rotary module that holds frequencies per type (Gemma 3), else None."""
         return rope_layer_types(self.rotary.config) if self.rotary is not None else None
@@ -340,6 +345,11 @@ class PretrainedLM(nn.Module):
         layer_types = getattr(config, "layer_types", None) or ()
         self.windowed = (getattr(config, "sliding_window", None) is not None and "sliding_attention" in layer_types
                          and not getattr(config, "attn_logit_softcapping", None))
+
+    def check_method(self, ext, scaling: str = "none") -> None:
+        """One line unless the inference-time method ``ext`` runs on this model (its position scheme
+        says; RoPE scalings are checked where the eval config is read)."""
+        self.encoding.check_extension(ext)
 
     def _check(self, ids: torch.Tensor, positions: torch.Tensor | None, extra: int = 0) -> None:
         """Set the window's length for a scaling; PositionRangeError past a learned table

@@ -301,6 +301,32 @@ class LanguageModel(nn.Module):
                for i in range(0, len(y), rows)]
         return torch.cat(nll).view(targets.shape)
 
+    def check_method(self, ext, scaling: str = "none") -> None:
+        """One line unless the inference-time method ``ext`` (and the RoPE ``scaling``) runs on this
+        model: it has an attention layer to act in (``model.layers``), the encoding takes it
+        (:meth:`PositionEncoding.check_extension`), and a method that sets positions (Self-Extend,
+        ReRoPE, llama3, STRING, sinks, LM-Infinite, DCA), computing the whole attention itself, meets no
+        sliding window, trained length scaling, learned sinks or differential attention it would drop.
+        In a model with other layers too, a method acts on its attention layers alone."""
+        cfg = self.cfg
+        if "a" not in cfg.layer_kinds():
+            for key, value in (("eval.extension", ext.method), ("eval.rope_scaling", scaling)):
+                if value != "none":
+                    raise PosbenchError(f"{key}={value} acts in attention layers; this run's model.layers="
+                                        f"{cfg.layers} has none; valid here: {key}=none")
+        self.encoding.check_extension(ext)
+        if not ext.sets_positions:
+            return
+        for key, on in (("model.sinks", cfg.sinks), ("model.differential", cfg.differential)):
+            if on:
+                raise PosbenchError(f"eval.extension={ext.method} computes plain softmax attention without {key}; "
+                                    f"this run has {key}=true; valid here: eval.extension=none or logn")
+        for key, value, valid in (("model.window", cfg.window, 0),
+                                  ("model.length_scaling", cfg.length_scaling, "none")):
+            if value != valid:
+                raise PosbenchError(f"eval.extension={ext.method} computes global attention without {key}; this run "
+                                    f"has {key}={value}; valid here: eval.extension=none or logn")
+
     def option_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The parameters a model option adds to the attention (gate, differential lambdas and norm,
         sinks) and those of ``model.layers``' layers, by name: the conformance checks' bf16 check asks
