@@ -148,7 +148,8 @@ def test_top_level_modules_are_entry_points_or_the_base():
     """Every other module sits in a stage folder (the model stage's too: posbench/model/; the
     commands' dispatch, verbs, validation and failure policy: posbench/cli/)."""
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert top == {"errors", "config", "intervals", "plugins", "bench", "convert", "testing"}
+    assert top == {"errors", "config", "intervals", "plugins", "convert", "testing"}
+    assert (PACKAGE / "bench" / "__main__.py").is_file() and stage_of("posbench.bench.children") == len(STAGES) - 1
     assert (PACKAGE / "cli" / "__init__.py").is_file() and stage_of("posbench.cli.validate") == len(STAGES) - 1
 
 
