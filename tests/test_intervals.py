@@ -1,6 +1,6 @@
 """The interval code: Student's t against printed tables and a coverage simulation, Welch's
 interval's coverage, the block bootstrap's coverage of a known mean on dependent data (and a
-token-level bootstrap's failure there), pairing, the verdicts of encoding_table.py, and a report
+token-level bootstrap's failure there), pairing, the verdicts of the encoding table, and a report
 with bootstrap intervals from two real smoke runs."""
 
 import importlib.util
@@ -158,9 +158,8 @@ def test_estimator_method_by_seeds_and_tokens():
 
 
 def test_encoding_table_verdict_needs_the_whole_interval():
-    spec = importlib.util.spec_from_file_location("encoding_table", ROOT / "scripts/encoding_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    from posbench.report import encoding_table as table
+
     assert table.verdict(1.02, 0.99, 1.04) == "yes"
     assert table.verdict(1.04, 1.01, 1.08) == "not distinguishable (yes/partly)"
     assert table.verdict(1.3, 1.2, 1.4) == "partly" and table.verdict(2.0, 1.7, 2.4) == "no"

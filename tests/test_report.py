@@ -471,7 +471,7 @@ def test_scripts_read_only_plain_nonoverlapping_lines(sweep, tmp_path):
     report([sweep], tmp_path / "out")
     tidy = pd.read_csv(tmp_path / "out/report.csv")
     tidy.iloc[::-1].to_csv(tmp_path / "reversed.csv", index=False)  # row order is no contract
-    table = subprocess.run([sys.executable, ROOT / "scripts/encoding_table.py", tmp_path / "reversed.csv"],
+    table = subprocess.run([sys.executable, "-m", "posbench.report.encoding_table", tmp_path / "reversed.csv"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == ["`alibi`", "`nope`"]
     assert table[2].endswith("| 11.0 | 12.2 | 1.110 [0.994, 1.239] | not distinguishable (yes/partly) |")  # not sliding's

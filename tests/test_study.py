@@ -107,7 +107,11 @@ def test_the_report_commands_are_the_shipped_reports():
     assert command[-2:] == ["--missing-contrasts", "--log-y"] and len(command) == 8 + 8 + 2
     assert command[8] == ("--contrast=p_rope [length_scaling=none, qk_norm=False, window=0]/"
                           "rope [length_scaling=none, qk_norm=False, window=0]")
-    assert study.report["tables"] == {"encodings.md": "scripts/encoding_table.py"}
+    assert study.report["tables"] == {"encodings.md": "encodings"}
+    from posbench.report.encoding_table import TABLES
+    from posbench.study.spec import TABLE_KINDS
+
+    assert tuple(TABLES) == TABLE_KINDS  # the study files' check knows every table the report writes
     assert report_command(load_study("headline"))[3:] == [
         "report", "results/baselines/headline", "--out", "results/headline", "--log-y"]
 

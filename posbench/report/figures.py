@@ -58,7 +58,7 @@ DPI = 120
 # of 1 to 4 positions. A bin fed by W windows is then uncertain by 0.35 / sqrt(W) nats: 0.09 at
 # 16 windows (zoo_quick's L=1024), as large as what the figure is read for (a rise of 0.05-0.1
 # nats past train_len is a ratio of 1.05-1.1), and 0.049 = ln 1.05 at 50, the bound of
-# encoding_table.py's "yes". The first bins (1-4 positions) stay noisier (2 / sqrt(W): 0.3 nats
+# the encoding table's "yes". The first bins (1-4 positions) stay noisier (2 / sqrt(W): 0.3 nats
 # at 50 windows); MIN_BIN_TOKENS keeps a bin of one position out below 100 windows. And a bin fed
 # by one window is one stretch of text, not an average over the text: sliding windows score only
 # their last stride tokens, so every bin before L - stride comes from the first window alone,

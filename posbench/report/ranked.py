@@ -34,17 +34,18 @@ import pandas as pd
 from ..config import split_outside_brackets
 from ..errors import PosbenchError
 from ..eval.results import compact_labels
+from .encoding_table import BREAKS, HOLDS
 from .figures import CLIPPED_NOTE, Palette, _caption, _pyplot
 
 MANY_LINES = 8  # more lines than this: ranked.png and tradeoff.png, and report.png for picked lines only
 BASELINES = ("alibi", "nope", "rope", "sinusoidal", "t5")  # the headline's five (results/headline)
-ZOOM_RATIO = 1.05  # tradeoff.png's enlarged panel: the lines whose ratio is at most this (encoding_table.py's "yes")
+ZOOM_RATIO = HOLDS  # tradeoff.png's enlarged panel: the lines whose ratio is at most this (the encoding table's "yes")
 FAMILIES = {  # hook -> what the ranked figure calls the family, in the order it lists them when tied
     "none": "no position encoding", "embed": "absolute (embed)", "rotate": "rotary (rotate)",
     "bias": "additive bias (bias)", "score": "content-dependent (score)", "decay": "forget gate (decay)",
     "transition": "Householder transforms (transition)", "normalize": "normalized attention (normalize)",
     "features": "position features (features)"}
-VERDICTS = (1.05, 1.5)  # scripts/encoding_table.py's bounds: yes <= 1.05 < partly <= 1.5 < no
+VERDICTS = (HOLDS, BREAKS)  # the encoding table's bounds: yes <= 1.05 < partly <= 1.5 < no
 
 
 def family(encoding: str) -> str:
@@ -215,7 +216,7 @@ def ratio_axis(ax, which: str, lims: tuple[float, float]) -> str:
     """Set a ratio axis (``which``: 'x' or 'y') to ``lims``. The ratios of lines that hold up
     differ in the second decimal and those of lines that break by orders of magnitude: where
     the axis reaches past 2 x :data:`BEND` it is linear up to BEND (1.5, the bound of
-    encoding_table.py's "partly") and logarithmic beyond, the logarithmic part shaded; else
+    the encoding table's "partly") and logarithmic beyond, the logarithmic part shaded; else
     linear. Ticks at 1, 1.05, 1.1, ... and 2, 3, 5, 10, ... as they fit. -> the axis label's
     note on its scale ('' for a linear one)."""
     from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
@@ -263,7 +264,7 @@ def ranked_figure(points: pd.DataFrame, setup: pd.DataFrame | None = None):
     point with its 95% interval as a bar (cut at the axes with an arrow head), one row per line,
     the lines grouped by family and sorted by ratio within it; hollow points: one seed (the
     text's spread only). Dotted lines mark 1.05 and 1.5, the bounds of
-    scripts/encoding_table.py's verdicts."""
+    the encoding table's verdicts (posbench.report.encoding_table)."""
     plt = _pyplot()
     colours, order = family_colours(points), _ranked_order(points)
     m = f"{points.multiple.iloc[0]:g}x"

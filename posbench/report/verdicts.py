@@ -49,6 +49,7 @@ import pandas as pd
 from ..errors import PosbenchError
 from ..eval.results import LINE, label_parts
 from ..intervals import Cell, Estimator, Interval, p_value
+from .encoding_table import BREAKS  # a line whose ratio at the longest length passes this breaks (the table's "no")
 
 SETUP = [c for c in LINE if c != "label"]  # one setup: lines compared with each other
 PREFIX = "verdict: "
@@ -83,7 +84,6 @@ def _decided(iv: Interval) -> str:
 
 
 FWER = 0.05  # the family-wise error rate of one ordering's pairwise decisions (Holm)
-BREAKS = 1.5  # a line whose ratio at the longest length passes this breaks (scripts/encoding_table.py's "no")
 
 
 def holm(p: dict, alpha: float = FWER) -> dict:

@@ -21,8 +21,9 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
       dirs: [results/baselines/headline]   # reported beside the study's runs (optional)
       args: [--log-y]                 # any other posbench report flags
       contrasts: [[p_rope, rope]]     # verdicts on line A's ratio over line B's (posbench report --contrast)
-      tables: {encodings.md: scripts/encoding_table.py}   # FILE: a script run on report.csv, its
-                                      # output written to results/FILE (optional)
+      tables: {encodings.md: encodings}   # FILE: a table of report.csv written to results/FILE: one of
+                                      # posbench.report.encoding_table.TABLES, or a script of your
+                                      # own (FILE.py, run on report.csv, its output kept; optional)
       longppl: {evaluator: "gemma3-270m/bos=first", short: 4096}   # LongPPL of every folder of the
                                       # study on the key tokens of the folder under out named here
                                       # (posbench longppl --evaluator; short, short_stride, long, alpha,

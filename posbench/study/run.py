@@ -499,9 +499,15 @@ def report(study: Study) -> None:
     longppl(study)
     subprocess.run(report_command(study), check=True)
     sensitivity_reports(study)
-    for name, script in (study.report.get("tables") or {}).items():
-        with open(study.results / name, "w") as f:
-            subprocess.run([sys.executable, str(script), str(study.results / "report.csv")], stdout=f, check=True)
+    from ..report.encoding_table import TABLES
+    from ..runs.rundir import atomic_write_text
+
+    for name, kind in (study.report.get("tables") or {}).items():
+        if kind in TABLES:  # posbench's own table of report.csv
+            atomic_write_text(study.results / name, TABLES[kind](str(study.results / "report.csv")))
+            continue
+        with open(study.results / name, "w") as f:  # a script of the study's own, its output the file
+            subprocess.run([sys.executable, str(kind), str(study.results / "report.csv")], stdout=f, check=True)
 
 
 def sensitivity_reports(study: Study) -> list[Path]:

@@ -17,6 +17,7 @@ from ..errors import PosbenchError
 STUDY_KEYS = ("description", "out", "runs", "results", "folder", "common", "stages", "report")
 STAGE_KEYS = ("name", "grid", "overrides", "from", "eval", "pretrained", "folder")
 REPORT_KEYS = ("by", "per", "dirs", "args", "tables", "contrasts", "longppl")
+TABLE_KINDS = ("encodings",)  # report.tables' kinds: posbench.report.encoding_table.TABLES (torch-free here)
 LONGPPL_KEYS = ("evaluator", "short", "short_stride", "long", "alpha", "beta", "sensitivity")
 SENSITIVITY_KEYS = ("short", "short_stride", "long", "alpha", "beta")  # what a sensitivity may change
 FOLDER = "{stage}/{point}"
@@ -167,6 +168,10 @@ def _checked(path: Path) -> dict:
         if stage.get("pretrained"):
             _check_pretrained_stage(files[name], stage)
     _unknown(f"{files[name]} report", data.get("report") or {}, REPORT_KEYS)
+    for file, kind in ((data.get("report") or {}).get("tables") or {}).items():
+        if kind not in TABLE_KINDS and not str(kind).endswith(".py"):
+            raise PosbenchError(f"study: {files[name]} report.tables {file}: {kind!r} is not a table; valid: "
+                                f"{', '.join(TABLE_KINDS)}, or a script (FILE.py) run on report.csv")
     longppl = (data.get("report") or {}).get("longppl")
     _unknown(f"{files[name]} report.longppl", longppl or {}, LONGPPL_KEYS)
     if longppl and not longppl.get("evaluator"):

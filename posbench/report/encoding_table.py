@@ -3,7 +3,9 @@
 brackets), measured ppl at train_len and at the longest length, their ratio with its 95% interval,
 and a verdict.
 
-    python scripts/encoding_table.py results/zoo_quick/report.csv > results/zoo_quick/encodings.md
+    python -m posbench.report.encoding_table results/zoo_quick/report.csv > results/zoo_quick/encodings.md
+
+A study writes it beside its report with ``report: tables: {encodings.md: encodings}`` (:data:`TABLES`).
 
 Verdict, from the interval of ppl(longest) / ppl(train_len) (report.csv's ratio_ci_low and
 ratio_ci_high): "yes" if the whole interval is <= 1.05, "partly" if it lies within (1.05, 1.5],
@@ -16,15 +18,18 @@ qk_norm=False, window=128]`` is ``rope [window=128]``, and a line under the tabl
 values left out.
 """
 
+from __future__ import annotations
+
 import math
 import sys
 
 import pandas as pd
 
-from posbench.encodings import REGISTRY
-from posbench.eval.results import compact_labels
+from ..encodings import REGISTRY
+from ..eval.results import compact_labels
 
-BOUNDS = ((1.05, "yes"), (1.5, "partly"), (math.inf, "no"))
+HOLDS, BREAKS = 1.05, 1.5  # a ratio up to HOLDS: "yes"; past BREAKS: "no" (the bounds every report reads)
+BOUNDS = ((HOLDS, "yes"), (BREAKS, "partly"), (math.inf, "no"))
 
 
 def _grade(ratio: float) -> str:
@@ -40,7 +45,12 @@ def verdict(ratio: float, low: float = math.nan, high: float = math.nan) -> str:
     return lo if lo == hi else f"not distinguishable ({lo}/{hi})"
 
 
-def main(path: str) -> None:
+def _ppl(value: float) -> str:
+    return "n/a" if value != value else f"{value:.1f}"
+
+
+def table(path: str) -> str:
+    """The encoding table (module docstring) of the report.csv at ``path``, as markdown."""
     df = pd.read_csv(path)
     df = df[df.rope_scaling.fillna("none") == "none"] if "rope_scaling" in df else df
     df = df[df["mode"].fillna("nonoverlapping") == "nonoverlapping"] if "mode" in df else df  # plain lines only
@@ -60,15 +70,17 @@ def main(path: str) -> None:
     for short, (ratio, label, enc, (params, pos), base, longest, low, high) in zip(shorts, rows):
         cls = REGISTRY.get(enc)
         paper, hook = (cls.paper, cls.hook_kind()) if cls else ("", "")
-        fmt = lambda v: "n/a" if v != v else f"{v:.1f}"
         count = "n/a" if params != params else f"{params / 1e6:.2f}M ({int(pos):,})"
         shown = "n/a" if ratio != ratio else f"{ratio:.3f}" + ("" if low != low else f" [{low:.3f}, {high:.3f}]")
-        lines.append(f"| `{short}` | {paper} | {hook} | {count} | {fmt(base)} | {fmt(longest)} | {shown} | "
+        lines.append(f"| `{short}` | {paper} | {hook} | {count} | {_ppl(base)} | {_ppl(longest)} | {shown} | "
                      f"{verdict(ratio, low, high)} |")
     if common:
         lines += ["", f"Unless a line shows otherwise: {common}."]
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
+
+
+TABLES = {"encodings": table}  # what a study's report.tables names -> the function writing it from report.csv
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.stdout.write(table(sys.argv[1]))
