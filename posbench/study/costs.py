@@ -21,12 +21,13 @@ class Cost:
     seconds: float | None  # per run, at the measured throughput; None: unknown on this machine
     measured: str  # what the throughput is the median of ('' when unknown)
     peak_gb: float | None  # one run's estimated peak (training step or evaluation), None: not estimated
+    layout: str = ""  # ", model.layers=X" where the layers are not all attention (throughput is kept per layout)
 
     def text(self) -> str:
         total = self.runs * self.tokens
         time = (f"about {_duration(self.runs * self.seconds)} ({_duration(self.seconds)} a run, at the median "
                 f"tokens/s of {self.measured} on this machine)" if self.seconds is not None
-                else "time unknown on this machine (no run of this model and train_len trained here yet)")
+                else f"time unknown on this machine (no run of this model{self.layout} and train_len trained here yet)")
         memory = "" if self.peak_gb is None else f"; peak memory about {self.peak_gb:.2f} GB a run"
         return f"{self.runs} run(s) x {_tokens(self.tokens)} training tokens = {_tokens(total)}; {time}{memory}"
 
@@ -51,7 +52,9 @@ def sweep_cost(study: Study, sweep: Sweep, extra: list[str] = ()) -> Cost | None
     device = str(cfg.get("device") or "auto")
     found = _throughput(cfg, device)
     seconds = None if found is None else tokens / found[0]
-    return Cost(len(sweep.seeds), tokens, seconds, "" if found is None else found[1], _peak_gb(cfg, device))
+    layers = str(cfg.model.get("layers", "a"))
+    return Cost(len(sweep.seeds), tokens, seconds, "" if found is None else found[1], _peak_gb(cfg, device),
+                "" if layers == "a" else f", model.layers={layers}")
 
 
 def _device(device: str):
