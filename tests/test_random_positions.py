@@ -114,8 +114,8 @@ def test_sandwich_bias_at_gapped_positions_matches_its_formula():
 
 def reference_forward(model, x, positions):
     """The model with every layer's attention replaced by plain fp32 attention."""
-    def plain(q, k, v, enc, pos, layer, chunk_size=1024, cache=None, decay=None, window=0, transition=None):
-        return reference_attention(q, k, v, enc, pos, layer, decay, window, transition)
+    def plain(q, k, v, enc, pos, layer, chunk_size=1024, cache=None, decay=None, window=0, transition=None, sink=None):
+        return reference_attention(q, k, v, enc, pos, layer, decay, window, transition, sink)
 
     original = model_module.causal_attention
     model_module.causal_attention = plain

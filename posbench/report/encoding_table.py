@@ -23,10 +23,8 @@ from __future__ import annotations
 import math
 import sys
 
-import pandas as pd
-
 from ..encodings import REGISTRY
-from ..eval.results import compact_labels
+from ..eval.results import compact_labels, read_table
 
 HOLDS, BREAKS = 1.05, 1.5  # a ratio up to HOLDS: "yes"; past BREAKS: "no" (the bounds every report reads)
 BOUNDS = ((HOLDS, "yes"), (BREAKS, "partly"), (math.inf, "no"))
@@ -51,7 +49,7 @@ def _ppl(value: float) -> str:
 
 def table(path: str) -> str:
     """The encoding table (module docstring) of the report.csv at ``path``, as markdown."""
-    df = pd.read_csv(path)
+    df = read_table(path)
     df = df[df.rope_scaling.fillna("none") == "none"] if "rope_scaling" in df else df
     df = df[df["mode"].fillna("nonoverlapping") == "nonoverlapping"] if "mode" in df else df  # plain lines only
     by = "label" if "label" in df else "encoding"  # a line per label: `posbench report --by` variants apart
