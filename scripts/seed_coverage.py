@@ -17,6 +17,14 @@ the column's lines below 3 seeds), and the script counts how often each interval
 * **seeds only**, the same cells with their per-token blocks left out (the t interval over seeds):
   the term the 24-seed truth tests sharply, with nothing of the text to hide behind.
 
+**Pairwise decisions.** For each draw and each length past train_len, the verdicts' own decisions
+of every pair of lines' ratios (:meth:`posbench.report.verdicts.Verdicts._ratio_signs`: Holm over
+the ordering's pairs at 5%) are compared with the truth's order (the difference of the two
+24-seed mean log ratios): a decided pair is **wrong** where its direction is the truth's opposite,
+and a draw holds a family-wise error where any of its pairs is wrong. A pair whose truth lies
+within two of its own standard errors of 0 (the 24-seed means' sd / sqrt(24), combined) has no
+clear order: its decisions are counted apart, neither right nor wrong.
+
 The draws share one pool of 24 seeds, so they are not independent. The ± is the binomial error of
 ``24 // k`` disjoint draws per cell, pooled over the cells counted: a rough bound, wider than the
 error over random draws and narrower than a fresh pool of seeds would give. The truth itself is a
@@ -38,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from posbench.intervals import Cell, Estimator  # noqa: E402
 from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, summarize  # noqa: E402
-from posbench.report.verdicts import ratio_cell  # noqa: E402
+from posbench.report.verdicts import Verdicts, ratio_cell  # noqa: E402
 
 SIZES = (2, 3, 5)
 INTERVALS = ["ppl_ci_low", "ppl_ci_high", "ratio_ci_low", "ratio_ci_high"]
@@ -91,6 +99,46 @@ def coverage(full: pd.DataFrame, truth: pd.DataFrame, draws: int, seed: int) -> 
     return pd.DataFrame(rows)
 
 
+def decisions(full: pd.DataFrame, truth: pd.DataFrame, draws: int, seed: int) -> pd.DataFrame:
+    """Per draw of k seeds a line, length past train_len and pair of lines: the verdicts' decision
+    of their ratios and the truth's order (module docstring)."""
+    rng = np.random.default_rng(seed + 1)
+    est = Estimator()
+    pool = {label: np.array(sorted(set(full.cell[full.label == label].iloc[0].seeds))) for label in full.label.unique()}
+    t = truth.set_index(["label", "eval_len"])
+    rows = []
+    for k in [k for k in SIZES if k < min(map(len, pool.values()))]:
+        for draw in range(draws):
+            chosen = {label: rng.choice(seeds, size=k, replace=False) for label, seeds in pool.items()}
+            verdicts = Verdicts(add_intervals(subset(full, chosen, True), est), est)
+            for _, g in verdicts.setups():
+                tlen = int(g.train_len.iloc[0])
+                for length in sorted(x for x in set(g.eval_len) if x > tlen):
+                    for (a, b), sign in verdicts._ratio_signs(g, length).items():
+                        ta, tb = t.loc[(a, length)], t.loc[(b, length)]
+                        diff = ta.log_ratio - tb.log_ratio
+                        se = math.sqrt(ta.seed_sd_ratio ** 2 / ta.seeds + tb.seed_sd_ratio ** 2 / tb.seeds)
+                        clear = abs(diff) > 2 * se
+                        rows.append({"k": k, "draw": draw, "eval_len": length, "pair": f"{a} / {b}", "diff": diff,
+                                     "se": se, "clear": clear, "decided": sign != "~",
+                                     "right": clear and sign == ("<" if diff < 0 else ">"),
+                                     "wrong": clear and sign == (">" if diff < 0 else "<")})
+    return pd.DataFrame(rows)
+
+
+def decision_table(d: pd.DataFrame) -> str:
+    out = ["| k seeds | pair | L | truth: log ratio difference (se) | decided | right | wrong "
+           "| family-wise error at L |", "|---|---|---|---|---|---|---|---|"]
+    family = d.groupby(["k", "eval_len", "draw"]).wrong.any().groupby(["k", "eval_len"]).mean()
+    for (k, pair, length), g in d.groupby(["k", "pair", "eval_len"], sort=True):
+        truth = f"{g['diff'].iloc[0]:+.4f} ({g.se.iloc[0]:.4f})" + ("" if g.clear.iloc[0] else ", no clear order")
+        right = f"{g.right.mean():.3f}" if g.clear.iloc[0] else "-"
+        wrong = f"{g.wrong.mean():.3f}" if g.clear.iloc[0] else "-"
+        out.append(f"| {k} | {pair} | {length} | {truth} | {g.decided.mean():.3f} | {right} | {wrong} | "
+                   f"{family[(k, length)]:.3f} |")
+    return "\n".join(out)
+
+
 def table(hits: pd.DataFrame, pool_size: int) -> str:
     out = ["| k seeds | interval | line | ppl at every length | ratio past train_len | ± (rough) |",
            "|---|---|---|---|---|---|"]
@@ -120,6 +168,11 @@ def main(argv=None) -> None:
           "as posbench reports k runs; the share of intervals (95%) that hold the truth, over every length "
           "(ratios: past train_len).\n")
     print(table(hits, pool_size))
+    decided = decisions(full, truth, args.draws, args.seed)
+    print(f"\nPairwise decisions of the ratios ({args.draws} draws per k; the share of draws in which the verdicts "
+          "decide the pair, decide it in the truth's order, or in the opposite one; family-wise: the share of draws "
+          "with any wrong decision at that length):\n")
+    print(decision_table(decided))
     print("\nTruth per line (log ratio's seed-to-seed sd beside it):\n")
     print("| line | L | ppl (geometric mean) | ratio | one seed's sd of the log ratio |\n|---|---|---|---|---|")
     for r in truth.itertuples():

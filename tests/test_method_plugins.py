@@ -42,6 +42,25 @@ PLUGIN = textwrap.dedent('''
 
     class NotAMethod:
         pass
+
+
+    class ClaimsIdentity(LocalWindow, name="claims_identity"):
+        """Says it leaves every length as trained, which a window of W does not past W."""
+
+        def identity_at(self, length):
+            return True
+
+
+    class SeesTheFuture(LocalWindow, name="sees_the_future"):
+        """Its mask lets a query see keys after it."""
+
+        def visible(self, i, j):
+            return i - j < self.window
+
+        def parts(self, T, device=None):
+            from posbench.methods.base import Part
+            pos = torch.arange(T, device=device)
+            return [Part(pos, pos, lambda i, j: (i - j < self.window) & (j - i < 4), lambda s, e: (0, T))]
 ''')
 
 
@@ -52,7 +71,8 @@ def plugin(tmp_path, monkeypatch):
     yield tmp_path
     from posbench.methods.base import REGISTRY
 
-    REGISTRY.pop("local_window", None)  # other tests in this process see the built-ins alone
+    for name in ("local_window", "claims_identity", "sees_the_future"):  # later tests see the built-ins alone
+        REGISTRY.pop(name, None)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -109,3 +129,27 @@ def test_posbench_eval_runs_a_plugin_method_beside_a_built_in(plugin, tmp_path):
     assert (rows.status == "ok").all()
     at = rows.set_index(["rope_scaling", "eval_len"]).ppl
     assert at["local_window(W=16)", 64] != at["none", 16]  # a window of 16 at 64 tokens is not the model as trained
+
+
+def test_method_checks_pass_the_built_ins_and_the_plugin_and_fail_a_broken_one(plugin):
+    """posbench check eval.extension=...: every built-in passes; a method that claims to leave the
+    model as trained where it does not fails identity; one whose mask sees later keys fails causality."""
+    from posbench.model.conformance import ConformanceError, check_method
+    from tests.conftest import posbench
+
+    for name, window, group in [("self_extend", 8, 2), ("rerope", 8, None), ("logn", None, None),
+                                ("llama3", None, None), ("string", None, None), ("sinks", None, None),
+                                ("lm_infinite", None, None), ("dca", None, None)]:
+        assert check_method(name, window, group, ["identity", "causality", "bf16"])
+    assert check_method("my_methods:LocalWindow", 8, None) == ["identity", "causality", "bf16", "pretrained"]
+    with pytest.raises(ConformanceError, match=r"claims_identity\(W=8\): identity: says it leaves the model as trained "
+                                               r"at 16 tokens \(identity_at\), but its logits differ"):
+        check_method("my_methods:ClaimsIdentity", 8, None, ["identity"])
+    with pytest.raises(ConformanceError, match=r"causality: changing tokens 25.. changed the logits of tokens < 25"):
+        check_method("my_methods:SeesTheFuture", 8, None, ["causality"])
+    env = {**os.environ, "PYTHONPATH": f"{plugin}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = posbench("check", "eval.extension=my_methods:LocalWindow", "eval.extension_window=8", env=env).stdout
+    assert out.splitlines()[-1] == "eval.extension=my_methods:LocalWindow: 4 of 4 checks passed"
+    bad = posbench("check", "eval.extension=my_methods:ClaimsIdentity", "eval.extension_window=8", "--only",
+                   "identity", env=env, check=False)
+    assert bad.returncode == 1 and bad.stdout.splitlines()[0].startswith("FAIL  identity: ")

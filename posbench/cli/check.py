@@ -15,7 +15,8 @@ from ..errors import fail
 from .validate import check_plugin_yaml, existing_dirs
 
 HELP = ("run the conformance checks on an encoding (a name or pkg.module:Class), or on model options and layers "
-        "(model.KEY=VALUE) with one encoding of each kind, as the zoo's tests do")
+        "(model.KEY=VALUE) with one encoding of each kind, or an inference-time method (eval.extension=NAME), as the "
+        "zoo's tests do")
 OPTION_ENCODINGS = ("nope", "rope", "alibi", "fox")  # what model options alone are checked with
 
 
@@ -56,6 +57,9 @@ def main(args: list[str]) -> None:
 
     if ns.encoding.startswith("model."):  # model options alone: each checked with OPTION_ENCODINGS
         return check_model_options([ns.encoding, *ns.options], [c for c in ns.only.split(",") if c])
+    if ns.encoding.startswith("eval.extension="):  # an inference-time method
+        only = None if ns.only == ",".join(CHECKS) else [c for c in ns.only.split(",") if c]
+        return check_method_options([ns.encoding, *ns.options], only)
     cls, options = config_dir_encoding(ns.encoding, existing_dirs(ns.config_dir))
     model = {}
     for item in ns.options:
@@ -84,6 +88,34 @@ def main(args: list[str]) -> None:
             failed += 1
             print(f"FAIL  {check}: {e}")
     print(f"{cls.name or cls.__name__}: {len(checks) - failed} of {len(checks)} checks passed")
+    if failed:
+        raise SystemExit(1)
+
+
+def check_method_options(items: list[str], checks: list[str] | None) -> None:
+    """``posbench check eval.extension=NAME [eval.extension_window=W] [eval.extension_group=G]``: the
+    method checks (:data:`posbench.model.conformance.METHOD_CHECKS`) on a built-in, registered or
+    import-path method, one line a check."""
+    import yaml
+
+    from ..model.conformance import METHOD_CHECKS, ConformanceError, check_method
+
+    keys = {"eval.extension": None, "eval.extension_window": None, "eval.extension_group": None}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or key not in keys:
+            fail(f"option {item!r} is not one of {', '.join(f'{k}=...' for k in keys)}")
+        keys[key] = value if key == "eval.extension" else yaml.safe_load(value)
+    names = list(METHOD_CHECKS) if checks is None else checks
+    failed = 0
+    for check in names:
+        try:
+            check_method(keys["eval.extension"], keys["eval.extension_window"], keys["eval.extension_group"], [check])
+            print(f"ok    {check}")
+        except ConformanceError as e:
+            failed += 1
+            print(f"FAIL  {check}: {e}")
+    print(f"eval.extension={keys['eval.extension']}: {len(names) - failed} of {len(names)} checks passed")
     if failed:
         raise SystemExit(1)
 

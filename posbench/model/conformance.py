@@ -289,3 +289,107 @@ def check_encoding(encoding: str | type[PositionEncoding], options: Mapping[str,
     finally:
         torch.set_num_threads(threads)
     return names
+
+
+# ---- inference-time methods (posbench.methods) --------------------------------------------------
+# ``check_method(ext_or_name, ...)``: what every method, built-in or plugin, is held to on a small
+# trained-shape rope model: where it says it leaves the model as trained (``identity_at``), it does;
+# it is causal; it runs under bf16 autocast; and it runs on a tiny random Hugging Face Llama through
+# transformers' attention interface (where transformers is installed).
+
+METHOD_LEN = 16  # the small model's trained context
+
+
+def _method(method, window=None, group=None):
+    from ..methods import Extension
+
+    return method if isinstance(method, Extension) else Extension(method, window, group, METHOD_LEN)
+
+
+def _rope_model():
+    return _model(resolve("rope"), {}, train_len=METHOD_LEN, perturb=True)
+
+
+def check_method_identity(ext) -> None:
+    net, x = _rope_model(), _tokens(2, 48, 6)
+    lengths = [T for T in (8, METHOD_LEN, 24, 48) if ext.identity_at(T)]
+    for T in lengths:
+        with torch.no_grad():
+            plain = net(x[:, :T])
+            with net.encoding.extended(ext):
+                got = net(x[:, :T])
+        if not torch.allclose(got, plain, atol=1e-4):
+            _fail_method("identity", ext, f"says it leaves the model as trained at {T} tokens (identity_at), but "
+                                          f"its logits differ by up to {(got - plain).abs().max():.2e}")
+
+
+def check_method_causality(ext) -> None:
+    net, x = _rope_model(), _tokens(2, 40, 7)
+    y = x.clone()
+    y[:, 25:] = _tokens(2, 15, 8)
+    with torch.no_grad(), net.encoding.extended(ext):
+        a, b = net(x), net(y)
+    if not torch.allclose(a[:, :25], b[:, :25], atol=1e-5):
+        _fail_method("causality", ext, f"changing tokens 25.. changed the logits of tokens < 25 by up to "
+                                       f"{(a[:, :25] - b[:, :25]).abs().max():.2e}: a query sees keys after it")
+
+
+def check_method_bf16(ext) -> None:
+    net, x = _rope_model(), _tokens(2, 40, 9)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), net.encoding.extended(ext):
+        logits = net(x)
+    if not torch.isfinite(logits).all():
+        _fail_method("bf16", ext, "logits under bf16 autocast are not finite")
+
+
+def check_method_pretrained(ext) -> None:
+    """On a tiny random Llama (transformers), through the attention interface posbench gives pretrained
+    models: finite logits at 3x its context, and the model as loaded where the method says so."""
+    try:
+        import transformers
+    except ImportError:
+        return
+    from .pretrained import PretrainedLM
+
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=METHOD_LEN)).eval()
+    model = PretrainedLM(llama, "tiny-llama", "random")
+    x = _tokens(1, 3 * METHOD_LEN, 10)
+    with torch.no_grad():
+        plain = model.logits(model.hidden(x))
+        with model.encoding.extended(ext):
+            got = model.logits(model.hidden(x))
+    if not torch.isfinite(got).all():
+        _fail_method("pretrained", ext, f"logits on a random Llama at {x.shape[1]} tokens are not finite")
+    if ext.identity_at(x.shape[1]) and not torch.allclose(got, plain, atol=1e-4):
+        _fail_method("pretrained", ext, "says it leaves the model as trained, but a random Llama's logits differ by "
+                                        f"up to {(got - plain).abs().max():.2e}")
+
+
+def _fail_method(check: str, ext, message: str) -> None:
+    raise ConformanceError(f"{ext.label}: {check}: {message}")
+
+
+METHOD_CHECKS: dict[str, Callable] = {"identity": check_method_identity, "causality": check_method_causality,
+                                      "bf16": check_method_bf16, "pretrained": check_method_pretrained}
+
+
+def check_method(method, window: int | None = None, group: int | None = None,
+                 checks: list[str] | None = None) -> list[str]:
+    """Run ``checks`` (default: all of :data:`METHOD_CHECKS`) on the inference-time method ``method``
+    (a name, an import path, or an Extension) with ``window`` and ``group`` at a trained context of
+    :data:`METHOD_LEN` tokens -> the names of the checks run; ConformanceError at the first that fails."""
+    names = list(METHOD_CHECKS) if checks is None else list(checks)
+    unknown = [n for n in names if n not in METHOD_CHECKS]
+    if unknown:
+        raise PosbenchError(f"unknown check {unknown[0]!r}; valid choices: {', '.join(METHOD_CHECKS)}")
+    ext = _method(method, window, group)
+    threads = torch.get_num_threads()
+    try:
+        for name in names:
+            METHOD_CHECKS[name](ext)
+    finally:
+        torch.set_num_threads(threads)
+    return names
