@@ -157,13 +157,18 @@ def main(argv=None) -> None:
     ap.add_argument("runs", help="the exported runs (results/seed_coverage/runs)")
     ap.add_argument("--draws", type=int, default=200, help="random sets of k seeds per k (default 200)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lines", help="comma-separated lines to read (default: every line of the runs); the seeds' "
+                                    "variance below 3 seeds is pooled over the lines read, as a report pools it")
     args = ap.parse_args(argv)
     full = summarize(collect([args.runs]), cells=True)
+    if args.lines:
+        full = full[full.label.isin(args.lines.split(","))].reset_index(drop=True)
     truth = truths(full)
     pool_size = int(truth.seeds.min())
     hits = coverage(full, truth, args.draws, args.seed)
     print(f"# Interval coverage against a {pool_size}-seed truth\n")
-    print(f"`python scripts/seed_coverage.py {args.runs} --draws {args.draws} --seed {args.seed}`: each line's "
+    lines = f" --lines {args.lines}" if args.lines else ""
+    print(f"`python scripts/seed_coverage.py {args.runs} --draws {args.draws} --seed {args.seed}{lines}`: each line's "
           f"truth is the mean over its {pool_size} seeds; {args.draws} random sets of k seeds per k, each reported "
           "as posbench reports k runs; the share of intervals (95%) that hold the truth, over every length "
           "(ratios: past train_len).\n")
