@@ -153,6 +153,11 @@ class ModelConfig:
                                 f"{self.d_model // self.n_heads} here) and model.length_scaling=none "
                                 f"({self.length_scaling} here)")
 
+    def kernel_heads(self) -> int:
+        """The heads the attention kernel and the encoding see: ``n_heads``, or twice as many sub-heads
+        under ``differential``."""
+        return 2 * self.n_heads if self.differential else self.n_heads
+
     def layer_kinds(self) -> str:
         """The type of each layer, ``layers`` repeated over ``n_layers`` (``ddda`` at 8 layers: dddaddda)."""
         return (self.layers * self.n_layers)[:self.n_layers]

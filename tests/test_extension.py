@@ -167,21 +167,21 @@ def test_log_n_runs_on_any_encoding_and_changes_nothing_inside_the_context():
 
 def test_an_extension_a_run_cannot_take_is_one_line():
     from posbench.config import EvalConfig
-    from posbench.eval.subject import check_extension, extension_of
+    from posbench.eval.subject import extension_of
     from tests.conftest import tiny_model
 
     se = Extension("self_extend", 4, 2, 8)
     with pytest.raises(PosbenchError, match=r"^eval.extension=self_extend regroups rotary positions: it runs on "
                                             r"clip_rope, hope, p_rope, resonance_rope, rope, rope_nope; this run uses 'alibi'; valid here: "
                                             r"eval.extension=none or logn$"):
-        check_extension(tiny_model("alibi"), se)
+        tiny_model("alibi").check_method(se)
     with pytest.raises(PosbenchError, match=r"this run uses 'xpos'"):
-        check_extension(tiny_model("xpos"), se)
+        tiny_model("xpos").check_method(se)
     with pytest.raises(PosbenchError, match=r"^eval.extension=rerope computes global attention without "
                                             r"model.window; this run has model.window=4"):
-        check_extension(tiny_model("rope", window=4), Extension("rerope", 4, None, 8))
+        tiny_model("rope", window=4).check_method(Extension("rerope", 4, None, 8))
     with pytest.raises(PosbenchError, match=r"rope_nope run has windowed RoPE layers \(window=4\)"):
-        check_extension(tiny_model("rope_nope", {"window": 4}), se)
+        tiny_model("rope_nope", {"window": 4}).check_method(se)
     with pytest.raises(PosbenchError, match=r"^eval.extension=self_extend sets the rotary positions itself, on the "
                                             r"trained frequencies, so it takes no eval.rope_scaling \(got yarn\)"):
         extension_of(EvalConfig(rope_scaling="yarn", extension="self_extend", extension_window=4,

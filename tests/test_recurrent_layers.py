@@ -179,18 +179,17 @@ def test_posbench_check_takes_model_options_alone():
 
 def test_inference_time_methods_need_an_attention_layer():
     from posbench.encodings.extension import Extension
-    from posbench.eval.subject import check_extension
 
     only_deltanet, hybrid_net = hybrid("d", "rope"), hybrid("ddda", "rope")
     with pytest.raises(PosbenchError, match=r"eval.rope_scaling=yarn acts in attention layers; this run's "
                                             r"model.layers=d has none; valid here: eval.rope_scaling=none"):
-        check_extension(only_deltanet, Extension("none"), "yarn")
+        only_deltanet.check_method(Extension("none"), "yarn")
     with pytest.raises(PosbenchError, match=r"eval.extension=logn acts in attention layers"):
-        check_extension(only_deltanet, Extension("logn", train_len=16))
-    check_extension(hybrid_net, Extension("self_extend", 8, 2, 16), "yarn")  # its attention layer takes both
+        only_deltanet.check_method(Extension("logn", train_len=16))
+    hybrid_net.check_method(Extension("self_extend", 8, 2, 16), "yarn")  # its attention layer takes both
     with pytest.raises(PosbenchError, match=r"eval.extension=self_extend computes plain softmax attention without "
                                             r"model.sinks; this run has model.sinks=true"):
-        check_extension(hybrid("a", "rope", sinks=True), Extension("self_extend", 8, 2, 16))
+        hybrid("a", "rope", sinks=True).check_method(Extension("self_extend", 8, 2, 16))
 
 
 def test_a_plan_times_a_hybrid_by_hybrid_runs_only(tmp_path):

@@ -38,7 +38,7 @@ def config_dir_encoding(name: str, dirs: list[Path]) -> tuple[type | None, dict]
 
 
 def main(args: list[str]) -> None:
-    from ..model.conformance import CHECKS, ConformanceError, check_encoding, resolve
+    from ..model.conformance import CHECKS, check_encoding, resolve
 
     parser = argparse.ArgumentParser(prog="posbench check", description=HELP,
                                      epilog="checks: " + ", ".join(CHECKS) + " (posbench.testing; docs/extending.md)")
@@ -79,17 +79,26 @@ def main(args: list[str]) -> None:
     cls = cls or resolve(ns.encoding)
     check_options(cls, options, "encoding", cls.name or cls.__name__)  # names and types, as posbench train does
     checks = [c for c in ns.only.split(",") if c]
-    failed = 0
-    for check in checks:
-        try:
-            check_encoding(cls, options, [check], model=model)
-            print(f"ok    {check}")
-        except ConformanceError as e:
-            failed += 1
-            print(f"FAIL  {check}: {e}")
+    failed = run_checks(checks, lambda check: check_encoding(cls, options, [check], model=model))
     print(f"{cls.name or cls.__name__}: {len(checks) - failed} of {len(checks)} checks passed")
     if failed:
         raise SystemExit(1)
+
+
+def run_checks(names: list[str], run) -> int:
+    """``run(name)`` for each check, one line each: ``ok`` or ``FAIL`` and the ConformanceError's
+    message. -> how many failed."""
+    from ..model.conformance import ConformanceError
+
+    failed = 0
+    for name in names:
+        try:
+            run(name)
+            print(f"ok    {name}")
+        except ConformanceError as e:
+            failed += 1
+            print(f"FAIL  {name}: {e}")
+    return failed
 
 
 def check_method_options(items: list[str], checks: list[str] | None) -> None:
@@ -98,7 +107,7 @@ def check_method_options(items: list[str], checks: list[str] | None) -> None:
     import-path method, one line a check."""
     import yaml
 
-    from ..model.conformance import METHOD_CHECKS, ConformanceError, check_method
+    from ..model.conformance import METHOD_CHECKS, check_method
 
     keys = {"eval.extension": None, "eval.extension_window": None, "eval.extension_group": None}
     for item in items:
@@ -107,14 +116,8 @@ def check_method_options(items: list[str], checks: list[str] | None) -> None:
             fail(f"option {item!r} is not one of {', '.join(f'{k}=...' for k in keys)}")
         keys[key] = value if key == "eval.extension" else yaml.safe_load(value)
     names = list(METHOD_CHECKS) if checks is None else checks
-    failed = 0
-    for check in names:
-        try:
-            check_method(keys["eval.extension"], keys["eval.extension_window"], keys["eval.extension_group"], [check])
-            print(f"ok    {check}")
-        except ConformanceError as e:
-            failed += 1
-            print(f"FAIL  {check}: {e}")
+    failed = run_checks(names, lambda check: check_method(keys["eval.extension"], keys["eval.extension_window"],
+                                                          keys["eval.extension_group"], [check]))
     print(f"eval.extension={keys['eval.extension']}: {len(names) - failed} of {len(names)} checks passed")
     if failed:
         raise SystemExit(1)

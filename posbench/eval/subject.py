@@ -56,12 +56,6 @@ def scaling_label(kind: str, ext: Extension) -> str:
     return ext.label if kind == "none" else f"{kind}+{ext.label}"
 
 
-def check_extension(model, ext: Extension, scaling: str = "none") -> None:
-    """One line unless ``ext`` (and the RoPE ``scaling``) runs on ``model``: the model's own
-    ``check_method`` (a posbench model's, :meth:`LanguageModel.check_method`; a pretrained one's)."""
-    model.check_method(ext, scaling)
-
-
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:
     """A trained run dir -> (run, checkpoint state, its config with ``cfg.eval``, eval config)."""
     keep_freed_memory()
@@ -112,7 +106,7 @@ class TrainedRun(Subject):
             return
         model, self.device, self.dtype = load_model(self.command, self.run, self.state, self.rows_config,
                                                     self.source.vocab_size)
-        check_extension(model, self.ext, self.ecfg.rope_scaling)
+        model.check_method(self.ext, self.ecfg.rope_scaling)
         self.model = model
         self.scaling = scaling_by_length(model.encoding, self.ecfg.rope_scaling, self.ecfg.rope_factor, self.train_len)
 

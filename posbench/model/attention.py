@@ -117,10 +117,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
                             "(q and k before rotation); this attention layer did not hand it there")
     hooks, scale = enc.hooks(), enc.logit_scale()
     B, _, T, _ = q.shape
-    if sink is not None and SINK_REFUSES & set(hooks):
-        raise PosbenchError(f"model.sinks=true takes no {sorted(SINK_REFUSES & set(hooks))[0]!r} hook (encoding "
-                            f"{enc.name!r}): a sink is a term of softmax's denominator; valid: an encoding without "
-                            f"the {', '.join(sorted(SINK_REFUSES))} hooks")
+    if sink is not None:
+        refuse_sinks(enc)
     if transition is not None:
         if ({"bias"} | EXPLICIT_HOOKS) & set(hooks):
             raise PosbenchError(f"encoding {enc.name!r}: the transition hook takes no bias, score, value or "
@@ -159,6 +157,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
     rows = _rows(chunk_size, enc.pair_cost() * T)
     return sdpa_chunks(q, k, v, rows, scale,
                        lambda s, e: masked_bias(enc, positions[s:e], positions[:e], layer, q.dtype, window))
+
+
+def refuse_sinks(enc: PositionEncoding) -> None:
+    """One line where ``enc`` has a hook with no softmax to add a learned sink to (``model.sinks``)."""
+    refused = sorted(SINK_REFUSES & set(enc.hooks()))
+    if refused:
+        raise PosbenchError(f"model.sinks=true takes no {refused[0]!r} hook (encoding {enc.name!r}): a sink is a "
+                            f"term of softmax's denominator; valid: an encoding without the "
+                            f"{', '.join(sorted(SINK_REFUSES))} hooks")
 
 
 def flex_wanted(q: torch.Tensor) -> bool:

@@ -211,8 +211,9 @@ def check_bf16(cls, options, model=None) -> None:
                 if p.grad is not None:
                     p -= 1e-2 * p.grad.sign()
     hybrid = any(block.kind != "a" for block in net.blocks)
+    encoding_names = {name for name, _ in net.encoding.named_parameters()}
     for name, param in params:
-        if hybrid and name in dict(net.encoding.named_parameters()):
+        if hybrid and name in encoding_names:
             continue  # the encoding's parameters of layers that are not attention have nothing to act on
         if param.grad is None or not torch.isfinite(param.grad).all() or param.grad.abs().sum() == 0:
             _fail("bf16", cls, f"parameter {name!r} gets no finite non-zero gradient: it cannot learn")

@@ -76,9 +76,10 @@ class Estimate:
         return f"{self.total / GB:.2f} GB (" + ", ".join(f"{k} {v / GB:.2f}" for k, v in self.parts.items()) + ")"
 
 
-def _attention_train(enc, micro: int, T: int, n_layers: int, device: torch.device, act: int, chunk: int) -> float:
+def _attention_train(enc, micro: int, T: int, n_layers: int, device: torch.device, act: int, chunk: int,
+                     sinks: bool = False) -> float:
     hooks, heads = enc.hooks(), enc.dims.n_heads
-    if (EXPLICIT_HOOKS | {"transition"}) & set(hooks):  # explicit chunks: logits, weights and scores per layer
+    if (EXPLICIT_HOOKS | {"transition"}) & set(hooks) or sinks:  # explicit chunks: logits, weights, scores per layer
         return n_layers * micro * T * T * 4 * (2 * heads + enc.pair_cost())
     if "decay" in hooks:  # the (B, H, T, T) decay mask needs its gradient: the math path keeps weights and mask
         return n_layers * micro * heads * T * T * (8 + 4)
@@ -111,11 +112,8 @@ def train_memory(model, micro: int, T: int, device: torch.device, dtype) -> Esti
     cfg, P, V = model.cfg, model.num_params(), model.vocab_size
     act = 2 if dtype == torch.bfloat16 else 4
     N = micro * T
-    enc, attention_layers = model.encoding, sum(block.kind == "a" for block in model.blocks)
-    if cfg.sinks:  # the explicit kernel in every attention layer: fp32 logits and weights, a score per pair
-        attention = attention_layers * micro * T * T * 4 * (2 * enc.dims.n_heads + enc.pair_cost())
-    else:
-        attention = _attention_train(enc, micro, T, attention_layers, device, act, cfg.attn_chunk)
+    attention_layers = sum(block.kind == "a" for block in model.blocks)
+    attention = _attention_train(model.encoding, micro, T, attention_layers, device, act, cfg.attn_chunk, cfg.sinks)
     parts = {
         "weights+grads+AdamW": 16 * P + (2 * P if act == 2 else 0),
         "activations": N * cfg.n_layers * (ACT_D * cfg.d_model + ACT_F * cfg.d_ff) * act,

@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..encodings import ModelDims, PositionEncoding
 from ..encodings.randomized import check_positions
 from ..errors import PosbenchError
-from .attention import SINK_REFUSES, causal_attention, cumulative_decay, layer_window, token_transforms
+from .attention import causal_attention, cumulative_decay, layer_window, refuse_sinks, token_transforms
 from .length_scaling import LengthScaling, key_counts
 from .loss import linear_cross_entropy
 from .recurrent import MIXERS
@@ -86,8 +86,7 @@ class Attention(nn.Module):
             self.diff = nn.ParameterDict({n: nn.Parameter(torch.zeros(qk).normal_(0, 0.1))
                                           for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
             self.subln = nn.RMSNorm(hs, eps=1e-5)
-        kernel_heads = 2 * cfg.n_heads if cfg.differential else cfg.n_heads
-        self.sinks = nn.Parameter(torch.zeros(kernel_heads).normal_(0, 0.02)) if cfg.sinks else None
+        self.sinks = nn.Parameter(torch.zeros(cfg.kernel_heads()).normal_(0, 0.02)) if cfg.sinks else None
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         # model.gate: a module only where gated, so other runs' state dicts (and inits) are as before
         self.gate = None if cfg.gate == "none" else \
@@ -214,11 +213,8 @@ class LanguageModel(nn.Module):
         if set(cfg.layer_kinds()) != {"a"} and "features" in encoding.hooks():
             raise PosbenchError(f"model.layers={cfg.layers!r} takes no 'features' hook (encoding {encoding.name!r}): "
                                 "its position features pass through every layer; valid: model.layers=a")
-        refused = sorted(SINK_REFUSES & set(encoding.hooks())) if cfg.sinks else []
-        if refused:
-            raise PosbenchError(f"model.sinks=true takes no {refused[0]!r} hook (encoding {encoding.name!r}): a sink "
-                                "is a term of softmax's denominator; valid: an encoding without the "
-                                f"{', '.join(sorted(SINK_REFUSES))} hooks")
+        if cfg.sinks:
+            refuse_sinks(encoding)
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, kind) for kind in cfg.layer_kinds())
@@ -250,8 +246,7 @@ class LanguageModel(nn.Module):
     @staticmethod
     def dims(cfg: ModelConfig, train_len: int, vocab_size: int = 0) -> ModelDims:
         """The shape the encoding is built for: differential attention's sub-heads are its heads."""
-        heads = 2 * cfg.n_heads if cfg.differential else cfg.n_heads
-        return ModelDims(cfg.d_model, heads, cfg.n_layers, train_len, vocab_size)
+        return ModelDims(cfg.d_model, cfg.kernel_heads(), cfg.n_layers, train_len, vocab_size)
 
     def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> final hidden states (B, T, D), before the output embedding.
