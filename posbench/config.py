@@ -28,7 +28,7 @@ from typing import Any, get_type_hints
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import PosbenchError
-from .plugins import KNOWN_MODELS, META_KEYS, MISSING, PACKAGE, TARGET, known_model_file, option_types
+from .plugins import KNOWN_MODELS, META_KEYS, MISSING, PACKAGE, TARGET, entry_points, known_model_file, option_types
 
 SCHEDULES = ("cosine", "wsd", "constant")  # posbench.train.optim.lr_lambda
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -43,7 +43,10 @@ NOT_HASHED_TASK = ("eval_multiples", "eval_instances", "eval_batch", "eval_seed"
 # train.* keys hashed only when set: at null they mean what a config without them meant, so runs
 # from before the key existed keep their hash (resume, eval and report compare hashes).
 HASHED_UNLESS_NULL_TRAIN = ("random_positions", "init_hash", "pose_target")
-SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # eval.rope_scaling (posbench.encodings.rotary)
+# eval.rope_scaling's built-ins (posbench.methods.rope), checked here before anything loads; a name
+# from an installed package's entry point or an import path (pkg.module:Class) is checked by the registry
+SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3")
+SCALING_GROUP = "posbench.rope_scalings"
 BOS_SUFFIX = {"first": "", "every": "+bos"}  # what each pretrained BOS policy adds to the model's name in result rows
 PAIRINGS = ("half", "interleaved")  # encoding.pairing of the rotary encodings
 # Token embeddings times sqrt(d_model) or not, for every encoding alike. sqrt_d is the ALiBi
@@ -283,7 +286,7 @@ class EvalConfig:
     max_tokens: int | None = 131072
     batch_tokens: int = 16384  # tokens per forward pass
     split: str = "validation"
-    rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn (rotary models only)
+    rope_scaling: str = "none"  # none | pi | ntk | dynamic_ntk | yarn | llama3 (rotary models; posbench.methods.rope)
     rope_factor: float | None = None  # s; None: max(1, eval_len / train_len) at each length
     mode: str = "nonoverlapping"  # nonoverlapping | sliding (Press et al. 2022, sec. 4 / app. B)
     stride: int | None = None  # sliding: new tokens per window; None: eval_len // 2
@@ -304,7 +307,8 @@ class EvalConfig:
         for length in list(self.lengths or []) + list(self.multiples):
             positive("eval.lengths" if self.lengths else "eval.multiples", length)
         choice("eval.split", self.split, ("validation", "test"))
-        choice("eval.rope_scaling", self.rope_scaling, SCALINGS)
+        if self.rope_scaling not in SCALINGS and ":" not in self.rope_scaling:  # an import path: the registry's
+            choice("eval.rope_scaling", self.rope_scaling, (*SCALINGS, *entry_points(SCALING_GROUP)))
         choice("eval.mode", self.mode, MODES)
         if self.rope_factor is not None and not self.rope_factor >= 1:
             raise PosbenchError(f"eval.rope_factor must be >= 1 (1 = no scaling) or null "

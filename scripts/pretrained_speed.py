@@ -41,8 +41,9 @@ from omegaconf import OmegaConf
 
 from posbench.data.corpus import load_corpus
 from posbench.encodings.extension import Extension
-from posbench.encodings.rotary import rope_scaling, scaling_factor
+from posbench.encodings.rotary import rope_scaling
 from posbench.eval.ladder import window_nll
+from posbench.methods import scaling_factor
 from posbench.model.pretrained import load_pretrained
 
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")

@@ -71,9 +71,13 @@ def test_help_and_encodings_list():
                        "model.window=W", "model.gate=elementwise", "model.differential=true",
                        "model.sinks=true", "model.layers=ddda", "model.layers=ma"]
     start = next(i for i, line in enumerate(listing) if line.startswith("inference-time methods"))
-    methods = {line.split()[0]: line for line in listing[start + 1:] if line.strip()}
+    scaling = next(i for i, line in enumerate(listing) if line.startswith("RoPE scalings"))
+    methods = {line.split()[0]: line for line in listing[start + 1:scaling] if line.strip()}
     assert list(methods) == ["self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca"]
     assert "eval.extension_window=W, eval.extension_group=G  [Jin et al. 2024" in methods["self_extend"]
+    scalings = {line.split()[0]: line for line in listing[scaling + 1:] if line.strip()}
+    assert list(scalings) == ["pi", "ntk", "dynamic_ntk", "yarn", "llama3"]
+    assert "s = T / train_len always  [emozilla 2023" in scalings["dynamic_ntk"]
     assert {"sinusoidal", "learned", "rope", "alibi", "t5", "nope"} <= set(rows)
     assert all(len(r) > 5 for r in rows.values())  # each has counts and a description
     # the default model: tiny (D 256, 4 layers, d_ff 1024) and the default corpus's 8192 tokens

@@ -370,3 +370,26 @@ def test_posbench_eval_runs_each_method_on_a_pretrained_model_and_refuses_a_bad_
         "posbench: error: eval.extension='streaming' is not valid; valid choices: none, self_extend, rerope, logn, "
         "llama3, string, sinks, lm_infinite, dca")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("params", [{}, {"pairing": "interleaved"}], ids=["half", "interleaved"])
+def test_llama3_as_a_rope_scaling_equals_llama3_as_a_method(params):
+    """One class, two routes: eval.rope_scaling=llama3 (the rotation's own frequencies, posbench.methods.rope)
+    and eval.extension=llama3 (the method's kernel on the trained frequencies) give a rope model the
+    same logits at 3x its trained length, at s = T / L and at a fixed s."""
+    from posbench.config import SCALINGS
+    from posbench.methods import scalings
+    from tests.conftest import tiny_model
+
+    assert SCALINGS == tuple(scalings())[:len(SCALINGS)]  # the torch-free config's list is the registry's built-ins
+    model = sharp(tiny_model("rope", params, n_layers=2, train_len=8))
+    idx = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(idx)
+        for factor in (None, 2.0):
+            with model.encoding.scaled("llama3", factor):
+                scaled = model(idx)
+            with model.encoding.extended(Extension("llama3", train_len=8, factor=factor)):
+                method = model(idx)
+            torch.testing.assert_close(scaled, method, rtol=1e-4, atol=1e-4)
+            assert not torch.allclose(scaled, plain, atol=1e-3)

@@ -133,7 +133,7 @@ def test_a_scaling_in_training_rotates_as_its_formula_relative_to_the_parent_len
     """rope with encoding.trained_scaling=pi, original_len 8, at train_len 32: a window of 32 rotates
     position p by p / 4 (s = 32 / 8); yarn's frequencies and factor are YaRN's over 8 positions."""
     from posbench.encodings import ModelDims, build_encoding
-    from posbench.encodings.rotary import yarn_attention_factor, yarn_inv_freq
+    from posbench.methods import yarn_attention_factor, yarn_inv_freq
 
     dims = ModelDims(d_model=32, n_heads=2, n_layers=1, train_len=32)
     q, k, pos = torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16), torch.arange(32)

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from posbench.encodings.extension import Extension  # noqa: E402
-from posbench.encodings.rotary import ntk_base  # noqa: E402
 from posbench.errors import PosbenchError  # noqa: E402
-from posbench.model.pretrained import PretrainedLM, hf_inv_freq, scaled_layer_types  # noqa: E402
+from posbench.methods import ntk_base  # noqa: E402
+from posbench.model.pretrained import PretrainedLM, scaled_inv_freq, scaled_layer_types  # noqa: E402
 
 CONTEXT, HEAD_DIM, WINDOW = 64, 16, 8
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -49,7 +49,9 @@ def reference_rotary(kind: str, s: float):
     else:
         scalings = {"pi": {"rope_type": "linear", "factor": s},
                     "yarn": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": CONTEXT},
-                    "dynamic_ntk": {"rope_type": "dynamic", "factor": 1.0}}
+                    "dynamic_ntk": {"rope_type": "dynamic", "factor": 1.0},
+                    "llama3": {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": CONTEXT,
+                               "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
         config = gemma_config(**scalings[kind])
     return Gemma3RotaryEmbedding(config)
 
@@ -61,21 +63,22 @@ def test_a_scaling_acts_on_the_layer_types_transformers_applies_a_rope_scaling_t
     assert set(wrapped.encoding.layer_types) == {"sliding_attention", "full_attention"}
 
 
-@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn", "llama3"])
 def test_scaled_frequencies_per_layer_type_equal_transformers_own(gemma, kind):
-    """At a window of 4x the context (s = 4): hf_inv_freq per layer type equals the inverse
-    frequencies and attention factor transformers' Gemma 3 rotary module computes for the scaled
-    config (for the sliding layers, their trained ones), and so does what the model's rotary
-    module gives its layers during the adapter's forward pass; the buffers are restored after."""
+    """At a window of 4x the context (s = 4): posbench's scaling of the global layers' frequencies
+    (scaled_inv_freq, the class every rotary run uses) equals the inverse frequencies and attention
+    factor transformers' Gemma 3 rotary module computes for the scaled config, and what the
+    model's rotary module gives each layer type during the adapter's forward pass equals the
+    reference's (the sliding layers their trained ones); the buffers are restored after."""
     length, s = 4 * CONTEXT, 4.0
     reference = reference_rotary(kind, s)
     positions = torch.arange(length)[None]
     x = torch.zeros(1, length, 32)
     expected = {t: reference(x, positions, t) for t in ("sliding_attention", "full_attention")}  # (cos, sin)
-    for t in expected:  # after the forward pass: dynamic NTK has recomputed its frequencies for the length
-        inv_freq, attention = hf_inv_freq(gemma.config, kind, s, CONTEXT, length, t)
-        torch.testing.assert_close(inv_freq, getattr(reference, f"{t}_inv_freq"))
-        assert attention == pytest.approx(getattr(reference, f"{t}_attention_scaling"))
+    # after the forward pass: dynamic NTK has recomputed its frequencies for the length
+    inv_freq, attention = scaled_inv_freq(gemma.config, kind, s, CONTEXT, "full_attention")
+    torch.testing.assert_close(inv_freq, reference.full_attention_inv_freq)
+    assert attention == pytest.approx(reference.full_attention_attention_scaling)
 
     wrapped = PretrainedLM(gemma, "tiny-gemma", "test")
     rotary = gemma.model.rotary_emb

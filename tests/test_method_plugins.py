@@ -18,7 +18,7 @@ PLUGIN = textwrap.dedent('''
     import torch
 
     from posbench.errors import PosbenchError
-    from posbench.methods import Extension
+    from posbench.methods import Extension, RopeScaling
     from posbench.methods.base import near_part
 
 
@@ -42,6 +42,16 @@ PLUGIN = textwrap.dedent('''
 
     class NotAMethod:
         pass
+
+
+    class SqrtPI(RopeScaling, name="sqrt_pi"):
+        """A RoPE scaling outside posbench: positions over sqrt(s), s = T / L per window."""
+
+        def factor(self, requested, window_len, original_len):
+            return max(1.0, window_len / original_len) if requested is None else float(requested)
+
+        def position_divisor(self, s):
+            return s ** 0.5
 
 
     class ClaimsIdentity(LocalWindow, name="claims_identity"):
@@ -70,9 +80,11 @@ def plugin(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
     from posbench.methods.base import REGISTRY
+    from posbench.methods.rope import SCALING_REGISTRY
 
     for name in ("local_window", "claims_identity", "sees_the_future"):  # later tests see the built-ins alone
         REGISTRY.pop(name, None)
+    SCALING_REGISTRY.pop("sqrt_pi", None)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -102,6 +114,30 @@ def test_a_path_that_is_not_a_method_is_one_line(plugin):
         Extension("no_such_module:X")
 
 
+def test_a_rope_scaling_by_import_path_scales_trained_and_pretrained_rotations_alike(plugin):
+    """A scaling from outside: found by its import path and then by its name, listed beside the
+    built-ins, and the one class sets both a posbench rotary run's angles (positions over sqrt(s))
+    and the frequencies a pretrained model's rotary module is handed (theta / sqrt(s))."""
+    from posbench.encodings import ModelDims, build_encoding
+    from posbench.methods import Rotation, rope_inv_freq, scaling, scalings
+
+    method = scaling("my_methods:SqrtPI")
+    assert type(method).__name__ == "SqrtPI" and method.name == "sqrt_pi" and scaling("sqrt_pi").name == "sqrt_pi"
+    assert list(scalings()) == ["none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "sqrt_pi"]
+    rope = build_encoding({"name": "rope"}, ModelDims(d_model=32, n_heads=2, n_layers=1, train_len=16))
+    pos = torch.arange(40)
+    cos, sin = rope.angle_table(pos, "sqrt_pi", 4.0)
+    angles = (pos.float() / 2.0)[:, None] * rope_inv_freq(16, 10000.0)[None, :]
+    torch.testing.assert_close((cos, sin), (angles.cos(), angles.sin()))
+    torch.testing.assert_close(method.frequencies(Rotation(10000.0, 16, 16), 4.0), rope_inv_freq(16, 10000.0) / 2.0)
+    with pytest.raises(PosbenchError, match=r"^eval.rope_scaling=my_methods:NotAMethod is not a subclass of "
+                                            r"posbench.methods.RopeScaling"):
+        scaling("my_methods:NotAMethod")
+    with pytest.raises(PosbenchError, match=r"^eval.rope_scaling='bogus' is not valid; valid choices: none, pi, ntk, "
+                                            r"dynamic_ntk, yarn, llama3, sqrt_pi$"):
+        scaling("bogus")
+
+
 @pytest.mark.slow
 def test_posbench_eval_runs_a_plugin_method_beside_a_built_in(plugin, tmp_path):
     """`posbench eval pretrained=... eval.extension=my_methods:LocalWindow` on a tiny random Llama:
@@ -124,11 +160,15 @@ def test_posbench_eval_runs_a_plugin_method_beside_a_built_in(plugin, tmp_path):
     posbench("eval", *common, f"out={out}", "eval.extension=rerope", "eval.extension_window=8", env=env)
     posbench("eval", *common, f"out={out}", "eval.extension=my_methods:LocalWindow", "eval.extension_window=16",
              env=env)
+    posbench("eval", *common, f"out={out}", "eval.rope_scaling=my_methods:SqrtPI", env=env)
+    posbench("eval", *common, f"out={out}", "eval.rope_scaling=pi", env=env)
     rows = pd.read_csv(out / "results.csv")
-    assert sorted(set(rows.rope_scaling)) == ["local_window(W=16)", "none", "rerope(W=8)"]
+    assert sorted(set(rows.rope_scaling)) == ["local_window(W=16)", "none", "pi", "rerope(W=8)", "sqrt_pi"]
     assert (rows.status == "ok").all()
     at = rows.set_index(["rope_scaling", "eval_len"]).ppl
     assert at["local_window(W=16)", 64] != at["none", 16]  # a window of 16 at 64 tokens is not the model as trained
+    factor = rows.set_index(["rope_scaling", "eval_len"]).rope_factor
+    assert factor["sqrt_pi", 64] == factor["pi", 64] == 2.0 and at["sqrt_pi", 64] not in (at["pi", 64], at["none", 16])
 
 
 def test_method_checks_pass_the_built_ins_and_the_plugin_and_fail_a_broken_one(plugin):

@@ -233,21 +233,51 @@ def test_bos_auto_is_the_policy_the_models_tokenizer_trained_with(models, tmp_pa
     assert pd.read_csv(out / "results.csv").nll.tolist() == auto.nll.tolist()  # the same rows: not computed again
 
 
-@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])
-def test_hugging_face_rope_scalings_equal_posbench_rotary_functions(models, kind):
-    """One formula, two implementations: the inverse frequencies and attention factor Hugging
-    Face's rope functions give a pretrained model equal posbench's own for its rotary runs."""
-    from posbench.encodings.rotary import ntk_base, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
-    from posbench.model.pretrained import hf_inv_freq
+def hugging_face_rope(config, kind: str, s: float, window: int) -> tuple[torch.Tensor, float]:
+    """The reference: (inverse frequencies, attention factor) of Hugging Face's own rope function
+    for posbench's scaling ``kind`` at s on a copy of ``config``: ``pi`` is its linear, ``yarn`` and
+    ``llama3`` its own (original context CONTEXT), ``dynamic_ntk`` its dynamic at the window's
+    length with factor 1 (base b (window / CONTEXT)^(d/(d-2))). Hugging Face has no static NTK:
+    ``ntk`` is its default rope on the NTK-aware base written out here."""
+    import copy
+
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = copy.deepcopy(config)
+    params, dim = dict(config.rope_parameters), config.hidden_size // config.num_attention_heads
+    if kind == "ntk":
+        base = params["rope_theta"] * s ** (dim / (dim - 2))
+        return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim), 1.0
+    params.update({"pi": dict(rope_type="linear", factor=s),
+                   "dynamic_ntk": dict(rope_type="dynamic", factor=1.0, original_max_position_embeddings=CONTEXT),
+                   "yarn": dict(rope_type="yarn", factor=s, original_max_position_embeddings=CONTEXT),
+                   "llama3": dict(rope_type="llama3", factor=s, original_max_position_embeddings=CONTEXT,
+                                  low_freq_factor=1.0, high_freq_factor=4.0)}[kind])
+    config.rope_parameters = params
+    extra = {"seq_len": window} if kind == "dynamic_ntk" else {}
+    inv_freq, attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None, **extra)
+    return inv_freq, float(attention)
+
+
+@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn", "llama3"])
+def test_every_rope_scaling_equals_hugging_faces_own_function(models, kind):
+    """One implementation (posbench.methods.rope) for posbench's rotary runs and a pretrained
+    model's rotary module: the frequencies and attention factor it gives a Hugging Face model
+    equal Hugging Face's own rope functions, and those posbench's rotary encoding rotates with."""
+    from posbench.encodings import ModelDims, build_encoding
+    from posbench.model.pretrained import scaled_inv_freq
 
     config = transformers.AutoConfig.from_pretrained(models / "llama")
-    dim, base, s, window = 8, config.rope_parameters["rope_theta"], 4.0, 4 * CONTEXT
-    inv_freq, attention = hf_inv_freq(config, kind, s, CONTEXT, window)
-    expected = {"pi": rope_inv_freq(dim, base) / s, "ntk": rope_inv_freq(dim, ntk_base(base, s, dim)),
-                "dynamic_ntk": rope_inv_freq(dim, ntk_base(base, window / CONTEXT, dim)),
-                "yarn": yarn_inv_freq(dim, base, s, CONTEXT)}[kind]
+    s, window = 4.0, 4 * CONTEXT
+    factor = window / CONTEXT if kind == "dynamic_ntk" else s
+    inv_freq, attention = scaled_inv_freq(config, kind, factor, CONTEXT)
+    expected, expected_attention = hugging_face_rope(config, kind, s, window)
     torch.testing.assert_close(inv_freq, expected, rtol=1e-6, atol=0)
-    assert attention == pytest.approx(yarn_attention_factor(s) if kind == "yarn" else 1.0)
+    assert attention == pytest.approx(expected_attention)
+    rope = build_encoding({"name": "rope", "base": config.rope_parameters["rope_theta"]},
+                          ModelDims(d_model=16, n_heads=2, n_layers=1, train_len=CONTEXT))
+    cos, _ = rope.angle_table(torch.arange(3), kind, factor)  # position 1's cosines: the frequencies in effect
+    torch.testing.assert_close(cos[1], torch.cos(expected) * expected_attention, rtol=1e-6, atol=1e-7)
 
 
 def test_a_scaling_changes_only_the_lengths_past_the_context_and_is_restored(models):
@@ -324,17 +354,23 @@ def test_extension_rows_are_named_by_method_and_parameters(models, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("kind", ["pi", "ntk", "dynamic_ntk", "yarn", "llama3"])
 def test_every_scaling_at_factor_one_is_the_model_as_trained(models, kind):
-    """Why a comparison may reuse the unscaled row where the factor is 1."""
-    from posbench.model.pretrained import hf_inv_freq
+    """Why a comparison may reuse the unscaled row where the factor is 1: within the context the
+    rotary module keeps the frequencies the model was loaded with, bit for bit."""
+    from posbench.model.pretrained import load_pretrained
 
-    config = transformers.AutoConfig.from_pretrained(models / "llama")
-    plain = hf_inv_freq(config, "none", 1.0, CONTEXT, CONTEXT)
-    for window in (CONTEXT // 4, CONTEXT):
-        inv_freq, attention = hf_inv_freq(config, kind, 1.0, CONTEXT, window)
-        torch.testing.assert_close(inv_freq, plain[0], rtol=0, atol=0)
-        assert attention == 1.0
+    model, _, _ = load_pretrained(str(models / "llama"), torch.device("cpu"))
+    rotary = model.encoding.rotary
+    trained, seen = rotary.inv_freq.clone(), []
+    hook = rotary.register_forward_hook(lambda m, args, out: seen.append((m.inv_freq.clone(), m.attention_scaling)))
+    try:
+        with model.encoding.scaled(kind, None), torch.no_grad():
+            for length in (CONTEXT // 4, CONTEXT):
+                model.hidden(torch.randint(0, 300, (1, length)))
+    finally:
+        hook.remove()
+    assert len(seen) == 2 and all(torch.equal(f, trained) and a == 1.0 for f, a in seen)
 
 
 def stored_state(out) -> str:

@@ -12,10 +12,11 @@ from conftest import posbench, tiny_model
 
 from posbench.config import EvalConfig
 from posbench.encodings import ModelDims, build_encoding
-from posbench.encodings.rotary import check_scalable, ntk_base, xpos_scale, yarn_attention_factor, yarn_inv_freq
+from posbench.encodings.rotary import check_scalable, xpos_scale
 from posbench.errors import PosbenchError
 from posbench.eval.ladder import perplexity_ladder
 from posbench.eval.results import KEY, read_results, write_results
+from posbench.methods import ntk_base, yarn_attention_factor, yarn_inv_freq
 from posbench.runs.rundir import RunDir
 
 HS, TRAIN_LEN, BASE = 16, 64, 10000.0

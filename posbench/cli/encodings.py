@@ -109,3 +109,12 @@ def main(args: list[str]) -> None:
         options = ", ".join(f"eval.extension_{key}={value}" for key, value in zip(("window", "group"), cls.params)
                             if value)
         print(f"{name:<{width}}  {options or 'no options'}  [{cls.paper}]")
+    from ..methods import scalings
+
+    print("\nRoPE scalings, on rotary runs and pretrained models (posbench eval ... eval.rope_scaling=NAME; "
+          "s: eval.rope_factor, default T / train_len per window):")
+    found = {name: cls for name, cls in scalings().items() if name != "none"}
+    width = max(len(name) for name in found)
+    for name, cls in found.items():
+        print(f"{name:<{width}}  {'s = T / train_len always' if cls.per_window else 'eval.rope_factor=s'}  "
+              f"[{cls.paper}]")

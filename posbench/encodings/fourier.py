@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from ..errors import PosbenchError
+from ..methods import rope_inv_freq
 from .base import ModelDims, PositionEncoding, register
-from .rotary import apply_rotary, rope_inv_freq
+from .rotary import apply_rotary
 
 
 def fope_frequencies(head_dim: int, base: float, cutoff_len: int) -> torch.Tensor:

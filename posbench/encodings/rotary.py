@@ -1,22 +1,11 @@
 """Rotary position embeddings (``rotate`` hook): RoPE, xPos, and RoPE scaling at inference.
 
 A rotary model trained on windows of ``train_len`` tokens can be stretched to longer
-windows without retraining (:meth:`Rotary.scaled`). For a factor s >= 1:
-
-===============  ==========================================================  =======================
-scaling          what changes                                                source
-===============  ==========================================================  =======================
-``pi``           positions p -> p / s                                        Chen et al. 2023 (PI)
-``ntk``          base b -> b * s^(hs / (hs - 2))                             bloc97 2023 (NTK-aware)
-``dynamic_ntk``  ``ntk`` with s = max(1, T / train_len) for a window of T    emozilla 2023
-``yarn``         NTK-by-parts: pairs that turn more than beta_fast = 32      Peng et al. 2023 (YaRN)
-                 times over train_len are kept, those that turn less than
-                 beta_slow = 1 time are interpolated (/ s), a ramp linear
-                 in the pair index between; q and k times 0.1 ln s + 1
-===============  ==========================================================  =======================
-
-s = 1 is plain RoPE for every scaling. Scaling is a setting of the module, not a
-parameter: checkpoints are unchanged and the evaluator switches it per run.
+windows without retraining (:meth:`Rotary.scaled`): PI, NTK, dynamic NTK, YaRN and Llama 3's
+scaling, each a class of :mod:`posbench.methods.rope` (``eval.rope_scaling``), which sets the
+frequencies, positions and scale the rotation here uses (:meth:`Rotary.angle_table`). s = 1 is
+plain RoPE for every scaling. Scaling is a setting of the module, not a parameter: checkpoints
+are unchanged and the evaluator switches it per run.
 
 Which dimensions form a rotated pair (``pairing``) differs between codebases:
 
@@ -37,22 +26,15 @@ conversion script does the same with its ``permute``).
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..config import PAIRINGS, SCALINGS
+from ..config import PAIRINGS
 from ..errors import PosbenchError
+from ..methods import Rotation, rope_inv_freq, scaling, scaling_factor
 from .base import REGISTRY, ModelDims, PositionEncoding, register
 from .rotation import apply_rotary
-
-YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # rotations over train_len bounding the ramp (Peng et al. 2023)
-
-
-def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
-    """theta_i = base^(-2i/hs) for i < hs/2 (Su et al. 2021, eq. 15). -> (hs/2,)."""
-    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
@@ -66,63 +48,28 @@ def check_pairing(pairing: str) -> str:
     return pairing
 
 
-# ---- RoPE scaling at inference -------------------------------------------------------------
+# ---- RoPE scaling at inference (the scalings: posbench.methods.rope) -----------------------
 
-def scaling_factor(kind: str, factor: float | None, window_len: int, train_len: int) -> float:
-    """s in effect for a window of ``window_len`` positions: 1 for ``none``; max(1, window_len /
-    train_len) for ``dynamic_ntk`` or when ``factor`` is None; else ``factor``."""
-    if kind == "none":
-        return 1.0
-    if kind == "dynamic_ntk" or factor is None:
-        return max(1.0, window_len / train_len)
-    return float(factor)
-
-
-def ntk_base(base: float, factor: float, head_dim: int) -> float:
-    """NTK-aware base: b' = b * s^(hs / (hs - 2)), so the lowest frequency is interpolated by s."""
-    return base * factor ** (head_dim / (head_dim - 2))
-
-
-def yarn_correction_dim(rotations: float, head_dim: int, base: float, train_len: int) -> float:
-    """The (fractional) pair index i whose frequency turns ``rotations`` times over ``train_len``
-    positions: train_len base^(-2i/hs) / (2 pi) = rotations, so
-    i = hs ln(train_len / (2 pi rotations)) / (2 ln base)
-    (``find_correction_dim`` in jquesnelle/yarn and Hugging Face ``_compute_yarn_parameters``)."""
-    return head_dim * math.log(train_len / (2 * math.pi * rotations)) / (2 * math.log(base))
+def scaled_cos_sin(method, s: float, pos: torch.Tensor, inv_freq: torch.Tensor, angle=None):
+    """cos, sin (T, n) of positions ``pos`` (T,) rotated by ``inv_freq`` (n,) under scaling
+    ``method`` at s: the positions over its divisor, cos and sin times its attention factor.
+    ``angle(pos, inv_freq)``: the angles of an encoding that computes them otherwise (default the
+    product)."""
+    divisor, factor = method.position_divisor(s), method.attention_factor(s)
+    if divisor != 1.0:
+        pos = pos / divisor
+    angles = angle(pos, inv_freq) if angle else pos[:, None] * inv_freq[None, :]
+    if factor != 1.0:
+        return angles.cos() * factor, angles.sin() * factor
+    return angles.cos(), angles.sin()
 
 
-def yarn_ramp(head_dim: int, base: float, train_len: int, beta_fast: float = YARN_BETA_FAST,
-              beta_slow: float = YARN_BETA_SLOW) -> torch.Tensor:
-    """gamma_i, the share of pair i kept at its own frequency: 1 for the pairs below
-    low = floor(i at beta_fast rotations), 0 above high = ceil(i at beta_slow rotations), linear
-    in the pair index i between (low clamped at 0, high at hs - 1; high = low + 0.001 if they
-    meet). This is the reference ramp: ``find_correction_range`` (floor/ceil, Hugging Face's
-    default ``truncate=True``) and 1 - ``linear_ramp_mask`` of jquesnelle/yarn
-    (``scaled_rope/LlamaYaRNScaledRotaryEmbedding.py``), the code behind Peng et al. 2023.
-    -> (hs/2,)."""
-    low = max(math.floor(yarn_correction_dim(beta_fast, head_dim, base, train_len)), 0)
-    high = min(math.ceil(yarn_correction_dim(beta_slow, head_dim, base, train_len)), head_dim - 1)
-    if low == high:
-        high += 0.001  # as the reference: no division by zero
-    index = torch.arange(head_dim // 2, dtype=torch.float32)
-    return 1 - ((index - low) / (high - low)).clamp(0.0, 1.0)
-
-
-def yarn_inv_freq(head_dim: int, base: float, factor: float, train_len: int, device=None) -> torch.Tensor:
-    """NTK-by-parts (Peng et al. 2023): h(theta_i) = (1 - gamma_i) theta_i / s + gamma_i theta_i with
-    gamma from :func:`yarn_ramp`. The paper writes gamma as linear in r = train_len / wavelength;
-    its code (and Hugging Face's) ramps linearly in the pair index between whole indices, which
-    is what models are run with, so that is what this follows. -> (hs/2,)."""
-    inv_freq = rope_inv_freq(head_dim, base, device)
-    gamma = yarn_ramp(head_dim, base, train_len).to(inv_freq.device)
-    return (1 - gamma) * inv_freq / factor + gamma * inv_freq
-
-
-def yarn_attention_factor(factor: float) -> float:
-    """sqrt(1/t) = 0.1 ln s + 1 (1 for s <= 1), applied to cos and sin, hence to q and k, so the
-    logits scale by 1/t (Peng et al. 2023; ``get_mscale`` in jquesnelle/yarn, Hugging Face's
-    default ``attention_factor``)."""
-    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+def scaling_of(key: str, kind: str):
+    """The scaling ``kind`` that config key ``key`` names; one line naming the key otherwise."""
+    try:
+        return scaling(kind)
+    except PosbenchError as e:
+        raise PosbenchError(str(e).replace("eval.rope_scaling=", f"{key}=", 1)) from None
 
 
 def rotary_encodings() -> list[str]:
@@ -131,9 +78,9 @@ def rotary_encodings() -> list[str]:
 
 
 def check_scalable(encoding_name: str, kind: str) -> None:
-    """A PosbenchError unless ``kind`` is ``none`` or the encoding is rotary."""
-    if kind not in SCALINGS:
-        raise PosbenchError(f"eval.rope_scaling={kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+    """A PosbenchError unless ``kind`` is a scaling (:func:`posbench.methods.scaling`) and
+    ``none`` or the encoding is rotary."""
+    scaling(kind)
     cls = REGISTRY.get(encoding_name)
     if kind != "none" and not (cls is not None and issubclass(cls, Rotary)):
         raise PosbenchError(f"eval.rope_scaling={kind} needs a model trained with a rotary encoding "
@@ -168,9 +115,7 @@ class Rotary(PositionEncoding):
         super().__init__(dims)
         if dims.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {dims.head_dim}")
-        if trained_scaling not in SCALINGS:
-            raise PosbenchError(f"encoding.trained_scaling={trained_scaling!r} is not valid; valid choices: "
-                                f"{', '.join(SCALINGS)}")
+        scaling_of("encoding.trained_scaling", trained_scaling)
         if trained_factor is not None and not trained_factor >= 1:
             raise PosbenchError(f"encoding.trained_factor={trained_factor} is not valid; valid: null or >= 1")
         if original_len is not None and not (int(original_len) == original_len and 0 < original_len):
@@ -188,8 +133,7 @@ class Rotary(PositionEncoding):
     def scaled(self, kind: str, factor: float | None = None):
         """Within the block, rotate with scaling ``kind`` and factor s; ``factor=None`` means
         s = max(1, T / train_len) for each window of T positions (``dynamic_ntk`` always does)."""
-        if kind not in SCALINGS:
-            raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
+        scaling(kind)
         if factor is not None and not factor >= 1:
             raise PosbenchError(f"rope scaling factor must be >= 1 (1 = no scaling), got {factor}")
         old, self.scaling = self.scaling, (kind, factor)
@@ -199,36 +143,27 @@ class Rotary(PositionEncoding):
             self.scaling = old
 
     def resolved_scaling(self, window_len: int) -> tuple[str, float]:
-        """(kind, s) applied to a window of ``window_len`` positions: ``dynamic_ntk`` becomes
-        ``ntk`` at its per-window s, and s = 1 becomes ``none``."""
+        """(kind, s) applied to a window of ``window_len`` positions; s = 1 becomes ``none``."""
         kind, factor = self.scaling
         s = scaling_factor(kind, factor, window_len, self.reference_len)
         if s == 1.0:
             return "none", 1.0
-        return ("ntk" if kind == "dynamic_ntk" else kind), s
+        return kind, s
 
     def inv_freq(self, kind: str, s: float, device=None, head_dim: int | None = None) -> torch.Tensor:
-        """(head_dim/2,): every pair's frequency under scaling (kind, s); ``pi`` scales the
-        positions instead (:meth:`angle_table`), so its frequencies are the unscaled ones.
-        ``head_dim``: the head size the frequencies are spread over (default the model's)."""
-        hs = head_dim or self.dims.head_dim
-        if kind == "ntk":
-            return rope_inv_freq(hs, ntk_base(self.base, s, hs), device)
-        if kind == "yarn":
-            return yarn_inv_freq(hs, self.base, s, self.reference_len, device)
-        return rope_inv_freq(hs, self.base, device)
+        """(head_dim/2,): every pair's frequency under scaling (kind, s)
+        (:meth:`posbench.methods.RopeScaling.inv_freq`); ``pi`` scales the positions instead
+        (:meth:`angle_table`), so its frequencies are the unscaled ones. ``head_dim``: the head
+        size the frequencies are spread over (default the model's)."""
+        rotation = Rotation(self.base, head_dim or self.dims.head_dim, self.reference_len)
+        return scaling(kind).inv_freq(rotation, s, device)
 
     def angle_table(self, positions: torch.Tensor, kind: str, s: float):
-        """cos, sin (T, hs/2) of every pair's angle at ``positions`` under scaling (kind, s),
-        both times YaRN's attention factor when kind is ``yarn``."""
-        if kind not in ("none", "pi", "ntk", "yarn"):
-            raise PosbenchError(f"rope scaling {kind!r} is not valid; valid choices: {', '.join(SCALINGS)}")
-        pos = positions.float() / s if kind == "pi" else positions.float()  # PI, Chen et al. 2023: p -> p / s
-        angles = pos[:, None] * self.inv_freq(kind, s, positions.device)[None, :]
-        if kind == "yarn":
-            m = yarn_attention_factor(s)
-            return angles.cos() * m, angles.sin() * m
-        return angles.cos(), angles.sin()
+        """cos, sin (T, hs/2) of every pair's angle at ``positions`` under scaling (kind, s):
+        positions over the scaling's divisor (PI's s) times its frequencies, cos and sin times its
+        attention factor (YaRN's)."""
+        method = scaling(kind)
+        return scaled_cos_sin(method, s, positions.float(), self.inv_freq(kind, s, positions.device))
 
     def _cos_sin(self, positions: torch.Tensor):
         """cos, sin (T, hs/2) at ``positions`` under the current scaling.

@@ -26,8 +26,9 @@ import math
 import torch
 
 from ..errors import PosbenchError
+from ..methods import scaling
 from .base import ModelDims, register
-from .rotary import Rotary, yarn_attention_factor
+from .rotary import Rotary, scaled_cos_sin
 
 
 def wavelengths(head_dim: int, base: float) -> list[float]:
@@ -133,15 +134,9 @@ class ResonanceRotary(Rotary):
 
     def angle_table(self, positions: torch.Tensor, kind: str, s: float):
         """As RoPE's, each angle taken as (p mod lambda_i) 2 pi / lambda_i."""
-        if kind not in ("none", "pi", "ntk", "yarn"):
-            return super().angle_table(positions, kind, s)  # one PosbenchError naming the valid choices
-        pos = positions.float() / s if kind == "pi" else positions.float()
         period = self.wavelengths(kind, s, positions.device)
-        angles = torch.remainder(pos[:, None], period[None, :]) * (2 * math.pi / period)[None, :]
-        if kind == "yarn":
-            m = yarn_attention_factor(s)
-            return angles.cos() * m, angles.sin() * m
-        return angles.cos(), angles.sin()
+        angle = lambda pos, _: torch.remainder(pos[:, None], period[None, :]) * (2 * math.pi / period)[None, :]  # noqa: E731
+        return scaled_cos_sin(scaling(kind), s, positions.float(), period, angle)
 
 
 def clip_taper(pairs: int, clipped: int) -> torch.Tensor:

@@ -49,7 +49,8 @@ from ..config import EvalConfig, code_version, config_hash
 from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
 from ..encodings.extension import Extension
-from ..encodings.rotary import rope_scaling, scaling_factor
+from ..encodings.rotary import rope_scaling
+from ..methods import scaling_factor
 from ..model.build import autocast
 from ..model.transformer import LanguageModel
 from ..runs import threads

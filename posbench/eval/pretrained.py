@@ -24,7 +24,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import EvalConfig, config_hash
-from ..encodings.rotary import scaling_factor
+from ..methods import scaling_factor
 from ..runs.rundir import RunDir
 from .results import KEY, read_results, read_table
 from .token_nll import FILE as TOKEN_NLL

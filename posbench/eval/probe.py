@@ -14,7 +14,8 @@ import pandas as pd
 import torch
 
 from ..config import ladder_lengths
-from ..encodings.rotary import rope_scaling, scaling_factor
+from ..encodings.rotary import rope_scaling
+from ..methods import scaling_factor
 from ..model.build import autocast
 
 RUN_KEY = ["encoding", "rope_scaling", "train_len", "seed"]  # a probe row's run, before the probe's own key

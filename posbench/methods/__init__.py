@@ -1,4 +1,5 @@
-"""Inference-time methods: one class each, registered by its ``eval.extension`` name.
+"""Inference-time methods: one class each, registered by its ``eval.extension`` or
+``eval.rope_scaling`` name.
 
 :class:`Extension` (``posbench/methods/base.py``) is the base and the method that changes
 nothing; the built-ins register themselves when their module is imported here, and only here:
@@ -7,64 +8,121 @@ nothing; the built-ins register themselves when their module is imported here, a
 train_len)`` builds the class registered under that name; :func:`methods` lists them in order.
 How any method's attention is computed: :mod:`posbench.encodings.extension`.
 
+RoPE scalings (``eval.rope_scaling``: PI, NTK, dynamic NTK, YaRN, Llama 3's) are classes of
+:mod:`.rope` (:class:`RopeScaling`), registered the same way and listed by :func:`scalings`;
+:func:`scaling` names one. They set the frequencies, positions and scale of a rotation, for
+posbench's rotary encodings and a pretrained model's rotary module alike; a method of
+``eval.extension`` acts at the attention, beside a scaling where it says so
+(:meth:`Extension.check_scaling`: ``yarn+logn``).
+
 A method from outside the package is a subclass of :class:`Extension` declared with its name
 (``class Mine(Extension, name="mine")``), found the ways encodings are (:mod:`posbench.plugins`):
 an installed package's entry point in the group ``posbench.methods`` (``mine =
 "my_package.methods:Mine"``), or its import path as the value (``eval.extension=my_package.methods:Mine``).
+A scaling the same way, in the group ``posbench.rope_scalings`` (``eval.rope_scaling=pkg.module:Class``).
 """
 
 from __future__ import annotations
 
+from ..config import SCALING_GROUP  # the entry-point group of RoPE scalings from other packages
 from ..errors import PosbenchError
-from . import parts, regroup, scaled  # noqa: F401 - the built-ins register themselves
+from . import parts, regroup, rope, scaled  # noqa: F401 - the built-ins register themselves
 from .base import REGISTRY, Extension, Part, logn_factor
 from .parts import STRING_FACTOR, STRING_LOCAL
-from .scaled import LLAMA3_HIGH_FREQ_FACTOR, LLAMA3_LOW_FREQ_FACTOR, llama3_inv_freq
+from .rope import (
+    LLAMA3_HIGH_FREQ_FACTOR,
+    LLAMA3_LOW_FREQ_FACTOR,
+    SCALING_REGISTRY,
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
+    RopeScaling,
+    Rotation,
+    llama3_inv_freq,
+    ntk_base,
+    rope_inv_freq,
+    yarn_attention_factor,
+    yarn_correction_dim,
+    yarn_inv_freq,
+    yarn_ramp,
+)
 
 ORDER = ("none", "self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca")
 
 
 GROUP = "posbench.methods"  # the entry-point group of methods from other packages
-_LOADED: list[bool] = []
+_LOADED: set[str] = set()
+
+
+def _load(group: str, registry: dict, base: type, key: str) -> None:
+    """Register the classes of the installed packages' entry points in ``group`` (once)."""
+    if group in _LOADED:
+        return
+    _LOADED.add(group)
+    from ..plugins import entry_points
+
+    for name, ep in entry_points(group).items():
+        if name not in registry:
+            register(ep.load(), name, f"entry point {name!r} = {ep.value!r} ({group})", registry, base, key)
 
 
 def methods() -> dict[str, type[Extension]]:
     """Name -> class of every registered method: the built-ins in their documented order, then
     those of installed packages' entry points (loaded once) and any other subclass imported."""
-    if not _LOADED:
-        _LOADED.append(True)
-        from ..plugins import entry_points
-
-        for name, ep in entry_points(GROUP).items():
-            if name not in REGISTRY:
-                register(ep.load(), name, f"entry point {name!r} = {ep.value!r} ({GROUP})")
+    _load(GROUP, REGISTRY, Extension, "eval.extension")
     return {**{name: REGISTRY[name] for name in ORDER if name in REGISTRY}, **REGISTRY}
 
 
-def register(cls, name: str, what: str) -> type[Extension]:
-    """Register ``cls`` (a subclass of :class:`Extension`) under ``name``; one line if it is not one."""
-    if not (isinstance(cls, type) and issubclass(cls, Extension)):
-        raise PosbenchError(f"{what} is not a subclass of posbench.methods.Extension; valid: class Mine(Extension, "
-                            "name='mine') with the hooks it changes")
-    if REGISTRY.get(name) is not cls:
+def scalings() -> dict[str, type[RopeScaling]]:
+    """Name -> class of every registered RoPE scaling (``eval.rope_scaling``), as :func:`methods`."""
+    _load(SCALING_GROUP, SCALING_REGISTRY, RopeScaling, "eval.rope_scaling")
+    return dict(SCALING_REGISTRY)
+
+
+def register(cls, name: str, what: str, registry: dict | None = None, base: type = Extension,
+             key: str = "eval.extension") -> type:
+    """Register ``cls`` (a subclass of ``base``) under ``name`` in ``registry`` (the methods' by
+    default); one line if it is not one."""
+    registry = REGISTRY if registry is None else registry
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PosbenchError(f"{what} is not a subclass of posbench.methods.{base.__name__}; valid: class "
+                            f"Mine({base.__name__}, name='mine') with the hooks it changes")
+    if registry.get(name) is not cls:
         if cls.__dict__.get("name") != name:
             cls.name = name
-        REGISTRY[name] = cls
+        registry[name] = cls
     return cls
+
+
+def _lookup(value: str, found: dict, registry: dict, base: type, key: str) -> type:
+    """The class named ``value`` in ``found``, or at the import path ``value`` (registered there)."""
+    if value in found:
+        return found[value]
+    if ":" in value or "." in value:
+        from ..plugins import import_target
+
+        cls = import_target(value, f"{key}={value}")
+        return register(cls, cls.__dict__.get("name") or cls.__name__.lower(), f"{key}={value}", registry, base, key)
+    raise PosbenchError(f"{key}={value!r} is not valid; valid choices: {', '.join(found)}")
 
 
 def method_class(method: str) -> type[Extension]:
     """The class of ``eval.extension=method``: a registered name, or an import path (``pkg.module:Class``)."""
-    found = methods().get(method)
-    if found is not None:
-        return found
-    if ":" in method or "." in method:
-        from ..plugins import import_target
-
-        cls = import_target(method, f"eval.extension={method}")
-        return register(cls, cls.__dict__.get("name") or cls.__name__.lower(), f"eval.extension={method}")
-    raise PosbenchError(f"eval.extension={method!r} is not valid; valid choices: {', '.join(methods())}")
+    return _lookup(method, methods(), REGISTRY, Extension, "eval.extension")
 
 
-__all__ = ["Extension", "LLAMA3_HIGH_FREQ_FACTOR", "LLAMA3_LOW_FREQ_FACTOR", "Part", "STRING_FACTOR", "STRING_LOCAL",
-           "llama3_inv_freq", "logn_factor", "methods"]
+def scaling(kind: str) -> RopeScaling:
+    """The scaling ``eval.rope_scaling=kind``: a registered name, or an import path."""
+    return _lookup(kind, scalings(), SCALING_REGISTRY, RopeScaling, "eval.rope_scaling")()
+
+
+def scaling_factor(kind: str, factor: float | None, window_len: int, original_len: int) -> float:
+    """s in effect for a window of ``window_len`` positions under scaling ``kind`` at
+    ``eval.rope_factor`` = ``factor``: 1 for ``none``; max(1, window_len / original_len) for
+    ``dynamic_ntk`` or when ``factor`` is None; else ``factor``."""
+    return scaling(kind).factor(factor, window_len, original_len)
+
+
+__all__ = ["Extension", "LLAMA3_HIGH_FREQ_FACTOR", "LLAMA3_LOW_FREQ_FACTOR", "Part", "RopeScaling", "Rotation",
+           "STRING_FACTOR", "STRING_LOCAL", "YARN_BETA_FAST", "YARN_BETA_SLOW", "llama3_inv_freq", "logn_factor",
+           "methods", "ntk_base", "rope_inv_freq", "scaling", "scaling_factor", "scalings", "yarn_attention_factor",
+           "yarn_correction_dim", "yarn_inv_freq", "yarn_ramp"]

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .base import Extension, logn_factor
-
-LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # Meta's apply_scaling and HF's defaults
 
 
 class LogN(Extension, name="logn"):
@@ -25,23 +21,6 @@ class LogN(Extension, name="logn"):
 
     def query_scale(self, i: torch.Tensor) -> torch.Tensor:
         return logn_factor(i + 1, self.train_len)
-
-
-def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_len: int,
-                    low_freq_factor: float = LLAMA3_LOW_FREQ_FACTOR,
-                    high_freq_factor: float = LLAMA3_HIGH_FREQ_FACTOR) -> torch.Tensor:
-    """Llama 3's RoPE scaling of the frequencies ``inv_freq`` (Meta 2024; ``apply_scaling`` in
-    meta-llama/llama-models, Hugging Face ``_compute_llama3_parameters``): with lambda = 2 pi / theta
-    and L = ``original_len``, theta where lambda < L / high_freq_factor, theta / s where
-    lambda > L / low_freq_factor, else (1 - a) theta / s + a theta, a = (L / lambda -
-    low_freq_factor) / (high_freq_factor - low_freq_factor). A zero frequency (a pair without
-    positions) stays zero. -> the shape of ``inv_freq``."""
-    theta = inv_freq.float()
-    wavelen = 2 * math.pi / theta
-    smooth = (original_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    mid = (1 - smooth) * theta / factor + smooth * theta
-    out = torch.where(wavelen > original_len / low_freq_factor, theta / factor, mid)
-    return torch.where(wavelen < original_len / high_freq_factor, theta, out)
 
 
 class Llama3(Extension, name="llama3"):
@@ -64,5 +43,7 @@ class Llama3(Extension, name="llama3"):
         return length <= self.train_len if self.factor is None else self.factor == 1
 
     def frequencies(self, inv_freq: torch.Tensor, T: int) -> torch.Tensor:
+        from . import llama3_inv_freq  # the formula of eval.rope_scaling=llama3 (posbench.methods.rope)
+
         s = self.factor if self.factor is not None else max(1.0, T / self.train_len)
         return llama3_inv_freq(inv_freq, s, self.train_len)

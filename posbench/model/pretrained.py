@@ -47,7 +47,6 @@ them one line says what to install.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import struct
@@ -61,8 +60,8 @@ from torch import nn
 
 from ..config import BOS_SUFFIX
 from ..encodings import PositionRangeError
-from ..encodings.rotary import ntk_base, scaling_factor
 from ..errors import PosbenchError
+from ..methods import Rotation, scaling, scaling_factor, scalings
 
 EXTRA = 'pip install "posbench[hf]"'
 ROTARY_KEYS = ("rope_theta", "rope_parameters", "rotary_dim", "rotary_pct")
@@ -112,10 +111,10 @@ class PositionScheme:
 
     @contextmanager
     def scaled(self, kind: str, factor: float | None):
-        """RoPE scaling ``kind`` through the model's own rotary module and Hugging Face's rope
-        functions (:func:`hf_inv_freq`): before each forward pass the module's inverse frequencies
-        and attention factor are set for the window's length (s = ``factor``, or max(1, window /
-        train_len) where null, as for posbench's rotary encodings), and restored afterwards. Per
+        """RoPE scaling ``kind`` through the model's own rotary module (:func:`scaled_inv_freq`):
+        before each forward pass the module's inverse frequencies and attention factor are set for
+        the window's length (s = ``factor``, or max(1, window / train_len) where null, as for
+        posbench's rotary encodings; the trained ones where s = 1), and restored afterwards. Per
         layer type where the module holds several (module docstring): the types a transformers
         ``rope_scaling`` acts on are set, the others keep their trained frequencies."""
         rotary = self.rotary
@@ -134,7 +133,8 @@ class PositionScheme:
             positions = args[1] if len(args) > 1 else kwargs.get("position_ids")
             window = self.window or (int(positions.max()) + 1 if positions is not None else int(args[0].shape[1]))
             s = scaling_factor(kind, factor, window, self.train_len)
-            inv_freq, attention = hf_inv_freq(module.config, kind, s, self.train_len, window, layer_type)
+            inv_freq, attention = saved[layer_type] if s == 1.0 else \
+                scaled_inv_freq(module.config, kind, s, self.train_len, layer_type)  # s = 1: as trained
             buffer = getattr(module, f"{prefix[layer_type]}inv_freq")
             buffer.copy_(inv_freq.to(buffer.device))
             setattr(module, f"{prefix[layer_type]}attention_scaling", attention)
@@ -164,7 +164,7 @@ class PositionScheme:
         if why:
             raise PosbenchError(f"eval.extension={ext.method} acts on one layer type's rotary frequencies with "
                                 f"uncapped logits; {why}; valid: eval.extension=none, or an eval.rope_scaling "
-                                "(pi, ntk, dynamic_ntk, yarn)")
+                                f"({', '.join(name for name in scalings() if name != 'none')})")
         return types[0]
 
     @contextmanager
@@ -232,45 +232,23 @@ def scaled_layer_types(config) -> tuple[str, ...]:
     return scaled
 
 
-def hf_inv_freq(config, kind: str, factor: float, train_len: int, window: int,
-                layer_type: str | None = None) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies, attention factor) of posbench's scaling ``kind`` at ``factor`` from
-    Hugging Face's own rope functions on a copy of the model's config: ``pi`` is HF's linear,
-    ``yarn`` its yarn (original context ``train_len``), ``dynamic_ntk`` its dynamic at the window's
-    length (factor 1, so the base is b (window / train_len)^(d/(d-2)), posbench's dynamic NTK);
-    HF has no static NTK, so ``ntk`` is its default with the NTK-aware base
-    (:func:`posbench.encodings.rotary.ntk_base`). ``layer_type``: the rope parameters of that
-    layer type (a config keyed by layer type, Gemma 3), each type its own base; a type the
-    scaling does not act on (:func:`scaled_layer_types`) keeps its trained frequencies.
-    ``tests/test_pretrained.py`` checks each against posbench's rotary functions,
-    ``tests/test_gemma3.py`` against transformers' Gemma 3 rotary module."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if layer_type is not None and layer_type not in scaled_layer_types(config):
-        kind = "none"
-    config = copy.deepcopy(config)
-    params = dict(config.rope_parameters if layer_type is None else config.rope_parameters[layer_type])
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if kind == "ntk":
-        params.update(rope_type="default", rope_theta=ntk_base(params["rope_theta"], factor, dim))
-    elif kind == "pi":
-        params.update(rope_type="linear", factor=factor)
-    elif kind == "dynamic_ntk":
-        params.update(rope_type="dynamic", factor=1.0, original_max_position_embeddings=train_len)
-    elif kind == "yarn":
-        params.update(rope_type="yarn", factor=factor, original_max_position_embeddings=train_len)
-    if layer_type is None:
-        config.rope_parameters = params
-    else:
-        config.rope_parameters[layer_type] = params
-    if params["rope_type"] == "default":
-        base = params["rope_theta"]
-        return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim), 1.0
-    extra = {"seq_len": window} if kind == "dynamic_ntk" else {}
-    if layer_type is not None:
-        extra["layer_type"] = layer_type
-    inv_freq, attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None, **extra)
-    return inv_freq, float(attention)
+def scaled_inv_freq(config, kind: str, factor: float, train_len: int,
+                    layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention factor) that a model's rotary module holds under
+    posbench's RoPE scaling ``kind`` at s = ``factor``: the scaling's own class
+    (:mod:`posbench.methods.rope`, the one implementation posbench's rotary runs use too) on the
+    config's base and rotary dims (``head_dim`` x ``partial_rotary_factor``), relative to the
+    context ``train_len``. ``layer_type``: the rope parameters of that layer type (a config keyed
+    by layer type, Gemma 3), each type its own base. The scaling replaces a ``rope_scaling`` the
+    config may carry: it starts from RoPE's unscaled frequencies. ``tests/test_pretrained.py``
+    checks each against Hugging Face's rope functions, ``tests/test_gemma3.py`` against
+    transformers' Gemma 3 rotary module."""
+    params = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head * params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0))
+    method = scaling(kind)
+    return method.frequencies(Rotation(float(params["rope_theta"]), dim, train_len), factor), \
+        method.attention_factor(factor)
 
 
 def position_scheme(config) -> PositionScheme:
