@@ -34,9 +34,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from posbench.runs.rundir import atomic_write_text
+from posbench.report.collect import collect
 from posbench.report.figures import save
-from posbench.report.tables import collect, summarize
+from posbench.report.summary import summarize
+from posbench.runs.rundir import atomic_write_text
 
 COLUMNS = ["line", "seed", "steps", "train_tokens", "train_len", "eval_len", "ppl", "ppl_ci_low", "ppl_ci_high", "ratio",
            "ratio_ci_low", "ratio_ci_high", "vs_best", "vs_best_ci_low", "vs_best_ci_high", "ci_method"]

@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from posbench.intervals import BLOCKS, Cell, Estimator, pool_seeds
-from posbench.report.tables import _cells, collect, summarize
+from posbench.report.collect import collect
+from posbench.report.summary import _cells, summarize
 
 HEADLINE = Path("results/baselines/headline")
 LINES = 5

@@ -8,7 +8,7 @@ that breaks, sinusoidal, at the zoo_quick budget) are read as the report reads t
 **truth** at each length is the mean over all its seeds: the mean log perplexity (the report's
 ``ppl_mean`` is its exp) and the mean per-seed log ratio ppl(L) / ppl(train_len). Then, for k = 2,
 3 and 5, ``--draws`` random sets of k seeds per line are reported as ``posbench report`` would
-report those k runs (:func:`posbench.report.tables.add_intervals`, the seeds' variance pooled over
+report those k runs (:func:`posbench.report.summary.add_intervals`, the seeds' variance pooled over
 the column's lines below 3 seeds), and the script counts how often each interval holds the truth:
 
 * **seeds+text**, the report's interval. It covers a rerun on other text as well as other seeds,
@@ -45,7 +45,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from posbench.intervals import Cell, Estimator  # noqa: E402
-from posbench.report.tables import CELL_COLUMNS, add_intervals, collect, summarize  # noqa: E402
+from posbench.report.collect import collect  # noqa: E402
+from posbench.report.summary import CELL_COLUMNS, add_intervals, summarize  # noqa: E402
 from posbench.report.verdicts import Verdicts, ratio_cell  # noqa: E402
 
 SIZES = (2, 3, 5)

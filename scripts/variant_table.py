@@ -16,7 +16,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from posbench.config import conf_dir
-from posbench.report.tables import collect, summarize
+from posbench.report.collect import collect
+from posbench.report.summary import summarize
 
 
 def variant(encoding: dict) -> str:

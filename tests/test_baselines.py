@@ -9,7 +9,7 @@ from conftest import posbench
 
 from posbench.errors import PosbenchError
 from posbench.report.baselines import BLOCKS_FILE, export_baseline, resolve_baseline, run_blocks
-from posbench.report.tables import report
+from posbench.report.build import report
 
 pytestmark = pytest.mark.slow
 INTERVALS = ["ppl_mean", "ppl_ci_low", "ppl_ci_high", "ci_method", "ratio_ci_low", "ratio_ci_high", "ratio_method",

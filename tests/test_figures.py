@@ -33,17 +33,10 @@ from posbench.report.figures import (
     run_figure,
     training_figure,
 )
-from posbench.report.tables import (
-    REFERENCE,
-    collect,
-    draw_run,
-    latex_table,
-    markdown_table,
-    read_reference,
-    report,
-    run_setup,
-    summarize,
-)
+from posbench.report.build import REFERENCE, draw_run, read_reference, report
+from posbench.report.collect import collect, run_setup
+from posbench.report.render import latex_table, markdown_table
+from posbench.report.summary import summarize
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from posbench.eval.results import line_names, with_labels
-from posbench.report.tables import report
+from posbench.report.build import report
 
 ROOT = Path(__file__).resolve().parents[1]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -318,7 +318,8 @@ def test_two_identical_seeds_cannot_shrink_an_interval_below_the_pooled_seed_ter
 def test_report_pools_the_seeds_of_a_column_for_two_seed_lines():
     """add_intervals: a two-seed line whose seeds agree gets the column's pooled seed variance, a
     three-seed line keeps its own."""
-    from posbench.report.tables import GROUP, add_intervals
+    from posbench.report.collect import GROUP
+    from posbench.report.summary import add_intervals
 
     rng = np.random.default_rng(5)
     rows = []
@@ -344,7 +345,8 @@ def test_a_row_computed_again_is_tied_with_the_best_it_copies():
     higher: float32's last bits) are one value: the twin is bold too, though its paired interval,
     as narrow as that difference, lies above 1; a line 1% worse on the same text is not."""
     from posbench.intervals import Cell
-    from posbench.report.tables import GROUP, add_intervals
+    from posbench.report.collect import GROUP
+    from posbench.report.summary import add_intervals
 
     (best,), _ = simulated_cells(np.random.default_rng(7), 1, 0.0, 0.01)
     moved = best.blocks + 2e-8 * best.sizes

@@ -141,7 +141,7 @@ def test_run_figure_draws_every_layer_and_head(tmp_path):
 def test_train_eval_and_report_draw_the_learned_bias(tmp_path):
     """End to end on the smoke preset: train and eval write learned_bias.png/.svg into the run
     dir, report draws every run's bias into the report dir; a run without one adds nothing."""
-    from posbench.report.tables import report
+    from posbench.report.build import report
 
     run = tmp_path / "kerple_log"
     posbench("train", *SMOKE, "encoding=kerple_log", *TINY, "train.steps=4", "eval.lengths=[32]",

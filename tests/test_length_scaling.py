@@ -198,7 +198,7 @@ def test_report_names_the_scaling_of_runs_from_before_the_option(tmp_path):
     from omegaconf import OmegaConf
     from test_report import rows, write_run
 
-    from posbench.report.tables import report
+    from posbench.report.build import report
 
     old = write_run(tmp_path / "old", rows("alibi", 0, {32: 10.0, 64: 10.5}, chash="plain"))
     new = write_run(tmp_path / "ssmax", rows("alibi", 0, {32: 9.0, 64: 9.2}, chash="ssmax"))

@@ -218,7 +218,7 @@ def reported(setting, tmp_path, **thresholds):
     """A judge run (the wrapped model's long and short rows) and a small run scored on its key
     tokens (``thresholds``: alpha, beta), its longppl.csv beside it, and posbench report on it ->
     (the LongPPL table, the report's result)."""
-    from posbench.report.tables import report
+    from posbench.report.build import report
 
     _, _, tokens, ((_, wrapped), (_, evaluated)) = setting
     n = tokens.size - 1

@@ -26,7 +26,7 @@ from posbench.report.ranked import (
     split_names,
     tradeoff_figure,
 )
-from posbench.report.tables import report
+from posbench.report.build import report
 
 LENGTHS = (32, 64, 128, 256, 512)  # 1x .. 16x
 # encoding -> (ppl at 1x, ratio at 16x); learned cannot run past its table

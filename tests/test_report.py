@@ -19,8 +19,10 @@ from omegaconf import OmegaConf
 from conftest import ROOT, SMOKE, posbench
 from posbench.errors import PosbenchError
 from posbench.report.figures import DPI, INTERVAL_LABEL, passkey_figure, positions_figure, ppl_figure
-from posbench.report.tables import (REFERENCE, collect, extrapolation_summary, latex_table, markdown_table, read_reference,
-                             report, summarize)
+from posbench.report.build import REFERENCE, read_reference, report
+from posbench.report.collect import collect
+from posbench.report.render import extrapolation_summary, latex_table, markdown_table
+from posbench.report.summary import summarize
 from posbench.eval.results import read_results
 from posbench.eval.token_nll import merge_token_nll, row_key
 
@@ -533,7 +535,7 @@ def test_a_config_difference_names_the_key_a_user_sets_first(tmp_path):
     warmup a preset derives from it: --by is advised for train.steps, not the first key by name."""
     from omegaconf import OmegaConf
 
-    from posbench.report.tables import config_diff
+    from posbench.report.collect import config_diff
 
     for name, steps, frac in (("a", 400, 0.2), ("b", 800, 0.1)):
         (tmp_path / name).mkdir()

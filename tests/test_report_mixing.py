@@ -11,7 +11,7 @@ from test_report import rows, write_run
 
 from posbench.errors import PosbenchError
 from posbench.report.baselines import resolve_baseline
-from posbench.report.tables import report
+from posbench.report.build import report
 
 ZOO_QUICK = resolve_baseline("zoo_quick")
 ZOO_QUICK_RUN = ZOO_QUICK / "alibi" / "experiment=zoo_quick,seed=0"  # the first of its runs collect finds
@@ -98,7 +98,7 @@ def test_runs_of_other_sizes_lengths_and_budgets_on_one_text_stay_together_and_t
 def test_a_pretrained_models_bos_policies_score_one_text_and_its_tokenizer_another(tmp_path):
     """``pretrained.name`` names the model's tokenizer: ``+bos`` (bos=every) scores the same tokens
     as bos=first, so the text is the same; another model file is another text."""
-    from posbench.report.tables import _text_config
+    from posbench.report.collect import _text_config
 
     def run(name, pretrained):
         path = tmp_path / name

@@ -63,7 +63,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_import_graph_sees_known_edges():
     graph = import_graph()
-    assert "posbench.config" in graph["posbench.train.loop"] and "posbench.eval.results" in graph["posbench.report.tables"]
+    assert "posbench.config" in graph["posbench.train.loop"] and "posbench.eval.results" in graph["posbench.report.collect"]
     assert "posbench.encodings.base" in graph["posbench.encodings.rotary"]  # relative imports resolved
 
 

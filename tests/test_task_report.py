@@ -13,7 +13,7 @@ import pytest
 from conftest import posbench
 from posbench.errors import PosbenchError
 from posbench.intervals import pooled_moments, pooled_t_interval, t_quantile, wilson_interval
-from posbench.report.tables import report
+from posbench.report.build import report
 from posbench.eval.results import TASK_COLUMNS
 from posbench.report.tasks import read_tasks, summarize_tasks, task_labels, task_report, task_verdicts
 

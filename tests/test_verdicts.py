@@ -15,14 +15,9 @@ from conftest import ROOT
 from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
 from posbench.report.matched import matched_table, matched_verdict
-from posbench.report.tables import (
-    CELL_COLUMNS,
-    add_intervals,
-    collect,
-    extrapolation_summary,
-    summarize,
-    texts_apart,
-)
+from posbench.report.summary import CELL_COLUMNS, add_intervals, summarize
+from posbench.report.collect import collect, texts_apart
+from posbench.report.render import extrapolation_summary
 from posbench.report.verdicts import PREFIX, Verdicts, split_contrast, split_variant, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",

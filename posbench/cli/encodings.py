@@ -70,7 +70,7 @@ def main(args: list[str]) -> None:
     point whose module is gone, a config dir's file that does not parse), naming its package or
     file and the error, so one broken plugin hides neither the others nor itself."""
     from ..encodings import ENCODINGS, PLUGINS, REGISTRY
-    from ..report.tables import count_text
+    from ..report.render import count_text
 
     parser = argparse.ArgumentParser(prog="posbench encodings", description=HELP)
     parser.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",

@@ -66,7 +66,7 @@ def _use_threads() -> None:
 def _train_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from ..report.tables import draw_run
+    from ..report.build import draw_run
     from ..runs.lock import hold
     from ..runs.output import tee_to
     from ..train.configure import train_config
@@ -120,7 +120,7 @@ def _eval_task(cfg) -> None:
     from ..eval.probes import build_probe, probe_subject
     from ..eval.results import markdown_results
     from ..eval.subject import open_subject
-    from ..report.tables import draw_run
+    from ..report.build import draw_run
 
     code_version()  # read now, as the code is imported: rows written an hour on name this code, not the checkout's then
     _use_threads()

@@ -14,7 +14,7 @@ HELP = "gather results.csv (and tasks.csv) files under run/sweep dirs into table
 def parser() -> argparse.ArgumentParser:
     """``posbench report``'s options."""
     from ..report.baselines import shipped_baselines
-    from ..report.tables import REFERENCE
+    from ..report.build import REFERENCE
 
     parser = argparse.ArgumentParser(prog="posbench report", description=HELP)
     parser.add_argument("dirs", nargs="+", help="run dirs, sweep dirs, results.csv or tasks.csv files")
@@ -75,8 +75,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(args: list[str]) -> None:
     from ..report.baselines import export_baseline, resolve_baseline
+    from ..report.build import ReportOptions, report
     from ..report.probes import THRESHOLD
-    from ..report.tables import report
 
     ns = parser().parse_args(args)
     if ns.export_baseline:
@@ -95,10 +95,10 @@ def main(args: list[str]) -> None:
     per = _per(ns, by)
     matched = _matched_parts(ns, baselines) if ns.matched else None  # refused before any file is written
     reference = None if ns.no_reference else ns.reference
-    done = report(ns.dirs, ns.out, fmt=ns.format, log_y=not ns.linear_y, reference=reference,
-                  by=by, baselines=baselines, threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts,
-                  strict_contrasts=not ns.missing_contrasts,
-                  per=per)
+    options = ReportOptions(fmt=ns.format, log_y=not ns.linear_y, reference=reference, by=by, baselines=baselines,
+                            threshold=threshold, mix=ns.mix, lines=ns.lines, contrasts=contrasts, per=per,
+                            strict_contrasts=not ns.missing_contrasts)
+    done = report(ns.dirs, ns.out, options)
     if ns.matched:
         done = _matched(ns, done, baselines, matched)
     if done.header:
@@ -135,8 +135,8 @@ def _contrasts(ns) -> list[str]:
 
 def _matched_parts(ns, baselines: list[str]):
     """--matched's table and verdicts (posbench.report.matched.matched_parts), or its one line."""
+    from ..report.collect import collect
     from ..report.matched import matched_parts
-    from ..report.tables import collect
 
     return matched_parts(collect(list(ns.dirs) + baselines), ns.target)
 

@@ -10,7 +10,7 @@ same time keep each other's rows. Each row belongs to one figure/table line, nam
 :func:`line_label`.
 
 The evaluator computes rows and hands them here; drawing is the report stage's, called last by
-the command that asked (:func:`posbench.report.tables.draw_run`).
+the command that asked (:func:`posbench.report.build.draw_run`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ extension, scores the same n. :func:`scored_count` picks it:
 
 A run written before this rule may hold two sets in one split and mode; a later evaluation is
 then refused until ``eval.recompute=true`` scores them all on one, and the report refuses the
-lines that mix them (:func:`posbench.report.tables.check_token_sets`).
+lines that mix them (:func:`posbench.report.collect.check_token_sets`).
 """
 
 from __future__ import annotations

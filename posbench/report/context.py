@@ -75,7 +75,7 @@ def _pairs(df: pd.DataFrame, names=line_names) -> pd.DataFrame:
 
 
 def context_gain(df: pd.DataFrame, bins: int = BINS, names=line_names) -> pd.DataFrame:
-    """Results rows (with their ``run`` dirs, :func:`posbench.report.tables.collect`) -> one row per
+    """Results rows (with their ``run`` dirs, :func:`posbench.report.collect.collect`) -> one row per
     line, long window and offset bin (and ``all`` offsets): the gain with its interval (COLUMNS).
     Empty where no run has both rows and their per-token NLL. ``names``: rows -> line names (the
     report's palette, so lines are named as in its other figures)."""

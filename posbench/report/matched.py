@@ -81,7 +81,8 @@ def train_tokens(rows: pd.DataFrame, steps: int) -> int:
 
 def budget_cells(df: pd.DataFrame) -> dict[str, dict[int, tuple[Cell, Cell, int]]]:
     """label -> steps -> (cell at train_len, the line's log-ratio cell at the longest length, tokens a step x steps)."""
-    from .tables import _cells, check_one_run_per_seed
+    from .collect import check_one_run_per_seed
+    from .summary import _cells
 
     df = with_labels(df.assign(variant=""))
     check_one_run_per_seed(df, also=("steps",))  # a budget's seed from two runs would count twice

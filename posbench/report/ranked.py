@@ -2,7 +2,7 @@
 
 Past :data:`MANY_LINES` lines a perplexity-vs-length panel cannot be read: colours repeat, and
 thirty lines that hold up share one band. So the report draws, from the summary
-(:func:`posbench.report.tables.summarize`), one point per line:
+(:func:`posbench.report.summary.summarize`), one point per line:
 
 - :func:`ranked_figure` (``ranked.png``): each line's ratio ppl(M x) / ppl(1x) and its ppl at 1x,
   each with its 95% interval, the lines grouped by family (the hook the encoding uses,

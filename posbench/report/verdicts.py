@@ -207,7 +207,7 @@ def numeric_first(values: pd.Series) -> pd.Series:
 
 
 class Verdicts:
-    """The verdict lines of one summary (:func:`posbench.report.tables.summarize` with ``cells=True``);
+    """The verdict lines of one summary (:func:`posbench.report.summary.summarize` with ``cells=True``);
     ``per``: dotted ``--by`` keys whose values split setups instead of lines (module docstring)."""
 
     def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None, per: list[str] = ()):
@@ -258,7 +258,7 @@ class Verdicts:
     @staticmethod
     def _pool(g: pd.DataFrame, length: int, ratio: bool):
         """The seeds' pooled variance of the column (text, train_len, ``length``) that the table's
-        intervals used (:func:`posbench.report.tables.add_intervals`), of the cells or the ratios."""
+        intervals used (:func:`posbench.report.summary.add_intervals`), of the cells or the ratios."""
         return g[g.eval_len == length]["ratio_pool" if ratio else "cell_pool"].iloc[0]
 
     def _order(self, cells: dict[str, Cell], values: dict[str, float], pool, digits: int, g: pd.DataFrame,
@@ -439,7 +439,7 @@ def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | No
     """Every verdict of ``summary`` (module docstring), each a line starting with :data:`PREFIX`;
     ``strict``: a contrast naming no line of the report is refused (:meth:`Verdicts.contrasts`);
     ``untrained``: lines (keyed by :data:`~posbench.eval.results.LINE`) that learned too little to
-    compare (:func:`posbench.report.tables.untrained_lines`), left out of every verdict and named.
+    compare (:func:`posbench.report.summary.untrained_lines`), left out of every verdict and named.
     A contrast is checked against every line of the report, the untrained ones included."""
     labels = set(summary.label)
     for pair in contrasts if strict else ():
