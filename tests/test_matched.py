@@ -138,3 +138,62 @@ def test_a_budget_s_seed_from_two_runs_is_refused():
     with pytest.raises(PosbenchError, match=r"seed 1 of rope \(train_len 128, L=128\) is in two runs, runs/rope/steps"
                                             r"\d+/seed1 and copy/runs/rope/steps\d+/seed1"):
         matched_table(pd.concat([df, again], ignore_index=True))
+
+
+# Two sizes of one line and a line of one size: model -> (params, steps -> (ppl at 128, ppl at 2048) for seed 0)
+SIZES = {
+    "tiny": (1000, {1000: (62.0, 180.0), 2000: (54.0, 200.0), 4000: (49.0, 210.0)}),
+    "small": (4000, {4000: (55.0, 110.0), 8000: (48.0, 100.0), 16000: (44.0, 96.0)}),
+}
+
+
+def size_rows() -> pd.DataFrame:
+    out = []
+    for model, (params, budgets) in SIZES.items():
+        for steps, (p1, p16) in budgets.items():
+            for seed, up in enumerate((1.0, 1.02, 1.04)):
+                for length, ppl in ((128, p1 * up), (2048, p16 * up * (1 + 0.01 * seed))):
+                    out.append({"encoding": "rope", "rope_scaling": "none", "train_len": 128, "eval_len": length,
+                                "seed": seed, "split": "validation", "mode": "nonoverlapping", "stride": length,
+                                "ppl": ppl, "nll": math.log(ppl), "tokens": 4096, "status": "ok", "model": model,
+                                "data": "sotu", "steps": steps, "params": params})
+    return pd.DataFrame(out)
+
+
+def test_sizes_are_lines_of_their_own_compared_at_matched_ppl_and_at_equal_tokens_per_parameter(tmp_path):
+    """Two model sizes of rope are two lines (never one line's six seeds); across them the matched
+    table reads each at rope's own target (the higher of the two sizes' final ppl at train_len:
+    tiny's), and the verdicts order the sizes there and at each tokens-per-parameter value both
+    trained (1, 2 and 4 tokens a parameter here: tiny's 1000..4000 steps, small's 4000..16000)."""
+    from posbench.report.matched import matched_parts, shared_budgets, write_matched
+
+    lines, table, verdicts = matched_parts(size_rows())
+    assert sorted(lines) == ["rope (model=small)", "rope (model=tiny)"]
+    assert {n: (line.setup, line.params) for n, line in lines.items()} == {
+        "rope (model=small)": ("model=small", 4000.0), "rope (model=tiny)": ("model=tiny", 1000.0)}
+    table = table.set_index("label")
+    goal = gmean([49.0 * u for u in (1.0, 1.02, 1.04)])  # tiny's final ppl at 128, above small's (44)
+    assert table.target.tolist() == pytest.approx([goal, goal]) and table.seeds.tolist() == [3, 3]
+    assert table.loc["rope (model=tiny)", "weight"] == pytest.approx(1.0)  # tiny reaches it at its last budget
+    p_lo, p_hi = gmean([55 * u for u in (1, 1.02, 1.04)]), gmean([48 * u for u in (1, 1.02, 1.04)])
+    w = (math.log(p_lo) - math.log(goal)) / (math.log(p_lo) - math.log(p_hi))
+    r = [(1 - w) * math.log(110 / 55 * (1 + 0.01 * s)) + w * math.log(100 / 48 * (1 + 0.01 * s)) for s in range(3)]
+    assert table.loc["rope (model=small)", "ratio"] == pytest.approx(math.exp(np.mean(r)))
+    matched_small, matched_tiny = math.exp(np.mean(r)), gmean([210 / 49 * (1 + 0.01 * s) for s in range(3)])
+    assert verdicts[0] == (f"verdict: rope matched at ppl(train_len) = {goal:.2f} across setups, the 16x ratio, "
+                           f"lowest first: model=small {matched_small:.3f} < model=tiny {matched_tiny:.3f}")
+    # equal tokens per parameter: 1, 2, 4 (tiny 1000 steps / 1000 parameters = small 4000 / 4000, ...)
+    shared = shared_budgets(list(lines.values()))
+    assert [round(v, 6) for v, _ in shared] == [1.0, 2.0, 4.0]
+    assert sorted(shared[0][1]) == ["model=small (0.00M tokens)", "model=tiny (0.00M tokens)"]
+    at_one = gmean([110 / 55 * (1 + 0.01 * s) for s in range(3)]), gmean([180 / 62 * (1 + 0.01 * s) for s in range(3)])
+    assert verdicts[1] == ("verdict: rope at 1.00 tokens a parameter across setups, the 16x ratio, lowest first: "
+                           f"model=small (0.00M tokens) {at_one[0]:.3f} < model=tiny (0.00M tokens) {at_one[1]:.3f}")
+    assert len(verdicts) == 4 and all(v.startswith("verdict: rope at ") for v in verdicts[1:])
+    md = (tmp_path / "matched.md")
+    write_matched(size_rows(), tmp_path)
+    assert f"Target ppl at train_len: each line's own, the highest of its label's setups' at their largest budgets: " \
+           f"rope (model=small) {goal:.2f}" in md.read_text()
+    # sizes that share no tokens-per-parameter value (5% apart or more) are not compared there
+    far = size_rows().assign(params=lambda d: d.params.where(d.model == "tiny", 4300))
+    assert [v for v in matched_parts(far)[2] if "tokens a parameter" in v] == []
