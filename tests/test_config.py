@@ -11,8 +11,9 @@ from posbench.model.build import build_model
 from posbench.config import DataConfig, EvalConfig, TrainConfig, conf_dir, config_hash, model_config, typed
 from posbench.errors import PosbenchError
 
-GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in ("probe", "study"))
-# probe: eval only (tests/test_probe.py); study: files `posbench study` reads, not a Hydra group (tests/test_study.py)
+GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in ("probe", "study", "method"))
+# probe, method: eval only (tests/test_probe.py, test_every_method_composes_into_the_eval_keys); study: files
+# `posbench study` reads, not a Hydra group (tests/test_study.py)
 
 
 @pytest.mark.parametrize("group, option", [(g, p.stem) for g in GROUPS
@@ -26,6 +27,31 @@ def test_every_config_group_composes(group, option):
     if group in ("encoding", "model", "experiment"):
         model = build_model(cfg, vocab_size=300)
         assert model.encoding.name == cfg.encoding.name
+
+
+@pytest.mark.parametrize("method", sorted(p.stem for p in (conf_dir() / "method").glob("*.yaml")))
+def test_every_method_composes_into_the_eval_keys(method):
+    """posbench eval's method=NAME (conf/method/NAME.yaml) with its options set becomes the
+    eval.extension keys the evaluation reads (posbench.eval.subject.apply_method)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from posbench.eval.subject import apply_method
+    from posbench.methods import method_class
+
+    fields = method_class(method).option_fields()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = hydra_compose("app_eval", overrides=[f"method={method}",
+                                                       *(f"method.{o}={5 + i}" for i, o in enumerate(fields))])
+    finally:
+        GlobalHydra.instance().clear()
+    ecfg = typed(EvalConfig, apply_method(cfg).eval, "eval")
+    assert ecfg.extension == method
+    assert {field: getattr(ecfg, f"extension_{field}") for field in fields.values()} == {
+        field: 5 + i for i, field in enumerate(fields.values())}
 
 
 def test_config_hash_ignores_seed_and_eval_only():
@@ -74,7 +100,8 @@ def test_help_and_encodings_list():
     scaling = next(i for i, line in enumerate(listing) if line.startswith("RoPE scalings"))
     methods = {line.split()[0]: line for line in listing[start + 1:scaling] if line.strip()}
     assert list(methods) == ["self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca"]
-    assert "eval.extension_window=W, eval.extension_group=G  [Jin et al. 2024" in methods["self_extend"]
+    assert "method.window=W, method.group=G  [Jin et al. 2024" in methods["self_extend"]
+    assert "method.shift=S, method.local=W  [An et al. 2024" in methods["string"]
     scalings = {line.split()[0]: line for line in listing[scaling + 1:] if line.strip()}
     assert list(scalings) == ["pi", "ntk", "dynamic_ntk", "yarn", "llama3"]
     assert "s = T / train_len always  [emozilla 2023" in scalings["dynamic_ntk"]

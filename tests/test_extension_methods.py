@@ -357,14 +357,31 @@ def test_posbench_eval_runs_each_method_on_a_pretrained_model_and_refuses_a_bad_
         num_key_value_heads=2, max_position_embeddings=CONTEXT)).save_pretrained(path)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(path)
     out, common = tmp_path / "out", (f"pretrained={path}", "eval.lengths=[16,64]", "eval.max_tokens=256")
-    for args in (["eval.extension=llama3"], ["eval.extension=string", "eval.extension_window=8"],
-                 ["eval.extension=sinks", "eval.extension_window=12", "eval.extension_group=4"],
-                 ["eval.extension=lm_infinite"], ["eval.extension=dca"]):
+    for args in (["eval.extension=llama3"], ["method=string", "method.shift=8"],
+                 ["method=sinks", "method.window=12", "method.sinks=4"],
+                 ["eval.extension=lm_infinite"], ["method=dca"]):
         posbench("eval", *common, f"out={out}", *args)
     rows = pd.read_csv(out / "results.csv")
     assert sorted(set(rows.rope_scaling)) == ["dca(C=12,w=2)", "llama3", "lm_infinite(W=16,n=10)", "none",
                                               "sinks(W=12,n=4)", "string(S=8,W=2)"]
     assert (rows.status == "ok").all() and list(rows[rows.rope_scaling == "none"].eval_len) == [16]
+    # the older spelling names the same method and options: its rows are there, nothing is computed again
+    again = posbench("eval", *common, f"out={out}", "eval.extension=sinks", "eval.extension_window=12",
+                     "eval.extension_group=4")
+    assert pd.read_csv(out / "results.csv").equals(rows) and "already" in again.stderr + again.stdout
+    for args, line in ((["method=sinks", "method.windw=3"], "unknown key 'method.windw'; valid keys in method: name, "
+                                                            "sinks, window; did you mean method.window?"),
+                       (["method=sinks", "+method.windw=3"], "method.windw is not an option of method=sinks; valid: "
+                                                             "method.window, method.sinks"),
+                       (["method=sinks", "method.window=0"], "method.window=0 is not valid; valid: a positive integer, "
+                                                             "or null (the method's default)"),
+                       (["method=sinks", "eval.extension=dca"], "method=sinks and eval.extension=dca name two "
+                                                                "methods; valid: one of them"),
+                       (["method=sinks", "method.window=8", "eval.extension_window=9"],
+                        "method.window=8 and eval.extension_window=9 set one parameter twice")):
+        bad = posbench("eval", *common, f"out={tmp_path / 'bad'}", *args, check=False)
+        assert bad.returncode != 0 and line in bad.stderr.strip().splitlines()[-1], (args, bad.stderr)
+    assert not (tmp_path / "bad").exists()
     bad = posbench("eval", *common, f"out={tmp_path / 'bad'}", "eval.extension=streaming", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
         "posbench: error: eval.extension='streaming' is not valid; valid choices: none, self_extend, rerope, logn, "

@@ -160,6 +160,12 @@ def test_posbench_eval_runs_a_plugin_method_beside_a_built_in(plugin, tmp_path):
     posbench("eval", *common, f"out={out}", "eval.extension=rerope", "eval.extension_window=8", env=env)
     posbench("eval", *common, f"out={out}", "eval.extension=my_methods:LocalWindow", "eval.extension_window=16",
              env=env)
+    # or method=NAME from a config dir holding method/NAME.yaml (its import path and options): the same rows
+    (plugin / "conf" / "method").mkdir(parents=True)
+    (plugin / "conf" / "method" / "local_window.yaml").write_text("name: my_methods:LocalWindow\nwindow: 16\n")
+    before = pd.read_csv(out / "results.csv")
+    posbench("eval", "--config-dir", str(plugin / "conf"), *common, f"out={out}", "method=local_window", env=env)
+    assert pd.read_csv(out / "results.csv").equals(before)
     posbench("eval", *common, f"out={out}", "eval.rope_scaling=my_methods:SqrtPI", env=env)
     posbench("eval", *common, f"out={out}", "eval.rope_scaling=pi", env=env)
     rows = pd.read_csv(out / "results.csv")
@@ -189,7 +195,7 @@ def test_method_checks_pass_the_built_ins_and_the_plugin_and_fail_a_broken_one(p
         check_method("my_methods:SeesTheFuture", 8, None, ["causality"])
     env = {**os.environ, "PYTHONPATH": f"{plugin}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = posbench("check", "eval.extension=my_methods:LocalWindow", "eval.extension_window=8", env=env).stdout
-    assert out.splitlines()[-1] == "eval.extension=my_methods:LocalWindow: 4 of 4 checks passed"
+    assert out.splitlines()[-1] == "method=my_methods:LocalWindow: 4 of 4 checks passed"
     bad = posbench("check", "eval.extension=my_methods:ClaimsIdentity", "eval.extension_window=8", "--only",
                    "identity", env=env, check=False)
     assert bad.returncode == 1 and bad.stdout.splitlines()[0].startswith("FAIL  identity: ")

@@ -63,7 +63,8 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_import_graph_sees_known_edges():
     graph = import_graph()
-    assert "posbench.config" in graph["posbench.train.loop"] and "posbench.eval.results" in graph["posbench.report.collect"]
+    assert "posbench.config" in graph["posbench.train.loop"]
+    assert "posbench.eval.results" in graph["posbench.report.collect"]
     assert "posbench.encodings.base" in graph["posbench.encodings.rotary"]  # relative imports resolved
 
 
@@ -169,12 +170,26 @@ def test_no_import_from_a_later_stage():
 
 def test_a_method_module_is_imported_by_the_registry_alone():
     """Inference-time methods are classes of posbench/methods/, registered by name: only the registry
-    (posbench.methods) imports a method's module; the rest of posbench asks the registry."""
+    (posbench.methods) imports a method's module (it imports every module of its package by
+    scanning it, so a new method names itself nowhere else); the rest of posbench asks the registry.
+    Each built-in method has its conf/method/NAME.yaml, whose keys are the method's options."""
+    import yaml
+
+    from posbench.methods import methods
+
     graph = import_graph()
     modules = {m for m in graph if m.startswith("posbench.methods.") and m != "posbench.methods.base"}
     assert modules >= {"posbench.methods.regroup", "posbench.methods.scaled", "posbench.methods.parts"}
     importers = {m: sorted(n for n, deps in graph.items() if m in deps) for m in modules}
-    assert importers == {m: ["posbench.methods"] for m in modules}
+    assert all(set(found) <= {"posbench.methods"} for found in importers.values()), importers
+    found = {cls.__module__ for cls in methods().values()}
+    assert found >= {"posbench.methods.regroup", "posbench.methods.scaled", "posbench.methods.parts"}
+    conf = PACKAGE.parent / "conf" / "method"
+    built_in = {name: cls for name, cls in methods().items() if cls.__module__.startswith("posbench.methods")}
+    assert {p.stem for p in conf.glob("*.yaml")} == set(built_in)
+    for name, cls in built_in.items():
+        options = yaml.safe_load((conf / f"{name}.yaml").read_text())
+        assert options == {"name": name, **{option: None for option in cls.option_fields()}}, name
 
 
 def test_eval_asks_the_model_and_never_branches_on_its_type():

@@ -15,8 +15,8 @@ from ..errors import fail
 from .validate import check_plugin_yaml, existing_dirs
 
 HELP = ("run the conformance checks on an encoding (a name or pkg.module:Class), or on model options and layers "
-        "(model.KEY=VALUE) with one encoding of each kind, or an inference-time method (eval.extension=NAME), as the "
-        "zoo's tests do")
+        "(model.KEY=VALUE) with one encoding of each kind, or an inference-time method (method=NAME "
+        "[method.OPTION=V], or eval.extension=NAME), as the zoo's tests do")
 OPTION_ENCODINGS = ("nope", "rope", "alibi", "fox")  # what model options alone are checked with
 
 
@@ -57,7 +57,7 @@ def main(args: list[str]) -> None:
 
     if ns.encoding.startswith("model."):  # model options alone: each checked with OPTION_ENCODINGS
         return check_model_options([ns.encoding, *ns.options], [c for c in ns.only.split(",") if c])
-    if ns.encoding.startswith("eval.extension="):  # an inference-time method
+    if ns.encoding.startswith(("eval.extension=", "method=")):  # an inference-time method
         only = None if ns.only == ",".join(CHECKS) else [c for c in ns.only.split(",") if c]
         return check_method_options([ns.encoding, *ns.options], only)
     cls, options = config_dir_encoding(ns.encoding, existing_dirs(ns.config_dir))
@@ -102,23 +102,38 @@ def run_checks(names: list[str], run) -> int:
 
 
 def check_method_options(items: list[str], checks: list[str] | None) -> None:
-    """``posbench check eval.extension=NAME [eval.extension_window=W] [eval.extension_group=G]``: the
-    method checks (:data:`posbench.model.conformance.METHOD_CHECKS`) on a built-in, registered or
-    import-path method, one line a check."""
+    """``posbench check method=NAME [method.OPTION=V ...]`` (or its older spelling ``eval.extension=NAME
+    [eval.extension_window=W] [eval.extension_group=G]``): the method checks
+    (:data:`posbench.model.conformance.METHOD_CHECKS`) on a built-in, registered or import-path
+    method, one line a check."""
     import yaml
+    from omegaconf import OmegaConf
 
+    from ..eval.subject import apply_method
     from ..model.conformance import METHOD_CHECKS, check_method
 
     keys = {"eval.extension": None, "eval.extension_window": None, "eval.extension_group": None}
+    method: dict = {}
     for item in items:
         key, eq, value = item.partition("=")
-        if not eq or key not in keys:
-            fail(f"option {item!r} is not one of {', '.join(f'{k}=...' for k in keys)}")
-        keys[key] = value if key == "eval.extension" else yaml.safe_load(value)
+        if eq and key == "method":
+            method["name"] = value
+        elif eq and key.startswith("method.") and key.count(".") == 1:
+            method[key.split(".")[1]] = yaml.safe_load(value)
+        elif not eq or key not in keys:
+            fail(f"option {item!r} is not one of {', '.join(f'{k}=...' for k in keys)}, method=NAME, "
+                 "method.OPTION=...")
+        else:
+            keys[key] = value if key == "eval.extension" else yaml.safe_load(value)
+    if method:  # method=NAME method.OPTION=V: the eval.extension keys it stands for
+        cfg = OmegaConf.create({"method": {"name": "none", **method},
+                                "eval": {k.split(".")[1]: v for k, v in keys.items()}})
+        apply_method(cfg)
+        keys = {f"eval.{k}": cfg.eval[k] for k in ("extension", "extension_window", "extension_group")}
     names = list(METHOD_CHECKS) if checks is None else checks
     failed = run_checks(names, lambda check: check_method(keys["eval.extension"], keys["eval.extension_window"],
                                                           keys["eval.extension_group"], [check]))
-    print(f"eval.extension={keys['eval.extension']}: {len(names) - failed} of {len(names)} checks passed")
+    print(f"method={keys['eval.extension']}: {len(names) - failed} of {len(names)} checks passed")
     if failed:
         raise SystemExit(1)
 

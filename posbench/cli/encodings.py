@@ -102,12 +102,13 @@ def main(args: list[str]) -> None:
         print(f"{option:<{width}}  {description}  [{paper}]")
     from ..methods import methods
 
-    print("\ninference-time methods, on rotary runs and pretrained models (posbench eval ... eval.extension=NAME):")
+    print("\ninference-time methods, on rotary runs and pretrained models (posbench eval ... method=NAME; "
+          "eval.extension=NAME the older spelling):")
     found = {name: cls for name, cls in methods().items() if name != "none"}
     width = max(len(name) for name in found)
     for name, cls in found.items():
-        options = ", ".join(f"eval.extension_{key}={value}" for key, value in zip(("window", "group"), cls.params)
-                            if value)
+        letters = dict(zip(("window", "group"), cls.params))
+        options = ", ".join(f"method.{option}={letters[field]}" for option, field in cls.option_fields().items())
         print(f"{name:<{width}}  {options or 'no options'}  [{cls.paper}]")
     from ..methods import scalings
 

@@ -119,13 +119,14 @@ def _eval_task(cfg) -> None:
     from ..eval.ladder import evaluate_subject
     from ..eval.probes import build_probe, probe_subject
     from ..eval.results import markdown_results
-    from ..eval.subject import open_subject
+    from ..eval.subject import apply_method, open_subject
     from ..report.build import draw_run
 
     code_version()  # read now, as the code is imported: rows written an hour on name this code, not the checkout's then
     _use_threads()
     fill_choice_names(cfg, ("probe",))
     with user_errors(None), _eval_lock(cfg):
+        apply_method(cfg)  # method=NAME method.OPTION=V: the eval.extension keys every later step reads
         _check_subject(cfg)
         probe = build_probe(cfg.probe) if cfg.get("probe") else None
         subject = open_subject(cfg)

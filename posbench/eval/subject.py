@@ -33,12 +33,49 @@ from ..encodings.extension import Extension
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
-from ..methods import scaling
+from ..methods import method_class, scaling
 from ..model.build import autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..model.preflight import check_evaluation, check_pretrained
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint
 from .pretrained import measured_config, output_dir, pretrained_lengths
 from .probe import Subject, scaling_by_length
+
+
+def apply_method(cfg: DictConfig) -> DictConfig:
+    """``method=NAME method.OPTION=V ...`` (conf/method/NAME.yaml: the method's options by name,
+    :meth:`~posbench.methods.Extension.option_fields`) written into the keys it stands for,
+    ``eval.extension``, ``eval.extension_window`` and ``eval.extension_group`` (the older spelling,
+    kept: eval.* is not hashed), so every later step reads one spelling. One line for an option
+    the method lacks, a value that is not a positive integer, or a method or value the older keys
+    name otherwise. -> ``cfg``, changed in place."""
+    method = cfg.get("method")
+    if method is None or str(method.get("name", "none")) == "none":
+        return cfg
+    name = str(method.name)
+    fields = method_class(name).option_fields()
+    unknown = [key for key in method if key not in ("name", *fields)]
+    if unknown:
+        valid = ", ".join(f"method.{option}" for option in fields) or "none (it has no options)"
+        raise PosbenchError(f"method.{unknown[0]} is not an option of method={name}; valid: {valid}")
+    with open_dict(cfg):
+        named = str(cfg.eval.get("extension") or "none")
+        if named not in ("none", name):
+            raise PosbenchError(f"method={name} and eval.extension={named} name two methods; valid: one of them "
+                                "(eval.extension=NAME is method=NAME's older spelling)")
+        cfg.eval.extension = name
+        for option, field in fields.items():
+            value = method.get(option)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PosbenchError(f"method.{option}={value!r} is not valid; valid: a positive integer, or null "
+                                    "(the method's default)")
+            key, old = f"extension_{field}", cfg.eval.get(f"extension_{field}")
+            if old is not None and old != value:
+                raise PosbenchError(f"method.{option}={value} and eval.{key}={old} set one parameter twice; valid: "
+                                    "one of them")
+            cfg.eval[key] = value
+    return cfg
 
 
 def extension_of(ecfg: EvalConfig, train_len: int) -> Extension:

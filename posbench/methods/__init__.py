@@ -1,12 +1,15 @@
-"""Inference-time methods: one class each, registered by its ``eval.extension`` or
+"""Inference-time methods: one class each, registered by its ``method=`` (``eval.extension``) or
 ``eval.rope_scaling`` name.
 
 :class:`Extension` (``posbench/methods/base.py``) is the base and the method that changes
-nothing; the built-ins register themselves when their module is imported here, and only here:
-:mod:`.regroup` (Self-Extend, ReRoPE), :mod:`.scaled` (log-n, Llama 3's scaling), :mod:`.parts`
-(STRING, attention sinks, LM-Infinite, Dual Chunk Attention). ``Extension("self_extend", 512, 8,
-train_len)`` builds the class registered under that name; :func:`methods` lists them in order.
-How any method's attention is computed: :mod:`posbench.encodings.extension`.
+nothing; the built-ins register themselves when their module is imported, here and only here,
+every module of this package found by scanning it: :mod:`.regroup` (Self-Extend, ReRoPE),
+:mod:`.scaled` (log-n, Llama 3's scaling), :mod:`.parts` (STRING, attention sinks, LM-Infinite,
+Dual Chunk Attention). A built-in is its class in a module here and its options' defaults in
+conf/method/NAME.yaml (``method=NAME method.OPTION=V``, :meth:`Extension.option_fields`):
+nothing else names it. ``Extension("self_extend", 512, 8, train_len)`` builds the class
+registered under that name; :func:`methods` lists them in order. How any method's attention is
+computed: :mod:`posbench.encodings.extension`.
 
 RoPE scalings (``eval.rope_scaling``: PI, NTK, dynamic NTK, YaRN, Llama 3's) are classes of
 :mod:`.rope` (:class:`RopeScaling`), registered the same way and listed by :func:`scalings`;
@@ -24,9 +27,11 @@ A scaling the same way, in the group ``posbench.rope_scalings`` (``eval.rope_sca
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..config import SCALING_GROUP  # the entry-point group of RoPE scalings from other packages
 from ..errors import PosbenchError
-from . import parts, regroup, rope, scaled  # noqa: F401 - the built-ins register themselves
 from .base import REGISTRY, Extension, Part, logn_factor
 from .parts import STRING_FACTOR, STRING_LOCAL
 from .rope import (
@@ -45,6 +50,9 @@ from .rope import (
     yarn_inv_freq,
     yarn_ramp,
 )
+
+for _module in pkgutil.iter_modules(__path__):  # every module here: the built-ins register themselves as imported,
+    importlib.import_module(f"{__name__}.{_module.name}")  # so a new one is its module and conf/method/NAME.yaml
 
 ORDER = ("none", "self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca")
 

@@ -66,6 +66,9 @@ class Extension:
     name: ClassVar[str] = "none"
     paper: ClassVar[str] = ""  # its paper and reference code, for listings
     params: ClassVar[tuple[str | None, ...]] = ()  # what window and group are called in labels and errors
+    # what window and group are called as options (``method=NAME method.OPTION=V``, conf/method/NAME.yaml),
+    # for the parameters the method has (params)
+    options: ClassVar[tuple[str, str]] = ("window", "group")
     # how posbench.encodings.extension computes it: "one" fused causal attention (no position moves),
     # "regroup" (near keys as trained, far keys at the method's positions), or from its "parts"
     kernel: ClassVar[str] = "one"
@@ -92,6 +95,11 @@ class Extension:
             raise PosbenchError(f"llama3's factor must be >= 1 (1 = no scaling) or None (T / train_len), "
                                 f"got {self.factor}")
         self.validate()
+
+    @classmethod
+    def option_fields(cls) -> dict[str, str]:
+        """``method.OPTION`` -> the parameter it sets (window, group): one for each the method has."""
+        return {option: field for option, field, named in zip(cls.options, ("window", "group"), cls.params) if named}
 
     def validate(self) -> None:
         """One line unless the parameters suit the method (a method with defaults fills them here)."""

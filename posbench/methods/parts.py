@@ -53,6 +53,7 @@ class String(FromParts, name="string"):
     paper = "An et al. 2024, Why Does the Effective Context Length of LLMs Fall Short? (STRING); HKUNLP/STRING"
 
     params = ("S", "W")
+    options = ("shift", "local")
 
     def defaults(self) -> tuple[int, int]:
         window = self.window if self.window is not None else int(0.33 * self.train_len)
@@ -107,6 +108,7 @@ class Sinks(StartAndRecent, name="sinks"):
     paper = "Xiao et al. 2024 (ICLR), StreamingLLM; mit-han-lab/streaming-llm"
 
     starts = 4  # start_size (streaming-llm)
+    options = ("window", "sinks")
 
     def defaults(self) -> tuple[int, int]:
         group = self.group if self.group is not None else self.starts
@@ -130,6 +132,7 @@ class LMInfinite(StartAndRecent, name="lm_infinite"):
     paper = "Han et al. 2024 (NAACL), LM-Infinite; Glaciohound/LM-Infinite"
 
     starts = 10  # global_branch (LM-Infinite's README)
+    options = ("window", "starts")
 
     def defaults(self) -> tuple[int, int]:
         group = self.group if self.group is not None else self.starts
@@ -154,6 +157,7 @@ class DualChunk(FromParts, name="dca"):
     paper = "An et al. 2024 (ICML), Training-Free Long-Context Scaling (Dual Chunk Attention); HKUNLP/ChunkLlama"
 
     params = ("C", "w")
+    options = ("chunk", "local")
 
     def defaults(self) -> tuple[int, int]:
         L = self.train_len

@@ -42,11 +42,19 @@ def _compose(study: Study, sweep: Sweep, app: str, overrides: list[str]):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return compose(app, overrides=overrides)
+            cfg = compose(app, overrides=overrides)
     except Exception as e:  # Hydra's own errors: a bad override in the study file
         raise PosbenchError(f"study {study.name}: {sweep.stage} {' '.join(overrides)}: {e}".splitlines()[0]) from None
     finally:
         GlobalHydra.instance().clear()
+    if app == "app_eval":  # method=NAME method.OPTION=V, as posbench eval reads it
+        from ..eval.subject import apply_method
+
+        try:
+            apply_method(cfg)
+        except PosbenchError as e:
+            raise PosbenchError(f"study {study.name}: {sweep.stage}: {e}") from None
+    return cfg
 
 
 def _finished_keys(root: Path, finished_only: bool) -> set[tuple[str, int]]:
