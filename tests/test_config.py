@@ -99,7 +99,8 @@ def test_help_and_encodings_list():
     start = next(i for i, line in enumerate(listing) if line.startswith("inference-time methods"))
     scaling = next(i for i, line in enumerate(listing) if line.startswith("RoPE scalings"))
     methods = {line.split()[0]: line for line in listing[start + 1:scaling] if line.strip()}
-    assert list(methods) == ["self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca"]
+    assert list(methods) == ["self_extend", "rerope", "logn", "llama3", "string", "sinks", "lm_infinite", "dca",
+                            "leaky_rerope"]
     assert "method.window=W, method.group=G  [Jin et al. 2024" in methods["self_extend"]
     assert "method.shift=S, method.local=W  [An et al. 2024" in methods["string"]
     scalings = {line.split()[0]: line for line in listing[scaling + 1:] if line.strip()}

@@ -227,3 +227,37 @@ def test_an_extension_an_alibi_run_cannot_take_is_one_line_and_writes_nothing(sm
         "posbench: error: eval.extension=rerope regroups rotary positions: it runs on clip_rope, hope, p_rope, "
         "resonance_rope, rope, rope_nope; this run uses 'alibi'; valid here: eval.extension=none or logn")
     assert {p.name: p.read_bytes() for p in smoke_run_copy.iterdir() if p.is_file()} == before
+
+
+def leaky_reference(q, k, v, W: int, leak: int, scaling: float):
+    """Leaky ReRoPE as its reference patch (bojone/rerope, leaky_rerope_patch.py) computes it: the
+    near pairs (d < W) with the trained rotation, the far ones with the query at (i + W (k - 1)) / k
+    and the key at j / k (its linear-scaling embedding of factor k), one softmax over both."""
+    n = q.shape[-2]
+    i = torch.arange(n, dtype=torch.float64)
+    freq = INV_FREQ.double()
+    q, k, v = q.double(), k.double(), v.double()
+    near = rotate(q, i[:, None] * freq) @ rotate(k, i[:, None] * freq).transpose(-1, -2)
+    far = rotate(q, ((i + W * (leak - 1)) / leak)[:, None] * freq) @ rotate(k, (i / leak)[:, None] * freq).transpose(-1, -2)
+    d = i[:, None] - i[None, :]
+    logits = torch.where(d < W, near, far).masked_fill(d < 0, float("-inf")) * scaling
+    return (logits.softmax(-1) @ v).float()
+
+
+@pytest.mark.parametrize("W,leak", [(5, 16), (6, 3), (30, 4)])
+@pytest.mark.parametrize("fused", [True, False], ids=["two fused attentions", "query chunks"])
+def test_leaky_rerope_equals_its_reference_formula(W, leak, fused):
+    """The last built-in method (posbench/methods/regroup.py and conf/method/leaky_rerope.yaml, nothing
+    else): a far pair at the relative position W + (d - W) / k, through both kernels; at W >= T the
+    model as trained; its default k is the reference's 16."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, H, T, HS) for _ in range(3))
+    ext = Extension("leaky_rerope", W, leak, 8)
+    assert ext.label == f"leaky_rerope(W={W},k={leak})" and ext.identity_at(W) and not ext.identity_at(W + 1)
+    out = extended_attention(q, k, v, INV_FREQ, ext, HS ** -0.5, chunk=5, fused=fused)
+    torch.testing.assert_close(out, leaky_reference(q, k, v, W, leak, HS ** -0.5), rtol=1e-5, atol=1e-5)
+    assert Extension("leaky_rerope", 5, None, 8).group == 16
+    with pytest.raises(PosbenchError, match=r"^eval.extension=leaky_rerope needs a leak k > 1"):
+        Extension("leaky_rerope", 5, 1, 8)
+    rerope = extended_attention(q, k, v, INV_FREQ, Extension("rerope", W, None, 8), HS ** -0.5)
+    assert W >= T or not torch.allclose(out, rerope, atol=1e-4)  # past the window it is not ReRoPE

@@ -166,7 +166,7 @@ def test_llama3_frequencies_equal_transformers_formula():
 def test_names_defaults_and_bad_settings_are_one_line():
     assert {"llama3", "string", "sinks", "lm_infinite", "dca"} <= set(METHODS)
     with pytest.raises(PosbenchError, match=r"^eval.extension='streaming' is not valid; valid choices: none, "
-                                            r"self_extend, rerope, logn, llama3, string, sinks, lm_infinite, dca$"):
+                                            r"self_extend, rerope, logn, llama3, string, sinks, lm_infinite, dca, leaky_rerope$"):
         Extension("streaming")
     assert Extension("string", train_len=4096).label == "string(S=1351,W=128)"  # 0.33 L and the reference's 128
     assert Extension("string", train_len=64).label == "string(S=21,W=5)"
@@ -196,7 +196,7 @@ def test_eval_config_accepts_the_names_and_refuses_a_bad_one():
         assert extension_of(EvalConfig(extension=method), 64).method == method
     assert extension_of(EvalConfig(extension="sinks", extension_window=28, extension_group=4), 32).label == \
         "sinks(W=28,n=4)"
-    with pytest.raises(PosbenchError, match=r"valid choices: .*lm_infinite, dca$"):
+    with pytest.raises(PosbenchError, match=r"valid choices: .*lm_infinite, dca, leaky_rerope$"):
         extension_of(EvalConfig(extension="chunk"), 64)
 
 
@@ -385,7 +385,7 @@ def test_posbench_eval_runs_each_method_on_a_pretrained_model_and_refuses_a_bad_
     bad = posbench("eval", *common, f"out={tmp_path / 'bad'}", "eval.extension=streaming", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
         "posbench: error: eval.extension='streaming' is not valid; valid choices: none, self_extend, rerope, logn, "
-        "llama3, string, sinks, lm_infinite, dca")
+        "llama3, string, sinks, lm_infinite, dca, leaky_rerope")
     assert not (tmp_path / "bad").exists()
 
 

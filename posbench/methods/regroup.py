@@ -56,3 +56,34 @@ class ReRoPE(Regrouped, name="rerope"):
 
     def positions(self, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full_like(i, self.window), torch.zeros_like(j)
+
+
+LEAK = 16  # Leaky ReRoPE's k: its reference's scaling_factor (bojone/rerope, leaky_rerope_patch.py)
+
+
+class LeakyReRoPE(Regrouped, name="leaky_rerope"):
+    """**Leaky ReRoPE** (Su 2023, "ReRoPE" and its leaky form, kexue.fm/archives/9708;
+    bojone/rerope ``leaky_rerope_patch.py``; window W, leak k = ``group``): d < W as trained;
+    d >= W: R(W + (i - W) / k)q . R(j / k)k, the relative position W + (d - W) / k, so distances
+    past the window still grow, k times slower, instead of stopping at W as ReRoPE's. The
+    reference rotates those queries at (i + W (k - 1)) / k with its linear-scaling embedding of
+    factor k and the keys at j / k, the same positions. Its patch (like its ReRoPE patch) also
+    multiplies every query by log-n, which is posbench's ``logn`` method and is left out here as
+    for ``rerope``, so the two differ only in the far positions. Default k = 16 (the reference's
+    ``scaling_factor``); W has none (the reference's 512 is for a 4,096-token model)."""
+
+    paper = "Su 2023, Leaky ReRoPE (kexue.fm/archives/9708); bojone/rerope leaky_rerope_patch.py"
+
+    params = ("W", "k")
+    options = ("window", "leak")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.group is None:
+            object.__setattr__(self, "group", LEAK)
+        if not self.group > 1:
+            raise PosbenchError(f"eval.extension=leaky_rerope needs a leak k > 1 (method.leak; k = 1 is the model "
+                                f"as trained), got {self.group}")
+
+    def positions(self, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.window + (i - self.window) / self.group, j / self.group
