@@ -257,3 +257,12 @@ def test_every_csv_the_package_reads_keeps_its_identifiers_as_text():
     found = [c for path in sorted(PACKAGE.rglob("*.py"))
              for c in calls(ast.parse(path.read_text()), f"{path.relative_to(PACKAGE.parent)}:")]
     assert found == ["posbench/eval/results.py:read_table"], found
+
+
+def test_the_study_runner_names_no_derived_metric():
+    """LongPPL is one derived metric of posbench.study.derived, asked by the runner through the same
+    three calls as any (after a sweep, before the report, after it): the runner never names it."""
+    from posbench.study.derived import DERIVED, Derived
+
+    assert "longppl" not in (PACKAGE / "study" / "run.py").read_text().lower()
+    assert DERIVED and all(isinstance(m, Derived) and m.key for m in DERIVED)

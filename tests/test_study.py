@@ -15,7 +15,7 @@ import pytest
 from posbench.errors import PosbenchError
 from posbench.eval.longppl import load_keys
 from posbench.study import load_study, plan, report_command, study_files, sweep_hash, sweeps
-from posbench.study.run import longppl
+from posbench.study.derived import longppl
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from test_study import posbench, write_study
 
 from posbench.errors import PosbenchError
 from posbench.study import load_study, plan
-from posbench.study.run import longppl
+from posbench.study.derived import longppl
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
