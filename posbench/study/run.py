@@ -389,7 +389,7 @@ def report_command(study: Study) -> list[str]:
 
 
 def report(study: Study) -> None:
-    """The study's derived metrics computed (:mod:`.derived`: LongPPL where it declares it),
+    """The study's derived metrics computed (:mod:`.derived`, each where the study declares it),
     ``posbench report`` on the exported runs (and ``dirs`` beside them), then each derived metric's
     sections of its own and each of ``tables``."""
     metrics = derived(study)
