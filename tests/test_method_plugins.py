@@ -175,6 +175,11 @@ def test_posbench_eval_runs_a_plugin_method_beside_a_built_in(plugin, tmp_path):
     assert at["local_window(W=16)", 64] != at["none", 16]  # a window of 16 at 64 tokens is not the model as trained
     factor = rows.set_index(["rope_scaling", "eval_len"]).rope_factor
     assert factor["sqrt_pi", 64] == factor["pi", 64] == 2.0 and at["sqrt_pi", 64] not in (at["pi", 64], at["none", 16])
+    # and reported beside the built-ins: a table row and a sentence each, the plugin's as the built-ins'
+    posbench("report", str(out), "--out", str(tmp_path / "report"), "--no-reference", env=env)
+    md = (tmp_path / "report" / "report.md").read_text()
+    for line in ("rope+local_window(W=16)", "rope+rerope(W=8)", "rope+sqrt_pi", "rope+pi"):
+        assert f"| {line} | 32 | 1 |" in md and f"\n- {line}: " in md, line
 
 
 def test_method_checks_pass_the_built_ins_and_the_plugin_and_fail_a_broken_one(plugin):
