@@ -54,6 +54,13 @@ PLUGIN = textwrap.dedent('''
             return s ** 0.5
 
 
+    class NanScaling(SqrtPI, name="nan_scaling"):
+        """Frequencies of NaN past the trained context."""
+
+        def inv_freq(self, rotation, s, device=None):
+            return rotation.trained(device) * float("nan")
+
+
     class ClaimsIdentity(LocalWindow, name="claims_identity"):
         """Says it leaves every length as trained, which a window of W does not past W."""
 
@@ -85,6 +92,7 @@ def plugin(tmp_path, monkeypatch):
     for name in ("local_window", "claims_identity", "sees_the_future"):  # later tests see the built-ins alone
         REGISTRY.pop(name, None)
     SCALING_REGISTRY.pop("sqrt_pi", None)
+    SCALING_REGISTRY.pop("nan_scaling", None)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -204,3 +212,13 @@ def test_method_checks_pass_the_built_ins_and_the_plugin_and_fail_a_broken_one(p
     bad = posbench("check", "eval.extension=my_methods:ClaimsIdentity", "eval.extension_window=8", "--only",
                    "identity", env=env, check=False)
     assert bad.returncode == 1 and bad.stdout.splitlines()[0].startswith("FAIL  identity: ")
+    # a RoPE scaling is held to the same checks: every built-in and the outside one pass, a broken one fails
+    from posbench.model.conformance import ScalingUnderCheck
+
+    for kind in ("pi", "ntk", "dynamic_ntk", "yarn", "llama3"):
+        assert check_method(ScalingUnderCheck(kind), checks=["identity", "causality", "bf16"])
+    out = posbench("check", "eval.rope_scaling=my_methods:SqrtPI", env=env).stdout
+    assert out.splitlines()[-1] == "eval.rope_scaling=sqrt_pi: 4 of 4 checks passed"
+    bad = posbench("check", "eval.rope_scaling=my_methods:NanScaling", "--only", "bf16", env=env, check=False)
+    assert bad.returncode == 1 and bad.stdout.splitlines()[0] == (
+        "FAIL  bf16: eval.rope_scaling=nan_scaling: bf16: logits under bf16 autocast are not finite")

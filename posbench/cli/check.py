@@ -57,6 +57,9 @@ def main(args: list[str]) -> None:
 
     if ns.encoding.startswith("model."):  # model options alone: each checked with OPTION_ENCODINGS
         return check_model_options([ns.encoding, *ns.options], [c for c in ns.only.split(",") if c])
+    if ns.encoding.startswith("eval.rope_scaling="):  # a RoPE scaling, held to the methods' checks
+        only = None if ns.only == ",".join(CHECKS) else [c for c in ns.only.split(",") if c]
+        return check_scaling_options([ns.encoding, *ns.options], only)
     if ns.encoding.startswith(("eval.extension=", "method=")):  # an inference-time method
         only = None if ns.only == ",".join(CHECKS) else [c for c in ns.only.split(",") if c]
         return check_method_options([ns.encoding, *ns.options], only)
@@ -99,6 +102,31 @@ def run_checks(names: list[str], run) -> int:
             failed += 1
             print(f"FAIL  {name}: {e}")
     return failed
+
+
+def check_scaling_options(items: list[str], checks: list[str] | None) -> None:
+    """``posbench check eval.rope_scaling=NAME [eval.rope_factor=s]``: the method checks
+    (:data:`posbench.model.conformance.METHOD_CHECKS`) on a built-in, registered or import-path RoPE
+    scaling (:class:`posbench.model.conformance.ScalingUnderCheck`), one line a check."""
+    import yaml
+
+    from ..methods import scaling
+    from ..model.conformance import METHOD_CHECKS, ScalingUnderCheck, check_method
+
+    keys = {"eval.rope_scaling": None, "eval.rope_factor": None}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or key not in keys:
+            fail(f"option {item!r} is not one of {', '.join(f'{k}=...' for k in keys)}")
+        keys[key] = value if key == "eval.rope_scaling" else yaml.safe_load(value)
+    kind, factor = scaling(keys["eval.rope_scaling"]).name, keys["eval.rope_factor"]
+    if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1):
+        fail(f"eval.rope_factor={factor!r} is not valid; valid: a factor >= 1, or null (T / train_len per window)")
+    names = list(METHOD_CHECKS) if checks is None else checks
+    failed = run_checks(names, lambda check: check_method(ScalingUnderCheck(kind, factor), checks=[check]))
+    print(f"eval.rope_scaling={kind}: {len(names) - failed} of {len(names)} checks passed")
+    if failed:
+        raise SystemExit(1)
 
 
 def check_method_options(items: list[str], checks: list[str] | None) -> None:

@@ -35,6 +35,7 @@ path), so only claims are checked; a wrong claim gives wrong numbers, and the ch
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -307,6 +308,33 @@ def _method(method, window=None, group=None):
     return method if isinstance(method, Extension) else Extension(method, window, group, METHOD_LEN)
 
 
+@dataclass(frozen=True)
+class ScalingUnderCheck:
+    """A RoPE scaling (``eval.rope_scaling``, :mod:`posbench.methods.rope`) held to the method checks:
+    it leaves the model as trained wherever its s is 1, and is applied as a rotary model (trained or
+    pretrained) applies it, through ``encoding.scaled(kind, factor)``."""
+
+    kind: str
+    factor: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"eval.rope_scaling={self.kind}"
+
+    def identity_at(self, length: int) -> bool:
+        from ..methods import scaling_factor
+
+        return scaling_factor(self.kind, self.factor, length, METHOD_LEN) == 1.0
+
+    def within(self, encoding):
+        return encoding.scaled(self.kind, self.factor)
+
+
+def _within(encoding, ext):
+    """The block in which ``encoding`` runs under ``ext``: a method (``extended``) or a scaling."""
+    return ext.within(encoding) if isinstance(ext, ScalingUnderCheck) else encoding.extended(ext)
+
+
 def _rope_model():
     return _model(resolve("rope"), {}, train_len=METHOD_LEN, perturb=True)
 
@@ -317,7 +345,7 @@ def check_method_identity(ext) -> None:
     for T in lengths:
         with torch.no_grad():
             plain = net(x[:, :T])
-            with net.encoding.extended(ext):
+            with _within(net.encoding, ext):
                 got = net(x[:, :T])
         if not torch.allclose(got, plain, atol=1e-4):
             _fail_method("identity", ext, f"says it leaves the model as trained at {T} tokens (identity_at), but "
@@ -328,7 +356,7 @@ def check_method_causality(ext) -> None:
     net, x = _rope_model(), _tokens(2, 40, 7)
     y = x.clone()
     y[:, 25:] = _tokens(2, 15, 8)
-    with torch.no_grad(), net.encoding.extended(ext):
+    with torch.no_grad(), _within(net.encoding, ext):
         a, b = net(x), net(y)
     if not torch.allclose(a[:, :25], b[:, :25], atol=1e-5):
         _fail_method("causality", ext, f"changing tokens 25.. changed the logits of tokens < 25 by up to "
@@ -337,7 +365,7 @@ def check_method_causality(ext) -> None:
 
 def check_method_bf16(ext) -> None:
     net, x = _rope_model(), _tokens(2, 40, 9)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), net.encoding.extended(ext):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), _within(net.encoding, ext):
         logits = net(x)
     if not torch.isfinite(logits).all():
         _fail_method("bf16", ext, "logits under bf16 autocast are not finite")
@@ -360,7 +388,7 @@ def check_method_pretrained(ext) -> None:
     x = _tokens(1, 3 * METHOD_LEN, 10)
     with torch.no_grad():
         plain = model.logits(model.hidden(x))
-        with model.encoding.extended(ext):
+        with _within(model.encoding, ext):
             got = model.logits(model.hidden(x))
     if not torch.isfinite(got).all():
         _fail_method("pretrained", ext, f"logits on a random Llama at {x.shape[1]} tokens are not finite")
@@ -380,13 +408,14 @@ METHOD_CHECKS: dict[str, Callable] = {"identity": check_method_identity, "causal
 def check_method(method, window: int | None = None, group: int | None = None,
                  checks: list[str] | None = None) -> list[str]:
     """Run ``checks`` (default: all of :data:`METHOD_CHECKS`) on the inference-time method ``method``
-    (a name, an import path, or an Extension) with ``window`` and ``group`` at a trained context of
-    :data:`METHOD_LEN` tokens -> the names of the checks run; ConformanceError at the first that fails."""
+    (a name, an import path, an Extension, or a :class:`ScalingUnderCheck`) with ``window`` and
+    ``group`` at a trained context of :data:`METHOD_LEN` tokens -> the names of the checks run;
+    ConformanceError at the first that fails."""
     names = list(METHOD_CHECKS) if checks is None else list(checks)
     unknown = [n for n in names if n not in METHOD_CHECKS]
     if unknown:
         raise PosbenchError(f"unknown check {unknown[0]!r}; valid choices: {', '.join(METHOD_CHECKS)}")
-    ext = _method(method, window, group)
+    ext = method if isinstance(method, ScalingUnderCheck) else _method(method, window, group)
     threads = torch.get_num_threads()
     try:
         for name in names:
