@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 from test_report import positions_rows, reference_csv, rows, svg_ids, write_run
 
-from posbench.eval.results import compact_labels, with_labels
+from posbench.eval.results import compact_names, with_labels
 from posbench.report.figures import (
     CLIPPED_NOTE,
     DPI,
@@ -247,24 +247,47 @@ def test_long_token_axes_label_every_other_length_and_narrow_log_axes_every_tick
     plt.close(fig)
 
 
-def test_compact_labels_leave_out_only_a_strict_majority_and_keep_lines_apart():
-    zoo = ["alibi [scaling=none, window=0]", "rope [scaling=none, window=128]", "rope [scaling=ssmax, window=0]",
-           "rope [scaling=none, window=0]", "rope sliding/64 [scaling=none, window=0]"]
-    assert compact_labels(zoo) == (["alibi", "rope [window=128]", "rope [scaling=ssmax]", "rope", "rope sliding/64"],
-                                   "scaling=none, window=0")
+def lines_of(lines: list[tuple], keys: list[str], suffixes: list[str] = ()) -> pd.DataFrame:
+    """A report's rows of ``lines`` (encoding, mode, stride, --by values in the order of ``keys``;
+    None where a line lacks a key), two lengths each, named by their labels (and ``suffixes``)."""
+    rows = [{"encoding": enc, "rope_scaling": "none", "mode": mode, "stride": stride or length, "eval_len": length,
+             **{f"by:{k}": (None if v is None else str(v)) for k, v in zip(keys, values)}}
+            for enc, mode, stride, *values in lines for length in (128, 256)]
+    rows = with_labels(pd.DataFrame(rows).assign(variant=lambda d: [
+        ", ".join(f"{k.rsplit('.', 1)[-1]}={r[f'by:{k}']}" for k in keys if r[f"by:{k}"] is not None)
+        for _, r in d.iterrows()]))
+    tails = [t for t in suffixes for _ in (128, 256)] if suffixes else [""] * len(rows)
+    return rows.assign(name=[label + tail for label, tail in zip(rows.label, tails)])
+
+
+def test_compact_names_leave_out_only_a_strict_majority_and_keep_lines_apart():
+    """From the lines' data (their by: columns), never from their labels."""
+    keys = ["model.length_scaling", "model.window"]
+    zoo = lines_of([("alibi", "nonoverlapping", None, "none", 0), ("rope", "nonoverlapping", None, "none", 128),
+                    ("rope", "nonoverlapping", None, "ssmax", 0), ("rope", "nonoverlapping", None, "none", 0),
+                    ("rope", "sliding", 64, "none", 0)], keys)
+    short, common = compact_names(zoo)
+    assert [short[n] for n in dict.fromkeys(zoo.name)] == ["alibi", "rope [window=128]", "rope [length_scaling=ssmax]",
+                                                           "rope", "rope sliding/64"]
+    assert common == "length_scaling=none, window=0"
     # a key some line lacks (an option of another encoding) is never 'unless shown': it would be false there
-    study = ["rope [pose_target=2048]", "alibi", "rope", "t5 [bias_scale=none]", "t5 [bias_scale=sqrt]",
-             "t5 [bias_scale=none, pose_target=2048]"]
-    assert compact_labels(study) == (study, "")
-    tie = ["t5 [bias_scale=none]", "t5 [bias_scale=sqrt]"]
-    assert compact_labels(tie) == (tie, "")  # a tie names no common value
-    odd = ["t5 [lengths=[1, 2]]", "t5 [lengths=[3]]"]  # not k=v pairs: as they are
-    assert compact_labels(odd) == (odd, "")
-    assert compact_labels(["a [x=1]", "b [x=1]", "c [x=2]"])[0] == ["a", "b", "c [x=2]"]
-    same = ["a [x=1]", "a [x=1]", "b [x=2]"]  # a line counts once, however often its label comes
-    assert compact_labels(same) == (same, "")
-    suffixed = ["a [x=1] (L=2048)", "b [x=1] (L=128)", "c [x=2] (L=2048)"]  # positions' legend
-    assert compact_labels(suffixed)[0] == ["a (L=2048)", "b (L=128)", "c [x=2] (L=2048)"]
+    study = lines_of([("rope", "nonoverlapping", None, "2048", None), ("alibi", "nonoverlapping", None, None, None),
+                      ("t5", "nonoverlapping", None, None, "none"), ("t5", "nonoverlapping", None, "2048", "sqrt")],
+                     ["train.pose_target", "encoding.bias_scale"])
+    assert compact_names(study) == ({n: n for n in study.name}, "")
+    tie = lines_of([("t5", "nonoverlapping", None, "none"), ("t5", "nonoverlapping", None, "sqrt")], ["x.bias_scale"])
+    assert compact_names(tie)[1] == ""  # a tie names no common value
+    odd = lines_of([("t5", "nonoverlapping", None, "[1, 2]"), ("t6", "nonoverlapping", None, "[1, 2]"),
+                    ("t7", "nonoverlapping", None, "a=b, c")], ["x.lengths"])  # values a label could not parse
+    assert [compact_names(odd)[0][n] for n in dict.fromkeys(odd.name)] == ["t5", "t6", "t7 [lengths=a=b, c]"]
+    three = lines_of([("a", "nonoverlapping", None, 1), ("b", "nonoverlapping", None, 1),
+                      ("c", "nonoverlapping", None, 2)], ["k.x"], ["", "", ""])
+    assert list(compact_names(three)[0].values()) == ["a", "b", "c [x=2]"]
+    suffixed = lines_of([("a", "nonoverlapping", None, 1), ("b", "nonoverlapping", None, 1),
+                         ("c", "nonoverlapping", None, 2)], ["k.x"], [" (L=2048)", " (L=128)", " (L=2048)"])
+    assert list(compact_names(suffixed)[0].values()) == ["a (L=2048)", "b (L=128)", "c [x=2] (L=2048)"]
+    judged = compact_names(three, judged=["a [x=1]", "c [x=2]"])  # a tie among the judged names
+    assert judged[1] == "" and judged[0]["a [x=1]"] == "a [x=1]"
 
 
 # ---------------------------------------------------------------- 4. cells with another seed count

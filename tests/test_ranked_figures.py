@@ -13,7 +13,6 @@ from conftest import posbench
 from test_report import positions_rows, rows, svg_ids, write_run
 
 from posbench.errors import PosbenchError
-from posbench.eval.results import compact_labels
 from posbench.report.figures import MIN_BIN_WINDOWS, Palette
 from posbench.report.ranked import (
     common_multiple,
@@ -176,6 +175,7 @@ def test_baselines_are_found_by_encoding_in_the_setup_of_the_best_line():
         for enc, ratio in (("alibi", 0.97), ("nope", 8.0), ("rope", 5.0), ("sinusoidal", 11.0), ("t5", 1.0),
                            ("fire", 1.2)):
             rows.append({"name": f"{enc} [steps={steps}]", "short": f"{enc} [steps={steps}]", "encoding": enc,
+                         "setup": f" [steps={steps}]",
                          "multiple": 16.0, "ratio": ratio + (steps < 4883) / 100,
                          "ppl_at": ppl * ratio + (enc == "fire"),
                          "ppl": ppl + (enc != "alibi")})
@@ -188,7 +188,8 @@ def test_baselines_are_found_by_encoding_in_the_setup_of_the_best_line():
     # a zoo's plain names (one with a train_len note) keep their plain baselines
     zoo = pd.DataFrame({"name": ["alibi", "rope (train_len=64)", "rope [window=64]", "fire"],
                         "short": ["alibi", "rope (train_len=64)", "rope [window=64]", "fire"],
-                        "encoding": ["alibi", "rope", "rope", "fire"], "multiple": 16.0,
+                        "encoding": ["alibi", "rope", "rope", "fire"], "setup": ["", "", " [window=64]", ""],
+                        "multiple": 16.0,
                         "ratio": [1.0, 4.0, 1.1, 1.2], "ppl_at": [10.0, 40.0, 11.0, 9.0]})
     assert pick_lines(zoo) == {"alibi": "lowest ratio at 16x", "rope (train_len=64)": "highest ratio at 16x",
                                "fire": "lowest ppl at 16x"}
@@ -204,12 +205,12 @@ def test_the_picked_lines_text_says_what_their_short_names_leave_out():
     """Lines named by folder (``--by dir``): the legends drop the folder most lines share and name it
     once in their title; report.md's line under report.png names the same lines, so it says so too."""
     names = ["alibi [dir=gpu]", "alibi [dir=cpu]", "rope [dir=cpu]"]
-    points = pd.DataFrame({"name": names, "short": compact_labels(names)[0]})
+    points = pd.DataFrame({"name": names, "short": ["alibi [dir=gpu]", "alibi", "rope"], "unless": "dir=cpu"})
     text = picked_text({"alibi [dir=cpu]": "baseline", "alibi [dir=gpu]": "lowest ratio at 16x"}, points, False)
     assert text.startswith("report.png (and the per-line figures below it) draws 2 of the 3 lines (named as the "
                            "legends name them; unless shown: dir=cpu), picked by the report: alibi (baseline); "
                            "alibi [dir=gpu] (lowest ratio at 16x).")
-    plain = pd.DataFrame({"name": ["alibi", "rope"], "short": ["alibi", "rope"]})
+    plain = pd.DataFrame({"name": ["alibi", "rope"], "short": ["alibi", "rope"], "unless": ""})
     assert "draws 1 of the 2 lines, named with --lines: rope." in picked_text({"rope": "x"}, plain, True)
 
 

@@ -18,7 +18,7 @@ from posbench.report.matched import matched_table, matched_verdict
 from posbench.report.summary import CELL_COLUMNS, add_intervals, summarize
 from posbench.report.collect import collect, texts_apart
 from posbench.report.render import extrapolation_summary
-from posbench.report.verdicts import PREFIX, Verdicts, split_contrast, split_variant, verdict_lines
+from posbench.report.verdicts import PREFIX, Verdicts, per_split, split_contrast, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
                  "eval_len"]
@@ -33,6 +33,18 @@ def line_cells(rng, k: int, nll_1x: float, log_ratio: float, sd_seed: float, tex
             for b in (base, far)]
 
 
+BY_KEYS = {"bias_scale": "encoding.bias_scale", "steps": "train.steps"}  # the --by keys the names below use
+
+
+def by_data(name: str) -> dict:
+    """A line name of these tests ('t5 [bias_scale=none, steps=488]') as the data a report's rows
+    carry (collect): encoding, variant and each --by key's column (None where the line lacks it)."""
+    base, _, rest = name.partition(" [")
+    pairs = dict(kv.split("=", 1) for kv in rest.removesuffix("]").split(", ")) if rest else {}
+    columns = {f"by:{key}": pairs.get(short) for short, key in BY_KEYS.items()} if pairs else {}
+    return {"encoding": base, "variant": rest.removesuffix("]"), **columns}
+
+
 def summary_of(lines: dict, model: str = "tiny", seed: int = 0, per: list[str] = ()) -> pd.DataFrame:
     """A summary with cells, as summarize(cells=True) gives, for {name: (nll_1x, log_ratio, sd_seed)}."""
     rng = np.random.default_rng(seed)
@@ -41,7 +53,7 @@ def summary_of(lines: dict, model: str = "tiny", seed: int = 0, per: list[str] =
     rows = []
     for name, (nll, log_ratio, sd) in lines.items():
         for eval_len, cell in zip((128, 2048), line_cells(rng, 3, nll, log_ratio, sd, text, sizes)):
-            rows.append({"label": name, "encoding": name, "variant": "", "rope_scaling": "none",
+            rows.append({"label": name, **by_data(name), "rope_scaling": "none",
                          "mode": "nonoverlapping", "stride": eval_len, "model": model, "data": "sim",
                          "train_len": 128, "split": "validation", "eval_len": eval_len, "cell": cell,
                          "ppl_mean": math.exp(cell.mean)})
@@ -146,11 +158,22 @@ def test_per_key_ranks_and_spreads_each_value_s_lines_apart_from_the_other_value
     assert len(whole) == 1 and "across 4 " in whole[0]
 
 
-def test_split_variant_takes_one_key_out_of_a_label():
-    assert split_variant("alibi [steps=488, bias_scale=none]", "steps") == ("alibi [bias_scale=none]", "488")
-    assert split_variant("alibi [steps=488]", "steps") == ("alibi", "488")
-    assert split_variant("alibi", "steps") == ("alibi", None)
-    assert split_variant("rope+yarn [window=64]", "steps") == ("rope+yarn [window=64]", None)
+def test_per_split_takes_one_key_out_of_a_line_from_its_data():
+    """The label without the --per key is rendered again from the rows' data, and the value is the
+    key's column: nothing is read back from a label (a value holding ', ' or '=' stays whole)."""
+    from posbench.eval.results import with_labels
+
+    rows = pd.DataFrame([{"encoding": "alibi", "rope_scaling": "none", "mode": "nonoverlapping", "stride": 128,
+                          "eval_len": 128, "variant": "steps=488, bias_scale=a=b, c",
+                          "by:train.steps": "488", "by:encoding.bias_scale": "a=b, c"},
+                         {"encoding": "alibi", "rope_scaling": "yarn", "mode": "nonoverlapping", "stride": 128,
+                          "eval_len": 128, "variant": "", "by:train.steps": None, "by:encoding.bias_scale": None}])
+    rows = with_labels(rows)
+    assert rows.label.tolist() == ["alibi [steps=488, bias_scale=a=b, c]", "alibi+yarn"]
+    names, values = per_split(rows, "train.steps")
+    assert names.tolist() == ["alibi [bias_scale=a=b, c]", "alibi+yarn"] and values.tolist() == ["488", None]
+    names, values = per_split(rows, "encoding.bias_scale")
+    assert names.tolist() == ["alibi [steps=488]", "alibi+yarn"] and values.tolist() == ["a=b, c", None]
 
 
 def test_per_flag_refuses_a_key_not_given_to_by():

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -94,12 +92,15 @@ def backfill(df: pd.DataFrame) -> pd.DataFrame:
 #: all digits, or digits around one "e" ("28586650e810"), would otherwise read as a number: no
 #: longer equal to the hash it names, nor written back as it was.
 TEXT_COLUMNS = ("config_hash", "code_version", "init_hash", "sweep_hash")
+BY = "by:"  # a --by key's column (``by:train.steps``): each row's value as text, NA where its run's config lacks it
 
 
 def read_table(path: str | Path, **kwargs) -> pd.DataFrame:
-    """One of posbench's CSV files (results, positions, LongPPL, tasks, probes), its identifier
-    columns (:data:`TEXT_COLUMNS`) as text; ``kwargs`` go to :func:`pandas.read_csv`."""
-    return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, **kwargs)
+    """One of posbench's CSV files (results, positions, LongPPL, tasks, probes, a report's summary),
+    its identifier columns (:data:`TEXT_COLUMNS`) and ``--by`` values (``by:`` columns: '64', not
+    64.0 beside a run that lacks the key) as text; ``kwargs`` go to :func:`pandas.read_csv`."""
+    by = [c for c in pd.read_csv(path, nrows=0).columns if c.startswith(BY)]
+    return pd.read_csv(path, dtype={c: str for c in (*TEXT_COLUMNS, *by)}, **kwargs)
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
@@ -122,65 +123,74 @@ def line_label(encoding: str, rope_scaling: str = "none", mode: str = "nonoverla
     """'rope', 'rope+yarn' under a scaling, 'alibi sliding/64' for sliding windows of stride 64
     ('alibi sliding/L/2' for a stride of half the window at every length), and the run's
     ``variant`` in brackets where the report was asked to tell runs apart by config keys
-    ('t5 [bias_scale=none]', see :func:`variant_text`)."""
+    ('t5 [bias_scale=none]', see :func:`variant_of`)."""
     label = encoding if pd.isna(rope_scaling) or rope_scaling == "none" else f"{encoding}+{rope_scaling}"
     if mode == "sliding":
         label = f"{label} sliding/{stride if isinstance(stride, str) else int(stride)}"
     return f"{label} [{variant}]" if isinstance(variant, str) and variant else label
 
 
-def variant_text(config: dict, keys: list[str]) -> str:
-    """'bias_scale=none, steps=800': the values of the dotted ``keys`` in a run's flattened
-    config, each named by its last component. A key the run's config lacks (an option of another
-    encoding, ``bias_scale`` on an alibi run; a key the run predates) is left out, not written
-    'unset': 'alibi [steps=488]', where 'alibi [steps=488, bias_scale=unset]' said nothing about
-    alibi. Lines stay apart: two runs that differ only there differ by the key one of them sets.
-    Wherever a key is read back from a label (``--per``, :func:`label_parts`), its absence reads
-    'unset'."""
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={config[k]}" for k in keys if k in config)
 
 
-def label_parts(label: str) -> tuple[str, list[list[str]] | None, str]:
-    """'rope [window=128, qk_norm=False] (1 seed)' -> ('rope', [['window', '128'], ['qk_norm', 'False']],
-    ' (1 seed)'): a line label's base, its ``[k=v, ...]`` variant (:func:`variant_text`) split into
-    pairs (a part without '=' stays a one-item list), and a figure's ' (...)' suffix; (label, None,
-    '') for a label without a variant."""
-    m = re.fullmatch(r"(.*?) \[(.*)\]((?: \([^()]*\))?)", label)
-    if not m:
-        return label, None, ""
-    return m[1], [kv.split("=", 1) for kv in m[2].split(", ")], m[3]
+def by_columns(frame: pd.DataFrame) -> list[str]:
+    """The ``--by`` keys' columns of ``frame`` (:data:`BY`), in the order the keys were given."""
+    return [c for c in frame.columns if isinstance(c, str) and c.startswith(BY)]
 
 
-def compact_labels(labels: list[str], judged: list[str] | None = None) -> tuple[list[str], str]:
-    """Line labels whose ``[k=v, ...]`` variants (:func:`variant_text`) repeat what most lines share,
-    shortened: each ``k=v`` whose value is the one most of the labels have (strictly more than any
-    other value), of a ``k`` every label has, is left out, and brackets left empty go (a ``k`` some
-    label lacks, an option of one encoding, stays: 'unless shown: k=v' would be false of that
-    label), so a zoo's
-    ``rope [length_scaling=none, qk_norm=False, window=128]`` reads ``rope [window=128]``.
-    -> (the labels, in order, and 'length_scaling=none, ...' naming what was left out, for a
-    legend's title; '' when nothing was). Labels without a variant stay as they are, and all of
-    them do where one variant does not read as ``k=v`` pairs; distinct labels stay distinct.
-    ``judged``: the labels that decide what is shared (default: all), where ``labels`` also hold
-    entries that are not lines (a legend's 'train length')."""
-    parsed = [label_parts(label) for label in labels]  # (label, None, '') for a label without a variant
-    if any(pairs is not None and not all(len(kv) == 2 for kv in pairs) for _, pairs, _ in parsed):
-        return list(labels), ""  # a variant that does not read as k=v pairs: every label as it is
-    counts: dict[str, Counter] = {}
-    lines = dict(zip(labels, parsed)) if judged is None else {label: label_parts(label) for label in judged}  # once
-    for _, pairs, _ in lines.values():
-        for k, v in pairs or []:
-            counts.setdefault(k, Counter())[v] += 1
+def by_values(config: dict, keys: list[str]) -> dict[str, str | None]:
+    """Each dotted key's value in a run's flattened ``config`` as text (None where it lacks the key):
+    the data :func:`variant_of` renders and :func:`relabel` renders again from."""
+    return {f"{BY}{k}": (str(config[k]) if k in config else None) for k in keys}
+
+
+def variant_of(values: dict, drop: set[str] | frozenset = frozenset()) -> str:
+    """'bias_scale=none, steps=800' from one row's ``by:`` values (:func:`by_values`), each key by
+    its last component, those in ``drop`` (dotted keys) left out. A key the run's config lacks (an
+    option of another encoding, ``bias_scale`` on an alibi run; a key the run predates) is left
+    out, not written 'unset': 'alibi [steps=488]', where 'alibi [steps=488, bias_scale=unset]' said
+    nothing about alibi. Lines stay apart: two runs that differ only there differ by the key one of
+    them sets. Wherever a key's value is read (``--per``), its absence reads 'unset'."""
+    return ", ".join(f"{c[len(BY):].rsplit('.', 1)[-1]}={v}" for c, v in values.items()
+                     if c[len(BY):] not in drop and isinstance(v, str))
+
+
+def relabel(frame: pd.DataFrame, drop: set[str] | frozenset = frozenset()) -> pd.Series:
+    """Each row's line label rendered again from its data with the ``--by`` keys ``drop`` left out
+    of its variant (a ``--per`` key, or a value most lines share): never read back from a label."""
+    cols = by_columns(frame)
+    variants = [variant_of(dict(zip(cols, row)), drop) for row in frame[cols].itertuples(index=False)] if cols \
+        else list(frame["variant"] if "variant" in frame else [""] * len(frame))
+    return with_labels(frame.assign(variant=variants)).label
+
+
+def compact_names(rows: pd.DataFrame, judged: list[str] | None = None) -> tuple[dict[str, str], str]:
+    """Line names whose ``--by`` values repeat what most lines share, shortened, from the rows' data:
+    ``rows`` hold each line's rows (every length: the labels' stride tags are their own), with its
+    ``name`` (the label and any suffix a figure adds, :func:`line_names`), ``label`` and ``by:``
+    columns (:func:`by_values`). A key's value most of the lines have (strictly more than any
+    other value), of a key every line has, is left out of each line that has it, and brackets
+    left empty go (a key some line lacks, an option of one encoding, stays: 'unless shown: k=v'
+    would be false of that line), so a zoo's ``rope [length_scaling=none, qk_norm=False,
+    window=128]`` reads ``rope [window=128]``. ``judged``: the names that decide what is shared
+    (default: all). -> (name -> its short name, and 'length_scaling=none, ...' naming what was
+    left out, for a legend's title; '' when nothing was). Distinct lines stay distinct."""
+    cols = by_columns(rows)
+    lines = rows.drop_duplicates("name")
+    decide = lines if judged is None else lines[lines.name.isin(set(judged))]
     common = {}
-    for k, values in counts.items():
-        (top, n), *rest = values.most_common(2)
-        if sum(values.values()) == len(lines) and (not rest or n > rest[0][1]):
-            common[k] = top
-    out = []
-    for label, (base, pairs, tail) in zip(labels, parsed):
-        kept = [f"{k}={v}" for k, v in pairs or [] if common.get(k) != v]
-        out.append(label if pairs is None else (f"{base} [{', '.join(kept)}]" if kept else base) + tail)
-    return out, ", ".join(f"{k}={v}" for k, v in common.items())
+    for c in cols:
+        values = decide[c]
+        if len(values) and values.notna().all():
+            counts = values.value_counts()
+            if len(counts) == 1 or counts.iloc[0] > counts.iloc[1]:
+                common[c[len(BY):]] = counts.index[0]
+    if not common:
+        return {name: name for name in lines.name}, ""
+    variants = [variant_of(dict(zip(cols, row)), {k for k, v in common.items() if row[cols.index(BY + k)] == v})
+                for row in rows[cols].itertuples(index=False)]
+    shortened = with_labels(rows.assign(variant=variants)).label
+    short = {name: new + name[len(label):] for name, label, new in zip(rows.name, rows.label, shortened)}
+    return short, ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in common.items())
 
 
 def stride_tags(df: pd.DataFrame) -> pd.Series:

@@ -13,7 +13,19 @@ import pandas as pd
 from ..config import BOS_SUFFIX
 from ..errors import PosbenchError
 from ..eval.probes import probe_files
-from ..eval.results import LINE, RESULTS, TASKS, backfill, find_files, line_label, read_table, variant_text, with_labels
+from ..eval.results import (
+    LINE,
+    RESULTS,
+    TASKS,
+    backfill,
+    by_columns,
+    by_values,
+    find_files,
+    line_label,
+    read_table,
+    variant_of,
+    with_labels,
+)
 from .figures import amount
 
 GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split", "eval_len"]
@@ -21,9 +33,10 @@ GROUP = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data
 
 def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = ()) -> pd.DataFrame:
     """Every ``name`` (results.csv, positions.csv, passkey.csv, any probe's) under ``paths`` (run dirs or
-    sweep dirs), concatenated, with each row's ``run`` dir and its ``variant``: the values of the
-    config keys ``by`` (:func:`posbench.eval.results.variant_text`), empty without ``by``. Empty for no
-    positions/passkey files."""
+    sweep dirs), concatenated, with each row's ``run`` dir, its value of each config key of ``by``
+    as data (a ``by:KEY`` column, :func:`posbench.eval.results.by_values`) and its ``variant``, those
+    values as a label shows them (:func:`posbench.eval.results.variant_of`), empty without ``by``.
+    Empty for no positions/passkey files."""
     files = find_files(paths, name)
     if not files:
         if name != RESULTS:
@@ -34,8 +47,8 @@ def collect(paths: list[str | Path], name: str = "results.csv", by: list[str] = 
                                 "read by posbench.report.tasks)")
         raise PosbenchError(f"report: neither results.csv nor tasks.csv under {where}; "
                             "pass run or sweep directories made by posbench train")
-    variants = _variants(files, by, paths)
-    frames = [read_table(f).assign(run=str(f.parent), variant=v) for f, v in zip(files, variants)]
+    values = _by_values(files, by, paths)
+    frames = [read_table(f).assign(run=str(f.parent), variant=variant_of(v), **v) for f, v in zip(files, values)]
     df = pd.concat(frames, ignore_index=True)
     return backfill(df) if name == RESULTS else df
 
@@ -57,12 +70,13 @@ def given_path(file: Path, paths: list[str | Path]) -> str:
     return str(file.parent)
 
 
-def _variants(files: list[Path], by: list[str], paths: list[str | Path]) -> list[str]:
-    """Each results file's run's values of the config keys ``by`` ('' without ``by``), ``dir``
-    (:data:`DIR_KEY`) the one of ``paths`` it was found under (:func:`given_path`). A key some runs
-    predate is left out of theirs; a key no run has, or a config group instead of a key, is refused."""
+def _by_values(files: list[Path], by: list[str], paths: list[str | Path]) -> list[dict[str, str | None]]:
+    """Each results file's run's values of the config keys ``by`` (:func:`posbench.eval.results.by_values`;
+    none without ``by``), ``dir`` (:data:`DIR_KEY`) the one of ``paths`` it was found under
+    (:func:`given_path`). A key some runs predate is None in theirs; a key no run has, or a config
+    group instead of a key, is refused."""
     if not by:
-        return [""] * len(files)
+        return [{} for _ in files]
     runs = [f.parent for f in files]
     given = [given_path(f, paths) if DIR_KEY in by else "" for f in files]
     keys = [k for k in by if k != DIR_KEY]
@@ -81,7 +95,7 @@ def _variants(files: list[Path], by: list[str], paths: list[str | Path]) -> list
             close = difflib.get_close_matches(key, known, n=3) or known[:3]
             raise PosbenchError(f"report: --by {key!r} is not a key of any run's config; valid: a dotted key such "
                                 f"as {', '.join(close)}, or {DIR_KEY} (the dir given that holds each run)")
-    return [variant_text({**c, DIR_KEY: g}, by) for c, g in zip(configs, given)]
+    return [by_values({**c, DIR_KEY: g}, by) for c, g in zip(configs, given)]
 
 
 def check_one_run_per_seed(df: pd.DataFrame, also: tuple[str, ...] = ()) -> None:
@@ -233,11 +247,12 @@ def mixed_data(df: pd.DataFrame) -> pd.Series:
 def texts_apart(df: pd.DataFrame, mix: bool = False) -> tuple[pd.DataFrame, str]:
     """:func:`check_one_text`, and where ``mix`` lets texts differ, each text's lines apart (a
     ``data`` column, :func:`mixed_data`), compared and paired within their text only, as the report
-    and the tests that re-derive its verdicts read them. -> (the rows, what differs: '' where
-    nothing does)."""
+    and the tests that re-derive its verdicts read them, the corpus's own name kept beside it
+    (``data_name``, what the verdicts name a setup by). -> (the rows, what differs: '' where nothing
+    does)."""
     check_token_sets(df)
     mixed = check_one_text(df, mix)
-    return (df.assign(data=mixed_data(df)) if mixed else df), mixed
+    return (df.assign(data=mixed_data(df), data_name=df.data) if mixed else df), mixed
 
 
 def check_token_sets(df: pd.DataFrame) -> None:
@@ -308,7 +323,7 @@ def _extra_tables(paths, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tupl
     """positions.csv rows, and each probe's rows (``<probe>.csv``, with its class where it can
     be imported here), under ``paths``, labelled, with each run's model, data and variant from
     its results rows (no config.yaml read again); empty where no run has them."""
-    runs = df.groupby("run")[["model", "data", "variant"]].first()
+    runs = df.groupby("run")[["model", "data", "variant", *by_columns(df)]].first()
 
     def labelled(t: pd.DataFrame) -> pd.DataFrame:
         if not t.empty:  # the run's variant (--by) replaces collect's empty one

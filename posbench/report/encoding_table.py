@@ -13,9 +13,9 @@ ratio_ci_high): "yes" if the whole interval is <= 1.05, "partly" if it lies with
 or 1.5 supports neither side: "not distinguishable (yes/partly)"; one that is missing, "no interval".
 Rows are sorted by the ratio's point estimate, which is no ranking where intervals overlap.
 A line set apart by ``--by`` options shows only the values that differ from what most lines
-have (``posbench.eval.results.compact_labels``): the report's ``rope [length_scaling=none,
-qk_norm=False, window=128]`` is ``rope [window=128]``, and a line under the table names the
-values left out.
+have (``posbench.eval.results.compact_names``, from report.csv's ``by:`` columns): the report's
+``rope [length_scaling=none, qk_norm=False, window=128]`` is ``rope [window=128]``, and a line
+under the table names the values left out.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import math
 import sys
 
 from ..encodings import REGISTRY
-from ..eval.results import compact_labels, read_table
+from ..eval.results import compact_names, read_table
 
 HOLDS, BREAKS = 1.05, 1.5  # a ratio up to HOLDS: "yes"; past BREAKS: "no" (the bounds every report reads)
 BOUNDS = ((HOLDS, "yes"), (BREAKS, "partly"), (math.inf, "no"))
@@ -64,8 +64,10 @@ def table(path: str) -> str:
         params = (float(g.params.iloc[0]), float(g.pos_params.iloc[0])) if "params" in g else (math.nan, math.nan)
         rows.append((ratio, label, str(g.encoding.iloc[0]), params, base, longest.ppl_mean, low, high))
     rows.sort(key=lambda r: (math.isnan(r[0]), r[0]))
-    shorts, common = compact_labels([r[1] for r in rows])
-    for short, (ratio, label, enc, (params, pos), base, longest, low, high) in zip(shorts, rows):
+    named = df.assign(name=df[by], label=df[by]) if "label" not in df else df.assign(name=df.label)
+    shorts, common = compact_names(named)  # from the table's --by columns (report.csv), never its labels
+    for ratio, label, enc, (params, pos), base, longest, low, high in rows:
+        short = shorts.get(label, label)
         cls = REGISTRY.get(enc)
         paper, hook = (cls.paper, cls.hook_kind()) if cls else ("", "")
         count = "n/a" if params != params else f"{params / 1e6:.2f}M ({int(pos):,})"

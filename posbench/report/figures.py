@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..eval.results import LINE, compact_labels, line_names
+from ..eval.results import LINE, compact_names, line_names
 from ..runs.rundir import atomic_write
 
 DPI = 120
@@ -120,6 +120,8 @@ class Palette:
 
     def __init__(self, lines: pd.DataFrame | None = None, extra: list[str] = (), only: list[str] | None = None):
         self._context = None if lines is None else lines[[c for c in LINE if c in lines]].drop_duplicates()
+        # each line's rows with its name and --by values: what legends shorten names from (compact)
+        self._rows = None if lines is None or "label" not in lines else lines.assign(name=self.names(lines))
         known = list(dict.fromkeys([*([] if lines is None else self.names(lines)), *extra]))
         if only is not None:  # the lines the per-line figures draw (a report of many): theirs the first colours
             known = [name for name in known if name in set(only)]
@@ -137,6 +139,13 @@ class Palette:
         cols = [c for c in LINE if c in frame and c in self._context]
         both = pd.concat([frame[cols], self._context[cols]], ignore_index=True)
         return pd.Series(line_names(both).iloc[:len(frame)].to_numpy(), index=frame.index, dtype=object)
+
+    def compact(self, names: list[str]) -> tuple[dict[str, str], str]:
+        """The line ``names`` shortened by what most of them share (:func:`compact_names`, from the
+        lines' data) and what was left out; names the palette has no data of stay as they are."""
+        if self._rows is None:
+            return {}, ""
+        return compact_names(self._rows[self._rows.name.isin(set(names))])
 
     def colour(self, key: str):
         if key not in self.colours:
@@ -262,14 +271,17 @@ def _log_axes(ax, x_ticks: list[float], multiples: bool, log_y: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-def _legend(ax, n: int) -> None:
+def _legend(ax, n: int, palette: Palette | None = None) -> None:
     """The legend of ``n`` lines, never over the data: beside the axes past 10 entries, below them
     (two columns) up to 10, where "best" placement would still cover a line that spans the panel;
-    ``--by`` values most lines share are left out of the entries and named once in the title
-    (:func:`compact_labels`)."""
+    ``--by`` values most of its lines share are left out of the entries and named once in the
+    title (:meth:`Palette.compact`, from the lines' data: each entry's line is the name its
+    ``gid`` carries, 'ours:rope', and what the entry adds to it, ' (L=2048)', stays)."""
     handles, labels = ax.get_legend_handles_labels()
-    lines = [label for h, label in zip(handles, labels) if ":" in str(h.get_gid())]  # 'ours:rope', not 'train_len'
-    labels, common = compact_labels(labels, lines)
+    names = [str(h.get_gid()).split(":", 1)[1] if ":" in str(h.get_gid()) else None for h in handles]
+    short, common = palette.compact([n for n in names if n]) if palette is not None else ({}, "")
+    labels = [short[name] + label[len(name):] if name in short and label.startswith(name) else label
+              for name, label in zip(names, labels)]
     title = {"title": f"unless shown: {common}", "title_fontsize": "small"} if common else {}
     if n > 10:
         ax.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), **title)
@@ -449,7 +461,7 @@ def _draw_reference(ax, reference: pd.DataFrame, summary: pd.DataFrame, matched:
     ax.axvline(1, color="gray", linestyle="--", linewidth=1, gid="train_len", label="train length")
     ax.set_title(_reference_title(reference, ours_setup), fontsize="small")
     ax.set_ylabel("perplexity (published)")
-    _legend(ax, ref.encoding.nunique())
+    _legend(ax, ref.encoding.nunique(), palette)
     return float((ref.eval_len / ref.train_len).max())
 
 
@@ -490,7 +502,7 @@ def ppl_figure(summary: pd.DataFrame, reference: pd.DataFrame | None = None, log
     ours.set_title(f"posbench (train_len={tlens})")
     ratio.set_title("perplexity relative to the train length")
     ours.set_ylabel("perplexity")
-    _legend(ours, len(names))
+    _legend(ours, len(names), palette)
     tops = {ours: top, ratio: top}
     if matched:  # its own x: the paper's 30x would squash ours (16x at most) into half the width
         tops[axes[0, 2]] = _draw_reference(axes[0, 2], reference, summary, matched, palette, setup)
@@ -523,7 +535,7 @@ def run_figure(summary: pd.DataFrame, title: str | None = None, setup: pd.DataFr
     tlens = ", ".join(map(str, sorted(summary.train_len.unique())))
     ax.set_title(title or f"perplexity vs length (train_len={tlens})")
     ratio.set_title("perplexity relative to the train length")
-    _legend(ax, len(names))
+    _legend(ax, len(names), palette)
     _caption(fig, _summary_setup(summary) if setup is None else setup)
     return fig
 
@@ -598,7 +610,7 @@ def positions_figure(positions: pd.DataFrame, log_y: bool = True, palette: Palet
     ax.set_xlabel("position in the window (tokens, 1 = first predicted token)")
     ax.set_ylabel("mean NLL (nats)")
     ax.set_title("loss by position, each line at its longest window L fed enough windows", fontsize="medium")
-    _legend(ax, len(names))
+    _legend(ax, len(names), palette)
     note = (f"{left_out} bin(s) fed by < {MIN_BIN_WINDOWS} windows or < {MIN_BIN_TOKENS} tokens per seed left out"
             if left_out else "")
     _caption(fig, setup, note, missing_positions(without))
@@ -641,7 +653,7 @@ def training_figure(curves: pd.DataFrame, palette: Palette | None = None, setup:
     ax.set_ylabel("training loss (nats, mean over each logging window)")
     ax.set_title("training loss (mean over seeds)", fontsize="medium")
     ax.grid(True, alpha=0.3)
-    _legend(ax, len(names))
+    _legend(ax, len(names), palette)
     _caption(fig, setup)
     return fig
 

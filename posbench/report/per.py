@@ -18,7 +18,7 @@ from .verdicts import common_longest, numeric_first, per_split
 def per_rows(summary: pd.DataFrame, key: str) -> pd.DataFrame:
     """``summary`` with ``name`` (the label without ``key``'s ``k=v``) and ``value`` (the key's value,
     a number where every one reads as one); rows whose label lacks the key are left out."""
-    names, values = per_split(summary.label, key)
+    names, values = per_split(summary, key)
     rows = summary.assign(name=names.to_numpy(), value=values.to_numpy())
     rows = rows[rows.value.notna()]
     return rows.assign(value=numeric_first(rows.value.reset_index(drop=True)).to_numpy())

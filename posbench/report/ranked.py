@@ -33,7 +33,7 @@ import pandas as pd
 
 from ..config import split_outside_brackets
 from ..errors import PosbenchError
-from ..eval.results import compact_labels
+from ..eval.results import compact_names
 from .encoding_table import BREAKS, HOLDS
 from .figures import CLIPPED_NOTE, Palette, _caption, _pyplot
 
@@ -71,12 +71,16 @@ def common_multiple(summary: pd.DataFrame, names: pd.Series) -> float:
 
 def line_points(summary: pd.DataFrame, names: pd.Series) -> pd.DataFrame:
     """One row per line (``names``: each summary row's line name, the report's palette names):
-    ``name``, ``short`` (the name as legends show it, :func:`compact_labels`), ``encoding``,
+    ``name``, ``short`` (the name as legends show it, :func:`compact_names`), ``setup`` (what the
+    short name's label adds to its encoding: '' for 'rope', ' [steps=4883]'), ``unless`` (what the
+    short names leave out, :func:`compact_names`), ``encoding``,
     ``family``, ``multiple`` (M, :func:`common_multiple`), ``ppl``, ``ppl_low``, ``ppl_high`` (at
     1x), ``ratio``, ``ratio_low``, ``ratio_high`` and ``ppl_at`` (at M x; NaN where the line cannot
     run there) and ``one_seed`` (its intervals leave the seeds' spread out)."""
     m = common_multiple(summary, names)
-    shorts = dict(zip(*[list(dict.fromkeys(names)), compact_labels(list(dict.fromkeys(names)))[0]]))
+    rows_named = summary.assign(name=names.to_numpy())
+    shorts, unless = compact_names(rows_named)
+    suffix = {name: name[len(label):] for name, label in zip(rows_named.name, rows_named.label)}  # (train_len=64)
 
     def get(frame: pd.DataFrame, col: str) -> float:
         return float(frame[col].iloc[0]) if len(frame) and col in frame else math.nan
@@ -85,7 +89,10 @@ def line_points(summary: pd.DataFrame, names: pd.Series) -> pd.DataFrame:
     for name, g in summary.assign(_name=names.to_numpy()).groupby("_name", sort=False):
         multiple = g.eval_len / g.train_len
         base, at = g[multiple == 1], g[np.isclose(multiple, m)]
-        rows.append({"name": name, "short": shorts[name], "encoding": str(g.encoding.iloc[0]),
+        short, encoding = shorts[name], str(g.encoding.iloc[0])
+        label = short[:len(short) - len(suffix[name])]  # the short name without what line_names added
+        rows.append({"name": name, "short": short, "encoding": encoding, "unless": unless,
+                     "setup": label[len(encoding):] if label.startswith(encoding) else None,
                      "family": family(str(g.encoding.iloc[0])), "multiple": m,
                      "ppl": get(base, "ppl_mean"), "ppl_low": get(base, "ppl_ci_low"),
                      "ppl_high": get(base, "ppl_ci_high"), "ratio": get(at, "ratio_mean"),
@@ -131,7 +138,7 @@ def pick_lines(points: pd.DataFrame) -> dict[str, str]:
                            (ok.loc[ok.ratio.idxmin(), "name"], f"lowest ratio at {m}"),
                            (ok.loc[ok.ratio.idxmax(), "name"], f"highest ratio at {m}")):
             why[name] = f"{why[name]}, {text}" if name in why else text
-    setups = setup_of(points)
+    setups = points.setup
     best = setups[ok.ppl_at.idxmin() if len(ok) else points.index[0]]
     for encoding in BASELINES:
         mine = setups[points.encoding == encoding]
@@ -141,15 +148,6 @@ def pick_lines(points: pd.DataFrame) -> dict[str, str]:
                     why.setdefault(name, "baseline")
                 break
     return {name: why[name] for name in points.name if name in why}
-
-
-def setup_of(points: pd.DataFrame) -> pd.Series:
-    """What each line's name as legends show it (``short``) adds to its encoding, a trailing
-    '(train_len=64)'-style note left out: '' for 'rope' and 'rope (train_len=64)', ' [steps=4883]'
-    for 'rope [steps=4883]'; None where the name does not start with its encoding."""
-    plain = points.short.str.replace(r" \(.*\)$", "", regex=True)
-    return pd.Series([p[len(e):] if p.startswith(e) else None for p, e in zip(plain, points.encoding)],
-                     index=points.index, dtype=object)
 
 
 # ---------------------------------------------------------------- drawing
@@ -472,7 +470,7 @@ def picked_text(why: dict[str, str], points: pd.DataFrame, named: bool) -> str:
     short = dict(zip(points.name, points.short))
     listed = "; ".join(f"{short[n]} ({w})" for n, w in why.items()) if not named else ", ".join(short[n] for n in why)
     how = "named with --lines" if named else "picked by the report"
-    common = compact_labels(list(points.name))[1]  # what the names leave out, as the legends' titles say
+    common = points.unless.iloc[0] if len(points) else ""  # what the names leave out, as the legends' titles say
     unless = f" (named as the legends name them; unless shown: {common})" if common else ""
     return (f"report.png (and the per-line figures below it) draws {len(why)} of the {len(points)} "
             f"lines{unless}, {how}: "

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..eval.results import LINE, backfill, sort_rows, with_labels
+from ..eval.results import LINE, backfill, by_columns, sort_rows, with_labels
 from ..eval.token_nll import row_key
 from ..intervals import Cell, Estimator, pool_seeds
 from .baselines import run_blocks
@@ -48,16 +48,18 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
     steps = pd.to_numeric(df["steps"], errors="coerce") if "steps" in df else pd.Series(0.0, index=df.index)
     trained = df.assign(trained=steps.fillna(0).gt(0)).groupby(GROUP, dropna=False).trained.any()
-    out = with_labels(pd.concat([stats, seeds, means, counts, trained], axis=1).reset_index())
+    kept = [*by_columns(df), *(["data_name"] if "data_name" in df else [])]  # --by values, a mixed text's corpus
+    carried = [df.groupby(GROUP, dropna=False)[kept].first()] if kept else []
+    out = with_labels(pd.concat([stats, seeds, means, counts, trained, *carried], axis=1).reset_index())
     out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator(), per)
     out = out if cells else out.drop(columns=list(CELL_COLUMNS))
     return sort_rows(out[["label"] + [c for c in out if c != "label"]], GROUP)
 
 
 def per_values(summary: pd.DataFrame, per: list[str]) -> list[tuple[str, ...]]:
-    """Each row's value of each ``--per`` key (``train.steps`` -> the ``steps=`` of its label; 'unset'
-    where the label has none)."""
-    values = [per_split(summary.label, key)[1].fillna("unset") for key in per]
+    """Each row's value of each ``--per`` key (its ``by:`` column: ``by:train.steps``; 'unset' where
+    the row's run lacks the key)."""
+    values = [per_split(summary, key)[1].fillna("unset") for key in per]
     return list(zip(*values)) if values else [() for _ in range(len(summary))]
 
 

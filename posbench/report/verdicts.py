@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PosbenchError
-from ..eval.results import LINE, label_parts
+from ..eval.results import BY, LINE, relabel
 from ..intervals import Cell, Estimator, Interval, p_value
 from .encoding_table import BREAKS  # a line whose ratio at the longest length passes this breaks (the table's "no")
 
@@ -65,15 +65,6 @@ def ratio_cell(far: Cell, base: Cell) -> Cell:
         blocks = far.blocks[ia] - base.blocks[ib]
     return Cell(common, far.nll[ia] - base.nll[ib], blocks, far.sizes if blocks is not None else None,
                 far.tokens_id if blocks is not None else ())
-
-
-def _short(value) -> str:
-    """A setup value as a line's name shows it: a mixed text's data label without its bracket."""
-    return str(value).split(" [")[0]
-
-
-def _setup_text(keys: dict, varied: list[str]) -> str:
-    return "[" + ", ".join(f"{c}={_short(keys[c])}" for c in varied) + "] " if varied else ""
 
 
 def _decided(iv: Interval) -> str:
@@ -163,24 +154,14 @@ def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], p
     return text[names[0]] + "".join(f" {s} {text[b]}" for s, b in zip(chain, names[1:]))
 
 
-def split_variant(label: str, key: str) -> tuple[str, str | None]:
-    """'alibi [steps=488, bias_scale=none]', 'steps' -> ('alibi [bias_scale=none]', '488'): the label
-    without ``key``'s ``k=v`` (:func:`posbench.eval.results.label_parts`), and its value (None where
-    the label has none)."""
-    base, pairs, tail = label_parts(label)
-    if pairs is None:
-        return label, None
-    value = next((kv[1] for kv in pairs if len(kv) == 2 and kv[0] == key), None)
-    rest = ["=".join(kv) for kv in pairs if not (len(kv) == 2 and kv[0] == key)]
-    return (f"{base} [{', '.join(rest)}]" if rest else base) + tail, value
-
-
-def per_split(labels: pd.Series, key: str) -> tuple[pd.Series, pd.Series]:
-    """Each label without the dotted ``--per`` key's ``k=v`` (``train.steps``: ``steps=``), and the
-    key's value (None where a label has none): :func:`split_variant` over a column."""
-    short = key.rsplit(".", 1)[-1]
-    split = labels.map(lambda label: split_variant(label, short))
-    return split.str[0], split.str[1]
+def per_split(frame: pd.DataFrame, key: str) -> tuple[pd.Series, pd.Series]:
+    """Each row's label without the dotted ``--per`` key (``train.steps``: ``alibi [steps=488,
+    bias_scale=none]`` -> ``alibi [bias_scale=none]``), rendered again from the row's data
+    (:func:`posbench.eval.results.relabel`), and the key's value (its ``by:`` column; None where the
+    row's run lacks the key): read from data, never from the label."""
+    column = f"{BY}{key}"
+    values = frame[column] if column in frame else pd.Series(None, index=frame.index, dtype=object)
+    return relabel(frame, {key}), values.astype(object).where(values.notna(), None)
 
 
 def common_longest(g: pd.DataFrame) -> int | None:
@@ -211,17 +192,25 @@ class Verdicts:
     ``per``: dotted ``--by`` keys whose values split setups instead of lines (module docstring)."""
 
     def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None, per: list[str] = ()):
-        s = summary[summary.cell.map(lambda c: c.nll.size > 0)]
         self.setup = list(SETUP)
-        for key in per:
-            short = key.rsplit(".", 1)[-1]
-            names, values = per_split(s.label, key)
-            s = s.assign(label=names, **{short: numeric_first(values.fillna("unset"))})
-            self.setup.append(short)
-        self.s = s
+        values = {key.rsplit(".", 1)[-1]: per_split(summary, key)[1].fillna("unset") for key in per}
+        if per:  # each --per key's value a setup column, the lines named without them (all rows: the labels' own)
+            summary = summary.assign(label=relabel(summary, set(per)), **values)
+            self.setup += list(values)
+        s = summary[summary.cell.map(lambda c: c.nll.size > 0)]
+        self.s = s.assign(**{short: numeric_first(s[short]) for short in values})
         self.est = estimator or Estimator()
         self.varied = [c for c in self.setup if c in self.s and self.s[c].astype(str).nunique() > 1]
+        # a mixed text's data (posbench.report.collect.mixed_data) is named by its corpus alone
+        self._names = dict(zip(self.s.data, self.s.data_name)) if "data_name" in self.s else {}
         self._decided: dict[tuple, dict[tuple[str, str], str]] = {}  # (rows, length) -> the ratios' pair decisions
+
+    def _short(self, value) -> str:
+        """A setup value as a line's name shows it: a mixed text's corpus (its ``data_name``)."""
+        return str(self._names.get(value, value))
+
+    def _setup_text(self, keys: dict) -> str:
+        return "[" + ", ".join(f"{c}={self._short(keys[c])}" for c in self.varied) + "] " if self.varied else ""
 
     def _ratio_signs(self, g: pd.DataFrame, length: int) -> dict[tuple[str, str], str]:
         """:func:`decide_pairs` of ``g``'s ratios at ``length``, computed once per rows and length: the
@@ -305,7 +294,7 @@ class Verdicts:
         for setup, g in self.setups():
             if g.label.nunique() < 2:
                 continue
-            tlen, where = int(setup["train_len"]), _setup_text(setup, self.varied)
+            tlen, where = int(setup["train_len"]), self._setup_text(setup)
             length, missing = common_longest(g), []
             if length is None:  # a line that cannot run past train_len (a learned table): order the others
                 length, missing = self._longest_most(g)
@@ -346,7 +335,7 @@ class Verdicts:
                 word = {"<": "below", ">": "above", "~": "cannot be told apart"}[_decided(iv)]
                 ci = "[no interval]" if math.isnan(iv.low) else f"[{math.exp(iv.low):.3f}, {math.exp(iv.high):.3f}]"
                 tlen = int(setup["train_len"])
-                lines.append(f"{_setup_text(setup, self.varied)}{a} / {b}, ppl(L={length}) / ppl(L={tlen}): "
+                lines.append(f"{self._setup_text(setup)}{a} / {b}, ppl(L={length}) / ppl(L={tlen}): "
                              f"{math.exp(iv.estimate):.3f} {ci}: {word}" + self._one_seed(g, (a, b)))
             if not found:
                 lines.append(f"{a} / {b}: no setup has both lines")
@@ -395,16 +384,16 @@ class Verdicts:
             others = [c for c in self.varied if c != col]
             groups: dict[tuple, list] = {}
             for setup, found in signs:
-                groups.setdefault(tuple(_short(setup[c]) for c in others), []).append((setup, found))
+                groups.setdefault(tuple(self._short(setup[c]) for c in others), []).append((setup, found))
             for key, group in groups.items():
                 if len(group) < 2:
                     continue
-                values = "/".join(_short(setup[col]) for setup, _ in group)
+                values = "/".join(self._short(setup[col]) for setup, _ in group)
                 at = "".join(f", {c}={v}" for c, v in zip(others, key))
-                named = [(_short(setup[col]), f) for setup, f in group]
+                named = [(self._short(setup[col]), f) for setup, f in group]
                 lines += self._agreement(named, f"across {col} ({values}{at})")
         if len(self.varied) > 1 and len(signs) > 1:
-            named = [(",".join(_short(setup[c]) for c in self.varied), f) for setup, f in signs]
+            named = [(",".join(self._short(setup[c]) for c in self.varied), f) for setup, f in signs]
             lines += self._agreement(named, f"across all {len(signs)} setups")
         return lines
 
