@@ -10,6 +10,8 @@ from conftest import ROOT
 TABLES = [  # (README, script, its report.csv)
     ("README.md", "scripts/ratio_table.py", "results/headline/report.csv"),
     ("results/headline/README.md", "scripts/ratio_table.py", "results/headline/report.csv"),
+    ("results/pretrained/smollm2-135m/README.md", "scripts/method_table.py",
+     "results/pretrained/smollm2-135m/report.csv"),
 ]
 
 
