@@ -77,26 +77,32 @@ def subset(full: pd.DataFrame, chosen: dict[str, np.ndarray], text: bool) -> pd.
     return base.assign(cell=cells)
 
 
+def seed_draws(full: pd.DataFrame, draws: int, rng: np.random.Generator):
+    """For each size k of :data:`SIZES` below every line's seed count, ``draws`` draws of k seeds a
+    line without replacement -> (k, draw, {label: the seeds drawn})."""
+    pool = {label: np.array(sorted(set(full.cell[full.label == label].iloc[0].seeds))) for label in full.label.unique()}
+    for k in [k for k in SIZES if k < min(map(len, pool.values()))]:
+        for draw in range(draws):
+            yield k, draw, {label: rng.choice(seeds, size=k, replace=False) for label, seeds in pool.items()}
+
+
 def coverage(full: pd.DataFrame, truth: pd.DataFrame, draws: int, seed: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     est = Estimator()
-    pool = {label: np.array(sorted(set(full.cell[full.label == label].iloc[0].seeds))) for label in full.label.unique()}
     truth = truth.set_index(["label", "eval_len"])
     rows = []
-    for k in [k for k in SIZES if k < min(map(len, pool.values()))]:
-        for _ in range(draws):
-            chosen = {label: rng.choice(seeds, size=k, replace=False) for label, seeds in pool.items()}
-            for text in (True, False):
-                s = add_intervals(subset(full, chosen, text), est)
-                for r in s.itertuples():
-                    t = truth.loc[(r.label, r.eval_len)]
-                    hold_ppl = r.ppl_ci_low <= math.exp(t.log_ppl) <= r.ppl_ci_high
-                    hold_ratio = (r.ratio_ci_low <= math.exp(t.log_ratio) <= r.ratio_ci_high
-                                  if r.eval_len != r.train_len else math.nan)
-                    rows.append({"k": k, "interval": "seeds+text" if text else "seeds only", "label": r.label,
-                                 "eval_len": r.eval_len, "ppl": hold_ppl, "ratio": hold_ratio,
-                                 "ratio_width": math.log(r.ratio_ci_high / r.ratio_ci_low)
-                                 if r.eval_len != r.train_len else math.nan})
+    for k, _, chosen in seed_draws(full, draws, rng):
+        for text in (True, False):
+            s = add_intervals(subset(full, chosen, text), est)
+            for r in s.itertuples():
+                t = truth.loc[(r.label, r.eval_len)]
+                hold_ppl = r.ppl_ci_low <= math.exp(t.log_ppl) <= r.ppl_ci_high
+                hold_ratio = (r.ratio_ci_low <= math.exp(t.log_ratio) <= r.ratio_ci_high
+                              if r.eval_len != r.train_len else math.nan)
+                rows.append({"k": k, "interval": "seeds+text" if text else "seeds only", "label": r.label,
+                             "eval_len": r.eval_len, "ppl": hold_ppl, "ratio": hold_ratio,
+                             "ratio_width": math.log(r.ratio_ci_high / r.ratio_ci_low)
+                             if r.eval_len != r.train_len else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -105,25 +111,22 @@ def decisions(full: pd.DataFrame, truth: pd.DataFrame, draws: int, seed: int) ->
     of their ratios and the truth's order (module docstring)."""
     rng = np.random.default_rng(seed + 1)
     est = Estimator()
-    pool = {label: np.array(sorted(set(full.cell[full.label == label].iloc[0].seeds))) for label in full.label.unique()}
     t = truth.set_index(["label", "eval_len"])
     rows = []
-    for k in [k for k in SIZES if k < min(map(len, pool.values()))]:
-        for draw in range(draws):
-            chosen = {label: rng.choice(seeds, size=k, replace=False) for label, seeds in pool.items()}
-            verdicts = Verdicts(add_intervals(subset(full, chosen, True), est), est)
-            for _, g in verdicts.setups():
-                tlen = int(g.train_len.iloc[0])
-                for length in sorted(x for x in set(g.eval_len) if x > tlen):
-                    for (a, b), sign in verdicts._ratio_signs(g, length).items():
-                        ta, tb = t.loc[(a, length)], t.loc[(b, length)]
-                        diff = ta.log_ratio - tb.log_ratio
-                        se = math.sqrt(ta.seed_sd_ratio ** 2 / ta.seeds + tb.seed_sd_ratio ** 2 / tb.seeds)
-                        clear = abs(diff) > 2 * se
-                        rows.append({"k": k, "draw": draw, "eval_len": length, "pair": f"{a} / {b}", "diff": diff,
-                                     "se": se, "clear": clear, "decided": sign != "~",
-                                     "right": clear and sign == ("<" if diff < 0 else ">"),
-                                     "wrong": clear and sign == (">" if diff < 0 else "<")})
+    for k, draw, chosen in seed_draws(full, draws, rng):
+        verdicts = Verdicts(add_intervals(subset(full, chosen, True), est), est)
+        for _, g in verdicts.setups():
+            tlen = int(g.train_len.iloc[0])
+            for length in sorted(x for x in set(g.eval_len) if x > tlen):
+                for (a, b), sign in verdicts._ratio_signs(g, length).items():
+                    ta, tb = t.loc[(a, length)], t.loc[(b, length)]
+                    diff = ta.log_ratio - tb.log_ratio
+                    se = math.sqrt(ta.seed_sd_ratio ** 2 / ta.seeds + tb.seed_sd_ratio ** 2 / tb.seeds)
+                    clear = abs(diff) > 2 * se
+                    rows.append({"k": k, "draw": draw, "eval_len": length, "pair": f"{a} / {b}", "diff": diff,
+                                 "se": se, "clear": clear, "decided": sign != "~",
+                                 "right": clear and sign == ("<" if diff < 0 else ">"),
+                                 "wrong": clear and sign == (">" if diff < 0 else "<")})
     return pd.DataFrame(rows)
 
 
