@@ -64,14 +64,6 @@ def scaled_cos_sin(method, s: float, pos: torch.Tensor, inv_freq: torch.Tensor, 
     return angles.cos(), angles.sin()
 
 
-def scaling_of(key: str, kind: str):
-    """The scaling ``kind`` that config key ``key`` names; one line naming the key otherwise."""
-    try:
-        return scaling(kind)
-    except PosbenchError as e:
-        raise PosbenchError(str(e).replace("eval.rope_scaling=", f"{key}=", 1)) from None
-
-
 def rotary_encodings() -> list[str]:
     """Names of the registered encodings that accept a RoPE scaling."""
     return sorted(name for name, cls in REGISTRY.items() if issubclass(cls, Rotary))
@@ -115,7 +107,7 @@ class Rotary(PositionEncoding):
         super().__init__(dims)
         if dims.head_dim % 2:
             raise PosbenchError(f"{self.name} needs an even head dimension, got {dims.head_dim}")
-        scaling_of("encoding.trained_scaling", trained_scaling)
+        scaling(trained_scaling, "encoding.trained_scaling")
         if trained_factor is not None and not trained_factor >= 1:
             raise PosbenchError(f"encoding.trained_factor={trained_factor} is not valid; valid: null or >= 1")
         if original_len is not None and not (int(original_len) == original_len and 0 < original_len):

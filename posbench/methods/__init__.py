@@ -61,7 +61,7 @@ GROUP = "posbench.methods"  # the entry-point group of methods from other packag
 _LOADED: set[str] = set()
 
 
-def _load(group: str, registry: dict, base: type, key: str) -> None:
+def _load(group: str, registry: dict, base: type) -> None:
     """Register the classes of the installed packages' entry points in ``group`` (once)."""
     if group in _LOADED:
         return
@@ -70,24 +70,23 @@ def _load(group: str, registry: dict, base: type, key: str) -> None:
 
     for name, ep in entry_points(group).items():
         if name not in registry:
-            register(ep.load(), name, f"entry point {name!r} = {ep.value!r} ({group})", registry, base, key)
+            register(ep.load(), name, f"entry point {name!r} = {ep.value!r} ({group})", registry, base)
 
 
 def methods() -> dict[str, type[Extension]]:
     """Name -> class of every registered method: the built-ins in their documented order, then
     those of installed packages' entry points (loaded once) and any other subclass imported."""
-    _load(GROUP, REGISTRY, Extension, "eval.extension")
+    _load(GROUP, REGISTRY, Extension)
     return {**{name: REGISTRY[name] for name in ORDER if name in REGISTRY}, **REGISTRY}
 
 
 def scalings() -> dict[str, type[RopeScaling]]:
     """Name -> class of every registered RoPE scaling (``eval.rope_scaling``), as :func:`methods`."""
-    _load(SCALING_GROUP, SCALING_REGISTRY, RopeScaling, "eval.rope_scaling")
+    _load(SCALING_GROUP, SCALING_REGISTRY, RopeScaling)
     return dict(SCALING_REGISTRY)
 
 
-def register(cls, name: str, what: str, registry: dict | None = None, base: type = Extension,
-             key: str = "eval.extension") -> type:
+def register(cls, name: str, what: str, registry: dict | None = None, base: type = Extension) -> type:
     """Register ``cls`` (a subclass of ``base``) under ``name`` in ``registry`` (the methods' by
     default); one line if it is not one."""
     registry = REGISTRY if registry is None else registry
@@ -109,7 +108,7 @@ def _lookup(value: str, found: dict, registry: dict, base: type, key: str) -> ty
         from ..plugins import import_target
 
         cls = import_target(value, f"{key}={value}")
-        return register(cls, cls.__dict__.get("name") or cls.__name__.lower(), f"{key}={value}", registry, base, key)
+        return register(cls, cls.__dict__.get("name") or cls.__name__.lower(), f"{key}={value}", registry, base)
     raise PosbenchError(f"{key}={value!r} is not valid; valid choices: {', '.join(found)}")
 
 
@@ -118,9 +117,10 @@ def method_class(method: str) -> type[Extension]:
     return _lookup(method, methods(), REGISTRY, Extension, "eval.extension")
 
 
-def scaling(kind: str) -> RopeScaling:
-    """The scaling ``eval.rope_scaling=kind``: a registered name, or an import path."""
-    return _lookup(kind, scalings(), SCALING_REGISTRY, RopeScaling, "eval.rope_scaling")()
+def scaling(kind: str, key: str = "eval.rope_scaling") -> RopeScaling:
+    """The scaling ``kind``: a registered name, or an import path; ``key``: the config key that
+    names it, in its one-line error (``encoding.trained_scaling`` for a training's)."""
+    return _lookup(kind, scalings(), SCALING_REGISTRY, RopeScaling, key)()
 
 
 def scaling_factor(kind: str, factor: float | None, window_len: int, original_len: int) -> float:
