@@ -120,9 +120,10 @@ class Palette:
 
     def __init__(self, lines: pd.DataFrame | None = None, extra: list[str] = (), only: list[str] | None = None):
         self._context = None if lines is None else lines[[c for c in LINE if c in lines]].drop_duplicates()
+        names = pd.Series(dtype=object) if lines is None else self.names(lines)
         # each line's rows with its name and --by values: what legends shorten names from (compact)
-        self._rows = None if lines is None or "label" not in lines else lines.assign(name=self.names(lines))
-        known = list(dict.fromkeys([*([] if lines is None else self.names(lines)), *extra]))
+        self._rows = None if lines is None or "label" not in lines else lines.assign(name=names)
+        known = list(dict.fromkeys([*names, *extra]))
         if only is not None:  # the lines the per-line figures draw (a report of many): theirs the first colours
             known = [name for name in known if name in set(only)]
         plt = _pyplot()

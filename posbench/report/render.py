@@ -11,7 +11,7 @@ import pandas as pd
 from ..eval.results import LINE, line_names, with_labels
 from .figures import seed_counts
 from .summary import COMPARED
-from .verdicts import UNTRAINED, numeric_first, per_split
+from .verdicts import UNTRAINED, numeric_first, per_value
 
 NEAR = 1.10  # "holds up": ppl at most 10% above its value at train_len
 
@@ -172,7 +172,7 @@ def extrapolation_summary(summary: pd.DataFrame, per: list[str] = (),
     lines = []
     texts = [c for c in ("data", "split") if c in summary and summary[c].nunique() > 1]  # --mix: one text at a time
     keys_of = [k.rsplit(".", 1)[-1] for k in per]  # each key's value a column, as the verdicts split it
-    summary = summary.assign(**{f"per_{short}": numeric_first(per_split(summary, key)[1].fillna("unset"))
+    summary = summary.assign(**{f"per_{short}": numeric_first(per_value(summary, key).fillna("unset"))
                                 for short, key in zip(keys_of, per)})
     for keys, g in summary.groupby(["train_len", *texts, *(f"per_{k}" for k in keys_of)], sort=True):
         tlen = keys[0]

@@ -16,7 +16,7 @@ from ..intervals import Cell, Estimator, pool_seeds
 from .baselines import run_blocks
 from .collect import GROUP
 from .longppl import SAME_RTOL
-from .verdicts import UNTRAINED, per_split
+from .verdicts import UNTRAINED, per_value
 
 # summarize(cells=True) only: Cell objects, SeedPools, and whether a line's runs were trained (steps > 0; a
 # pretrained model's rows have 0), which the verdicts read to say where a trained line has one seed
@@ -59,7 +59,7 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
 def per_values(summary: pd.DataFrame, per: list[str]) -> list[tuple[str, ...]]:
     """Each row's value of each ``--per`` key (its ``by:`` column: ``by:train.steps``; 'unset' where
     the row's run lacks the key)."""
-    values = [per_split(summary, key)[1].fillna("unset") for key in per]
+    values = [per_value(summary, key).fillna("unset") for key in per]
     return list(zip(*values)) if values else [() for _ in range(len(summary))]
 
 

@@ -154,14 +154,19 @@ def ordering(est: Estimator, cells: dict[str, Cell], values: dict[str, float], p
     return text[names[0]] + "".join(f" {s} {text[b]}" for s, b in zip(chain, names[1:]))
 
 
+def per_value(frame: pd.DataFrame, key: str) -> pd.Series:
+    """Each row's value of the dotted ``--per`` key: its ``by:`` column (None where the row's run
+    lacks the key), read from data, never from the label."""
+    column = f"{BY}{key}"
+    values = frame[column] if column in frame else pd.Series(None, index=frame.index, dtype=object)
+    return values.astype(object).where(values.notna(), None)
+
+
 def per_split(frame: pd.DataFrame, key: str) -> tuple[pd.Series, pd.Series]:
     """Each row's label without the dotted ``--per`` key (``train.steps``: ``alibi [steps=488,
     bias_scale=none]`` -> ``alibi [bias_scale=none]``), rendered again from the row's data
-    (:func:`posbench.eval.results.relabel`), and the key's value (its ``by:`` column; None where the
-    row's run lacks the key): read from data, never from the label."""
-    column = f"{BY}{key}"
-    values = frame[column] if column in frame else pd.Series(None, index=frame.index, dtype=object)
-    return relabel(frame, {key}), values.astype(object).where(values.notna(), None)
+    (:func:`posbench.eval.results.relabel`), and the key's value (:func:`per_value`)."""
+    return relabel(frame, {key}), per_value(frame, key)
 
 
 def common_longest(g: pd.DataFrame) -> int | None:
@@ -193,7 +198,7 @@ class Verdicts:
 
     def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None, per: list[str] = ()):
         self.setup = list(SETUP)
-        values = {key.rsplit(".", 1)[-1]: per_split(summary, key)[1].fillna("unset") for key in per}
+        values = {key.rsplit(".", 1)[-1]: per_value(summary, key).fillna("unset") for key in per}
         if per:  # each --per key's value a setup column, the lines named without them (all rows: the labels' own)
             summary = summary.assign(label=relabel(summary, set(per)), **values)
             self.setup += list(values)
