@@ -50,14 +50,14 @@ from ..data.positions import draw_positions
 from ..encodings import PositionRangeError
 from ..encodings.extension import Extension
 from ..encodings.rotary import rope_scaling
-from ..methods import scaling_factor
+from ..methods import Applied, scaling_factor
 from ..model.build import autocast
 from ..model.transformer import LanguageModel
 from ..runs import threads
 from ..runs.rundir import RunDir
 from .pretrained import stored_ladder
 from .probe import Subject
-from .results import COLUMNS, KEY, backfill, read_results, sort_rows, write_results
+from .results import COLUMNS, KEY, METHOD, backfill, read_results, sort_rows, write_results
 from .subject import extension_of, open_subject, scaling_label
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
@@ -219,12 +219,13 @@ def perplexity_ladder(model: LanguageModel, tokens: np.ndarray, lengths: list[in
     if ext is None:
         ext = extension_of(ecfg, model.encoding.dims.train_len)
     model.check_method(ext, kind)
+    applied = Applied.of(kind, ext)
     model.eval()
     rows = []
     with rope_scaling(model.encoding, kind, ecfg.rope_factor), model.encoding.extended(ext):
         for length in lengths:
             stride = strides[length]
-            row = {"eval_len": length, "rope_scaling": scaling_label(kind, ext), "mode": ecfg.mode, "stride": stride,
+            row = {"eval_len": length, **applied.columns(), "mode": ecfg.mode, "stride": stride,
                    "rope_factor": scaling_factor(kind, ecfg.rope_factor, length, train_len),
                    "tokens": n, "bytes": nbytes, "words": words, "status": "ok", "positions": [], "token_nll": None,
                    "unigram_ppl": unigram, **model.param_counts()}
@@ -265,9 +266,9 @@ def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame
             "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
             "init_len": cfg.train.get("init_len"),  # a fine-tuned run's parent's train_len
             "config_hash": config_hash(cfg), "code_version": code_version(),
-            "rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping"}  # a ladder row's own values win
+            **Applied().columns(), "rope_factor": 1.0, "mode": "nonoverlapping"}  # a ladder row's own values win
     rows = backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]
-    rows.attrs["positions"] = [{**meta, **{k: row[k] for k in KEY if k in row}, **pos}
+    rows.attrs["positions"] = [{**meta, **{k: row[k] for k in KEY + METHOD if k in row}, **pos}
                                for row in ladder for pos in row.get("positions", [])]
     rows.attrs["token_nll"] = {row_key({**meta, **row}): row["token_nll"] for row in ladder
                                if row.get("token_nll") is not None}
@@ -368,7 +369,8 @@ def evaluate_subject(subject: Subject) -> pd.DataFrame:
     tokens = corpus.splits[ecfg.split]
     lengths = subject.ladder_lengths()
     ecfg.strides(lengths)
-    label = scaling_label(ecfg.rope_scaling, ext)
+    applied = Applied.of(ecfg.rope_scaling, ext)
+    label = applied.label
     n = scored_count(RunDir(subject.out).results, tokens, lengths, ecfg, label, subject.budget_given)
     plan = ladder_plan(subject, label, lengths, n)
     plain_cfg = dataclasses.replace(ecfg, rope_scaling="none", extension="none")
@@ -391,8 +393,8 @@ def evaluate_subject(subject: Subject) -> pd.DataFrame:
 
     for length in plan.plain:  # under none, stored under both names
         row = ladder(length, plain_cfg)[0]
-        store([row, {**row, "rope_scaling": label, "rope_factor": 1.0}])
-    store([{**plan.stored[length], "rope_scaling": label, "rope_factor": 1.0} for length in plan.same
+        store([row, {**row, **applied.columns(), "rope_factor": 1.0}])
+    store([{**plan.stored[length], **applied.columns(), "rope_factor": 1.0} for length in plan.same
            if length in plan.stored])
     for length in plan.todo:  # the row key names the extension, so no method's rows replace another's
         store(ladder(length, ecfg, ext=ext))

@@ -51,7 +51,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..errors import PosbenchError
-from .results import KEY, read_results
+from .results import KEY, METHOD, as_trained, read_results, with_method
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
 
@@ -61,7 +61,8 @@ SHORT_STRIDE_DIVISOR = 4  # default short row: sliding, stride = eval_len // 4
 FILE = "longppl.csv"
 KEYS = "longppl_keys.npz"  # a study's key tokens, beside its runs/longppl.csv (KeyTokens.save)
 COLUMNS = KEY + ["model", "data", "tokens", "key_tokens", "longppl", "ppl", "evaluator", "long_len", "short_len",
-                 "short_stride", "alpha", "beta", "config_hash", "nll_blocks", "key_nll_blocks", "key_block_tokens"]
+                 "short_stride", "alpha", "beta", "config_hash", "nll_blocks", "key_nll_blocks", "key_block_tokens",
+                 *METHOD]
 BLOCK_COLUMNS = ("nll_blocks", "key_nll_blocks", "key_block_tokens")  # ';'-joined, one value per bootstrap block
 
 
@@ -179,7 +180,7 @@ def _long_short(rows: pd.DataFrame, long_len: int | None, short_len: int, short_
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """An evaluator's unscaled rows that key tokens are chosen from: (its non-overlapping rows at
     ``long_len``, none where it is None; its sliding rows at ``short_len`` with ``short_stride``)."""
-    rows = rows[rows.rope_scaling == "none"]
+    rows = rows[as_trained(rows)]
     plain = rows[rows["mode"] == "nonoverlapping"]
     long = plain[plain.eval_len == long_len] if long_len is not None else plain.iloc[:0]
     return long, rows[(rows["mode"] == "sliding") & (rows.eval_len == short_len) & (rows.stride == short_stride)]
@@ -194,7 +195,7 @@ def select_key_tokens(evaluator: str | Path, short_len: int, short_stride: int |
     run = Path(evaluator)
     short_stride = short_stride or max(1, short_len // SHORT_STRIDE_DIVISOR)
     rows, stored = _scored_rows(run, split)
-    rows = rows[rows.rope_scaling == "none"]
+    rows = rows[as_trained(rows)]
     plain = rows[rows["mode"] == "nonoverlapping"]
     if long_len is None:
         trained = _config(run).get("train", {}).get("train_len")
@@ -273,10 +274,10 @@ def longppl_rows(run: str | Path, keys: KeyTokens, scored: tuple | None = None) 
         nll = stored[row_key(row)]
         n = min(nll.size, keys.mask.size)
         value, count = longppl(nll[:n], keys.mask[:n])
-        out.append({**{k: row[k] for k in KEY}, "model": row["model"], "data": row["data"], "tokens": n,
+        out.append({**{k: row[k] for k in KEY + METHOD}, "model": row["model"], "data": row["data"], "tokens": n,
                     "key_tokens": count, "longppl": value, "ppl": math.exp(float(np.mean(nll[:n], dtype=np.float64))),
                     **keys.how(), "config_hash": row["config_hash"], **block_columns(nll[:n], keys.mask[:n])})
-    return pd.DataFrame(out, columns=COLUMNS)
+    return with_method(pd.DataFrame(out, columns=COLUMNS))  # its columns typed as every reader's
 
 
 def study_longppl(evaluator: str | Path, runs: list[str | Path], short_len: int | None = None,
@@ -330,7 +331,7 @@ def longppl_table(keys: KeyTokens, runs: list[str | Path], kept: pd.DataFrame | 
     table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
     if kept is None or not len(kept):
         return table
-    kept = kept.reindex(columns=COLUMNS)  # rows written before the block sums were kept: those columns empty
+    kept = with_method(kept).reindex(columns=COLUMNS)  # rows kept from before the block sums: those columns empty
     identity = KEY + ["model", "data", "config_hash"]  # as merge_csv drops the old rows a new one replaces
     kept = kept[~kept.set_index(identity).index.isin(table.set_index(identity).index)]
     long = kept[kept.tokens > fewest]

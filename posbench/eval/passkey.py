@@ -48,12 +48,13 @@ from ..encodings import PositionRangeError
 from ..errors import PosbenchError
 from ..model.build import autocast
 from .probe import Probe, Subject, encode_piece
+from .results import METHOD
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 KEY = ["encoding", "rope_scaling", "train_len", "seed", "length", "depth"]
-COLUMNS = KEY + ["trials", "correct", "accuracy", "logprob", "config_hash", "code_version", "status"]
+COLUMNS = KEY + ["trials", "correct", "accuracy", "logprob", "config_hash", "code_version", "status"] + METHOD
 
 
 @dataclass

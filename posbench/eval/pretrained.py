@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import EvalConfig, config_hash
 from ..methods import scaling_factor
 from ..runs.rundir import RunDir
-from .results import KEY, read_results, read_table
+from .results import KEY, METHOD, read_results, read_table
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import read_token_nll, row_key
 
 LADDER_KEYS = ("eval_len", "rope_scaling", "rope_factor", "mode", "stride", "tokens", "bytes", "words", "status",
-               "params", "pos_params", "nll", "ppl", "bpb", "word_ppl")  # what a stored row gives back
+               "params", "pos_params", "nll", "ppl", "bpb", "word_ppl", *METHOD)  # what a stored row gives back
 
 MULTIPLES = (0.25, 0.5, 1, 2, 4)  # default ladder, in multiples of the trained context
 DEFAULT_MULTIPLES = [1, 2, 4, 8, 16]  # eval.multiples' default, which means "the pretrained default" here

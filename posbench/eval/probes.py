@@ -34,13 +34,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import code_version, config_hash, typed
 from ..errors import PosbenchError
+from ..methods import Applied
 from ..plugins import META_KEYS, TARGET, Registry
 from ..runs.rundir import RunDir, atomic_write_text
 from .needles import NiahMultiKey, NiahMultiValue
 from .passkey import Passkey
 from .probe import RUN_KEY, TRAILER, Probe, Subject
-from .results import locked, merge_csv
-from .subject import open_subject, scaling_label
+from .results import METHOD, locked, merge_csv
+from .subject import open_subject
 from .tracking import VariableTracking
 
 __all__ = ["PROBES", "Probe", "Subject", "build_probe", "run_probe", "probe_subject", "probe_files"]
@@ -76,21 +77,22 @@ def probe_subject(subject: Subject, probe: Probe, node=None) -> pd.DataFrame:
     subject.probe_preflight(lengths)
     with subject.model.encoding.extended(subject.ext):
         found = probe.run(subject, lengths)
-    rows = probe_rows(probe, subject.rows_config, found, scaling_label(subject.ecfg.rope_scaling, subject.ext))
+    rows = probe_rows(probe, subject.rows_config, found, Applied.of(subject.ecfg.rope_scaling, subject.ext))
     subject.prepare_out()  # once there is something to write
     write_probe(RunDir(subject.out), probe, rows, node)
     return rows
 
 
-def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict], label: str) -> pd.DataFrame:
-    """A probe's rows with the run's identity in front (``label``: the scaling and extension, as
-    :func:`~posbench.eval.ladder.scaling_label` names them) and its config hash and code version."""
-    meta = {"encoding": train_cfg.encoding.name, "rope_scaling": label,
+def probe_rows(probe: Probe, train_cfg: DictConfig, found: list[dict], applied: Applied) -> pd.DataFrame:
+    """A probe's rows with the run's identity in front (``applied``: the scaling and method, named
+    by the ``rope_scaling`` key and carried as the METHOD columns at the end) and its config hash
+    and code version."""
+    meta = {"encoding": train_cfg.encoding.name, **applied.columns(),
             "train_len": int(train_cfg.train.train_len), "seed": int(train_cfg.seed),
             "config_hash": config_hash(train_cfg), "code_version": code_version()}
     rows = pd.DataFrame([{**meta, **row} for row in found])
-    own = [c for c in rows if c not in RUN_KEY + list(probe.key) + TRAILER]
-    return rows[RUN_KEY + list(probe.key) + own + TRAILER].astype(probe.dtypes)
+    own = [c for c in rows if c not in RUN_KEY + list(probe.key) + TRAILER + METHOD]
+    return rows[RUN_KEY + list(probe.key) + own + TRAILER + METHOD].astype(probe.dtypes)
 
 
 def write_probe(run: RunDir, probe: Probe, rows: pd.DataFrame, node=None) -> pd.DataFrame:

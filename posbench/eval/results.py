@@ -24,15 +24,18 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PosbenchError
+from ..methods import Applied, methods, scalings
 from ..runs.rundir import RunDir, atomic_write_text
 from .token_nll import FILE as TOKEN_NLL
 from .token_nll import merge_token_nll
 
 KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mode", "stride"]
+# what ran at inference, as data (posbench.methods.Applied): ``rope_scaling`` above is its rendered name
+METHOD = list(Applied.COLUMNS)
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
                  "model", "data", "steps", "init_len", "params", "pos_params", "config_hash", "code_version",
-                 "unigram_ppl"]
-POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"]
+                 "unigram_ppl"] + METHOD
+POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"] + METHOD
 LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
 # tasks.csv: random_positions 0 = positions 0..T-1, L > 0 = positions drawn from [0, L); multiple =
 # eval_size / train_size; exact_* and token_* are over the row's instances (Wilson, t; in [0, 1])
@@ -85,7 +88,58 @@ def backfill(df: pd.DataFrame) -> pd.DataFrame:
         df[col] = df[col].astype("Int64")
     for col in ("bpb", "word_ppl", "unigram_ppl"):
         df[col] = df[col].astype(float)
+    df = with_method(df)
     return df[[c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]]
+
+
+def with_method(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its rows' :data:`METHOD` columns: as written where a row has them; rows written
+    before them (old run dirs, and any file not yet migrated by scripts/migrate_results.py) read
+    them from their ``rope_scaling`` name (:func:`applied_from_label`)."""
+    if "rope_scaling" not in df:
+        return df
+    df = df.copy()
+    missing = df["method"].isna() if "method" in df else pd.Series(True, index=df.index)
+    if missing.any():
+        cache: dict[str, dict] = {}
+        parsed = [cache.setdefault(t, applied_from_label(t).columns()) for t in df.rope_scaling[missing]]
+        for col in METHOD:
+            values = pd.Series([p[col] for p in parsed], index=df.index[missing], dtype=object)
+            df[col] = values if col not in df else df[col].astype(object).where(~missing, values)
+    for col in METHOD[:2]:  # text as its key's (read or made)
+        df[col] = df[col].astype(df.rope_scaling.dtype)
+    for col in METHOD[2:]:
+        df[col] = pd.to_numeric(df[col]).astype("Int64")
+    return df
+
+
+def as_trained(frame: pd.DataFrame) -> pd.Series:
+    """Which rows are of the model as trained (no RoPE scaling and no method), from the
+    :data:`METHOD` columns (through :func:`with_method` where ``frame`` lacks them)."""
+    if not all(c in frame for c in METHOD[:2]):
+        if "rope_scaling" not in frame:
+            return pd.Series(True, index=frame.index)
+        frame = with_method(frame)
+    return (frame.scaling.fillna("none") == "none") & (frame.method.fillna("none") == "none")
+
+
+def applied_from_label(text) -> Applied:
+    """The read-time shim, the one place a row's name is read back into its parts: a
+    ``rope_scaling`` name written before rows carried :data:`METHOD` (``none``, ``yarn``,
+    ``self_extend(W=512,G=8)``, ``yarn+logn``) -> what it names. A name that is both a method and
+    a scaling (``llama3``: the same computation either way) reads as the method, the spelling rows
+    were written under; a method this install lacks keeps its name and its values in order."""
+    if not isinstance(text, str) or text in ("", "none"):
+        return Applied()
+    kind, _, rest = text.rpartition("+")
+    head, _, params = rest.partition("(")
+    if not kind and head not in methods() and head in scalings():
+        return Applied(scaling=head)
+    values = [int(v.split("=", 1)[1]) for v in params.rstrip(")").split(",") if "=" in v]
+    known = methods()
+    names = tuple(known[head].params) + (None, None) if head in known else ("window", "group")
+    fields = dict(zip([f for f, name in zip(("window", "group"), names) if name], values))
+    return Applied(scaling=kind or "none", method=head, **fields)
 
 
 #: Columns of identifiers, read as the text they were written as: a 12-digit config hash that is

@@ -33,7 +33,7 @@ from ..encodings.extension import Extension
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
-from ..methods import method_class, scaling
+from ..methods import Applied, method_class
 from ..model.build import autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..model.preflight import check_evaluation, check_pretrained
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint
@@ -90,10 +90,7 @@ def scaling_label(kind: str, ext: Extension) -> str:
     """A row's ``rope_scaling``: the scaling, the extension (``self_extend(W=512,G=8)``), or both
     (``yarn+logn``), so no method's rows replace another's. A scaling named by its import path is
     named by its registered name."""
-    kind = scaling(kind).name
-    if ext.method == "none":
-        return kind
-    return ext.label if kind == "none" else f"{kind}+{ext.label}"
+    return Applied.of(kind, ext).label
 
 
 def open_run(cfg: DictConfig) -> tuple[RunDir, dict, DictConfig, EvalConfig]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass
 
 from ..config import SCALING_GROUP  # the entry-point group of RoPE scalings from other packages
 from ..errors import PosbenchError
@@ -130,7 +131,49 @@ def scaling_factor(kind: str, factor: float | None, window_len: int, original_le
     return scaling(kind).factor(factor, window_len, original_len)
 
 
-__all__ = ["Extension", "LLAMA3_HIGH_FREQ_FACTOR", "LLAMA3_LOW_FREQ_FACTOR", "Part", "RopeScaling", "Rotation",
-           "STRING_FACTOR", "STRING_LOCAL", "YARN_BETA_FAST", "YARN_BETA_SLOW", "llama3_inv_freq", "logn_factor",
-           "methods", "ntk_base", "rope_inv_freq", "scaling", "scaling_factor", "scalings", "yarn_attention_factor",
-           "yarn_correction_dim", "yarn_inv_freq", "yarn_ramp"]
+@dataclass(frozen=True)
+class Applied:
+    """What a results row ran at inference, as data: the RoPE ``scaling`` (``eval.rope_scaling``),
+    the ``method`` (``method=`` / ``eval.extension``) and the method's two parameters, ``window``
+    and ``group`` (``eval.extension_window`` / ``_group`` as the method resolved them: what each
+    means is the method's, :attr:`Extension.options`; None where it has no such parameter).
+    Rows carry it as the :attr:`COLUMNS`; :attr:`label` renders the name a person reads (and the
+    rows' ``rope_scaling`` key): ``yarn``, ``self_extend(W=512,G=8)``, ``yarn+logn``."""
+
+    scaling: str = "none"
+    method: str = "none"
+    window: int | None = None
+    group: int | None = None
+
+    COLUMNS = ("scaling", "method", "method_window", "method_group")
+
+    @classmethod
+    def of(cls, kind: str, ext: Extension) -> Applied:
+        """The scaling ``kind`` (a registered name or an import path, named by its registered
+        name) beside the method ``ext``, its parameters as ``ext`` resolved them."""
+        named = [field for field, name in zip(("window", "group"), ext.params) if name]
+        return cls(scaling(kind).name, ext.method, *(getattr(ext, f) if f in named else None
+                                                     for f in ("window", "group")))
+
+    @property
+    def label(self) -> str:
+        """The name rows are keyed and lines labelled by: the scaling, the method with its
+        parameters named as its class names them (:attr:`Extension.params`), or both."""
+        if self.method == "none":
+            return self.scaling
+        known = methods()
+        params = known[self.method].params if self.method in known else ("window", "group")
+        values = [(name, v) for name, v in zip(params, (self.window, self.group)) if name and v is not None]
+        text = f"{self.method}({','.join(f'{n}={v}' for n, v in values)})" if values else self.method
+        return text if self.scaling == "none" else f"{self.scaling}+{text}"
+
+    def columns(self) -> dict:
+        """The row's columns (:attr:`COLUMNS`) and its ``rope_scaling`` key, the :attr:`label`."""
+        return {"rope_scaling": self.label, "scaling": self.scaling, "method": self.method,
+                "method_window": self.window, "method_group": self.group}
+
+
+__all__ = ["Applied", "Extension", "LLAMA3_HIGH_FREQ_FACTOR", "LLAMA3_LOW_FREQ_FACTOR", "Part", "RopeScaling",
+           "Rotation", "STRING_FACTOR", "STRING_LOCAL", "YARN_BETA_FAST", "YARN_BETA_SLOW", "llama3_inv_freq",
+           "logn_factor", "methods", "ntk_base", "rope_inv_freq", "scaling", "scaling_factor", "scalings",
+           "yarn_attention_factor", "yarn_correction_dim", "yarn_inv_freq", "yarn_ramp"]

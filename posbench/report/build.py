@@ -55,7 +55,17 @@ import pandas as pd
 from ..config import shipped_dir
 from ..errors import PosbenchError
 from ..eval.probes import probe_files
-from ..eval.results import RESULTS, backfill, find_files, locked, read_results, read_table, report_dir, with_labels
+from ..eval.results import (
+    RESULTS,
+    as_trained,
+    backfill,
+    find_files,
+    locked,
+    read_results,
+    read_table,
+    report_dir,
+    with_labels,
+)
 from ..runs.rundir import RunDir, atomic_write_text
 from .collect import (
     _extra_tables,
@@ -136,7 +146,7 @@ def training_curves(df: pd.DataFrame, palette: Palette, setup: pd.DataFrame) -> 
         return pd.DataFrame()
     rows = with_labels(df) if "label" not in df else df
     rows = rows.assign(name=palette.names(rows),
-                       plain=(rows["mode"] == "nonoverlapping") & (rows.rope_scaling == "none"))
+                       plain=(rows["mode"] == "nonoverlapping") & as_trained(rows))
     per_run = setup.set_index("run")
     frames = []
     for run, g in rows.groupby("run", sort=False):

@@ -24,7 +24,7 @@ import math
 import sys
 
 from ..encodings import REGISTRY
-from ..eval.results import compact_names, read_table
+from ..eval.results import as_trained, compact_names, read_table
 
 HOLDS, BREAKS = 1.05, 1.5  # a ratio up to HOLDS: "yes"; past BREAKS: "no" (the bounds every report reads)
 BOUNDS = ((HOLDS, "yes"), (BREAKS, "partly"), (math.inf, "no"))
@@ -50,7 +50,7 @@ def _ppl(value: float) -> str:
 def table(path: str) -> str:
     """The encoding table (module docstring) of the report.csv at ``path``, as markdown."""
     df = read_table(path)
-    df = df[df.rope_scaling.fillna("none") == "none"] if "rope_scaling" in df else df
+    df = df[as_trained(df)]
     df = df[df["mode"].fillna("nonoverlapping") == "nonoverlapping"] if "mode" in df else df  # plain lines only
     by = "label" if "label" in df else "encoding"  # a line per label: `posbench report --by` variants apart
     lines = ["| line | paper | hook | params (position) | ppl at train_len | ppl at 16x | ratio [95% interval] | "

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..eval.results import LINE, compact_names, line_names
+from ..eval.results import LINE, as_trained, compact_names, line_names
 from ..runs.rundir import atomic_write
 
 DPI = 120
@@ -244,7 +244,8 @@ def uneven_seeds(summary: pd.DataFrame) -> pd.Series:
 def _style(row, index: int = 0) -> dict:
     """RoPE scalings dashed with squares, sliding windows dotted with triangles; plain lines
     past the 20 colours of tab20 dashed, so no two lines look alike."""
-    scaled, sliding = row["rope_scaling"] != "none", row["mode"] == "sliding"
+    scaled = row.get("scaling", "none") != "none" or row.get("method", "none") != "none"
+    sliding = row["mode"] == "sliding"
     plain = "--" if index >= 20 else "-"
     return {"linestyle": "-." if scaled and sliding else "--" if scaled else ":" if sliding else plain,
             "marker": "^" if sliding else "s" if scaled else "o"}
@@ -415,7 +416,7 @@ def reference_lines(summary: pd.DataFrame, reference: pd.DataFrame | None,
     if reference is None or summary.empty or budget_short(setup):
         return []
     names = line_names(summary)
-    plain = (summary["mode"] == "nonoverlapping") & (summary.rope_scaling == "none") & \
+    plain = (summary["mode"] == "nonoverlapping") & as_trained(summary) & \
         summary.encoding.isin(set(reference.dropna(subset=["ppl"]).encoding)) & \
         (summary.train_len >= REFERENCE_MIN_TRAIN_LEN) & summary.ppl_mean.notna()
     past = summary.eval_len > summary.train_len

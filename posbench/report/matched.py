@@ -66,7 +66,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PosbenchError
-from ..eval.results import LINE, line_names, with_labels
+from ..eval.results import LINE, as_trained, line_names, with_labels
 from ..intervals import Cell, Estimator, pool_seeds
 from ..runs.rundir import atomic_write_text
 from .verdicts import PREFIX, ordering, ratio_cell
@@ -118,7 +118,7 @@ def budget_cells(df: pd.DataFrame) -> dict[str, Line]:
 
     df = with_labels(df.assign(variant=""))
     check_one_run_per_seed(df, also=("steps",))  # a budget's seed from two runs would count twice
-    df = df[(df["mode"] == "nonoverlapping") & (df.rope_scaling == "none") & (df.status == "ok")]
+    df = df[(df["mode"] == "nonoverlapping") & as_trained(df) & (df.status == "ok")]
     df = df.assign(name=line_names(df))
     varied = [c for c in LINE[1:] if c in df and df[c].nunique() > 1]
     out: dict[str, Line] = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..eval.results import LINE, backfill, by_columns, sort_rows, with_labels
+from ..eval.results import LINE, METHOD, backfill, by_columns, sort_rows, with_labels
 from ..eval.token_nll import row_key
 from ..intervals import Cell, Estimator, pool_seeds
 from .baselines import run_blocks
@@ -48,7 +48,8 @@ def summarize(df: pd.DataFrame, estimator: Estimator | None = None, cells: bool 
     counts = df.groupby(GROUP, dropna=False)[["params", "pos_params"]].max()  # one config per line: one count
     steps = pd.to_numeric(df["steps"], errors="coerce") if "steps" in df else pd.Series(0.0, index=df.index)
     trained = df.assign(trained=steps.fillna(0).gt(0)).groupby(GROUP, dropna=False).trained.any()
-    kept = [*by_columns(df), *(["data_name"] if "data_name" in df else [])]  # --by values, a mixed text's corpus
+    # what ran at inference (one per rope_scaling key), --by values, a mixed text's corpus
+    kept = [*METHOD, *by_columns(df), *(["data_name"] if "data_name" in df else [])]
     carried = [df.groupby(GROUP, dropna=False)[kept].first()] if kept else []
     out = with_labels(pd.concat([stats, seeds, means, counts, trained, *carried], axis=1).reset_index())
     out = add_intervals(out.assign(cell=_cells(df)), estimator or Estimator(), per)
