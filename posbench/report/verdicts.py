@@ -50,6 +50,7 @@ from ..errors import PosbenchError
 from ..eval.results import BY, LINE, relabel
 from ..intervals import Cell, Estimator, Interval, p_value
 from .encoding_table import BREAKS  # a line whose ratio at the longest length passes this breaks (the table's "no")
+from .keys import key_text, parse_key, resolve
 
 SETUP = [c for c in LINE if c != "label"]  # one setup: lines compared with each other
 PREFIX = "verdict: "
@@ -197,7 +198,7 @@ class Verdicts:
     ``per``: dotted ``--by`` keys whose values split setups instead of lines (module docstring)."""
 
     def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None, per: list[str] = ()):
-        self.setup = list(SETUP)
+        self.setup, self.per = list(SETUP), list(per)
         values = {key.rsplit(".", 1)[-1]: per_value(summary, key).fillna("unset") for key in per}
         if per:  # each --per key's value a setup column, the lines named without them (all rows: the labels' own)
             summary = summary.assign(label=relabel(summary, set(per)), **values)
@@ -326,7 +327,7 @@ class Verdicts:
         lines = []
         labels = set(self.s.label)
         for pair in pairs:
-            a, b = split_contrast(pair, labels) if isinstance(pair, str) else pair
+            a, b = (line_name(side, self.s, self.per) for side in contrast_sides(pair, labels))
             found = False
             for setup, g in self.setups():
                 if not {a, b} <= set(g.label):
@@ -411,9 +412,38 @@ def check_contrast(a: str, b: str, labels: set[str]) -> None:
                             + ", ".join(sorted(labels)))
 
 
+def contrast_sides(pair, labels: set[str]) -> tuple:
+    """A contrast's two sides: an (A, B) pair as given (each a label, a key text or a key mapping),
+    or an 'A/B' text cut by :func:`split_contrast`."""
+    return split_contrast(pair, labels) if isinstance(pair, str) else tuple(pair)
+
+
+def line_name(side, lines: pd.DataFrame, per=(), strict: bool = False) -> str:
+    """The label a contrast's side names in ``lines``: a label as it is; a line key (a mapping, or
+    its text '{encoding: rope}') resolved by its data (:func:`posbench.report.keys.resolve`), ``per``
+    keys left to the setups. A key that names no one line is refused in one line where ``strict``,
+    else it stays its text, a line no setup has."""
+    key = side if isinstance(side, dict) else parse_key(side)
+    if key is None:
+        return side
+    try:
+        return resolve(key, lines, ignore=per)
+    except PosbenchError:
+        if strict:
+            raise
+        return key_text(key)
+
+
 def split_contrast(text: str, labels: set[str]) -> tuple[str, str]:
-    """'A/B' -> (A, B), cut at the '/' where both sides name lines of ``labels`` (a line name may
-    hold a '/' itself: 'alibi sliding/16', a ``--by dir`` path), else at the first '/'."""
+    """'A/B' -> (A, B): a line key's braces mark its side ('{encoding: hope}/{encoding: rope}');
+    else cut at the '/' where both sides name lines of ``labels`` (a line name may hold a '/'
+    itself: 'alibi sliding/16', a ``--by dir`` path), else at the first '/'."""
+    if text.startswith("{") and "}/" in text:
+        i = text.index("}/")
+        return text[:i + 1], text[i + 2:]
+    if text.endswith("}") and "/{" in text:
+        i = text.rindex("/{")
+        return text[:i], text[i + 1:]
     for i, char in enumerate(text):
         if char == "/" and text[:i] in labels and text[i + 1:] in labels:
             return text[:i], text[i + 1:]
@@ -435,9 +465,10 @@ def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | No
     ``untrained``: lines (keyed by :data:`~posbench.eval.results.LINE`) that learned too little to
     compare (:func:`posbench.report.summary.untrained_lines`), left out of every verdict and named.
     A contrast is checked against every line of the report, the untrained ones included."""
-    labels = set(summary.label)
+    lines = summary.assign(label=relabel(summary, set(per))) if per else summary  # as Verdicts names them
+    labels = set(lines.label)
     for pair in contrasts if strict else ():
-        check_contrast(*(split_contrast(pair, labels) if isinstance(pair, str) else pair), labels)
+        check_contrast(*(line_name(side, lines, per, True) for side in contrast_sides(pair, labels)), labels)
     out = np.array([tuple(r) in (untrained or {}) for r in summary[LINE].itertuples(index=False)], dtype=bool)
     left = sorted(set(summary.label[out]))
     named = [f"not compared, having learned little beyond token frequencies (ppl at train_len at least "

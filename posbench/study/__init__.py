@@ -20,7 +20,9 @@ A study file (``conf/study/<name>.yaml``, or a user's own through ``--config-dir
       per: [model.name]               # keys of by whose values split the verdicts' setups (--per; optional)
       dirs: [results/baselines/headline]   # reported beside the study's runs (optional)
       args: [--log-y]                 # any other posbench report flags
-      contrasts: [[p_rope, rope]]     # verdicts on line A's ratio over line B's (posbench report --contrast)
+      contrasts: [[{encoding: p_rope}, {encoding: rope}]]   # line A's ratio over line B's (posbench
+                                      # report --contrast), each line by its key (its data:
+                                      # posbench.report.keys) or its label
       tables: {encodings.md: encodings}   # FILE: a table of report.csv written to results/FILE: one of
                                       # posbench.report.encoding_table.TABLES, or a script of your
                                       # own (FILE.py, run on report.csv, its output kept; optional)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import PosbenchError
+from ..report.keys import key_text
 from .derived import derived
 from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
 from .spec import Study, Sweep, describe_study, load_study, parse_where, restrict, study_files, sweeps
@@ -378,11 +379,19 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
     return failed
 
 
+def contrast_text(contrast) -> str:
+    """A study's contrast as ``--contrast`` takes it: 'A/B', each side a label or a line key
+    (a mapping, written as its flow text: :func:`posbench.report.keys.key_text`)."""
+    if isinstance(contrast, str):
+        return contrast
+    return "/".join(key_text(x) if isinstance(x, dict) else x for x in contrast)
+
+
 def report_command(study: Study) -> list[str]:
     rep = study.report
     by = [f"--by={k}" for k in rep.get("by") or []]
     per = [f"--per={k}" for k in rep.get("per") or []]
-    contrasts = [f"--contrast={a}/{b}" for a, b in rep.get("contrasts") or []]
+    contrasts = [f"--contrast={contrast_text(c)}" for c in rep.get("contrasts") or []]
     contrasts += ["--missing-contrasts"] if contrasts else []
     return [*_posbench(), "report", *map(str, rep.get("dirs") or []), str(study.runs), "--out", str(study.results),
             *by, *per, *contrasts, *map(str, rep.get("args") or [])]

@@ -76,7 +76,8 @@ STUDY_TYPES = {"description": STR, "out": STR, "runs": STR, "results": STR, "fol
 STAGE_TYPES = {"name": STR, "grid": MAP, "overrides": STRS, "from": STR, "eval": BOOL, "pretrained": STR,
                "folder": STR}
 REPORT_TYPES = {"by": STRS, "per": STRS, "dirs": STRS, "args": STRS, "tables": MAP,
-                "contrasts": "a list of [line, line] pairs or 'line/line' strings", "longppl": MAP}
+                "contrasts": "a list of [line, line] pairs (a line: its label, or its key, a mapping such as "
+                             "{encoding: rope, qk_norm: True}) or 'line/line' strings", "longppl": MAP}
 
 
 def _is(value, kind: str) -> bool:
@@ -88,7 +89,8 @@ def _is(value, kind: str) -> bool:
                                                     for v in value),
               STUDY_TYPES["stages"]: isinstance(value, list) and all(isinstance(v, dict) for v in value),
               REPORT_TYPES["contrasts"]: isinstance(value, list) and all(
-                  isinstance(v, str) or (isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v))
+                  isinstance(v, str) or (isinstance(v, list) and len(v) == 2 and all(
+                      isinstance(x, str) or (isinstance(x, dict) and x) for x in v))
                   for v in value)}
     return checks[kind]
 
