@@ -7,20 +7,24 @@ import sys
 import pytest
 from conftest import ROOT
 
-TABLES = [  # (README, script, its report.csv)
-    ("README.md", "scripts/ratio_table.py", "results/headline/report.csv"),
-    ("results/headline/README.md", "scripts/ratio_table.py", "results/headline/report.csv"),
-    ("results/pretrained/smollm2-135m/README.md", "scripts/method_table.py",
-     "results/pretrained/smollm2-135m/report.csv"),
+SMOL = "results/pretrained/smollm2-135m"
+TABLES = [  # (README, script, its arguments: the files it reads)
+    ("README.md", "scripts/ratio_table.py", ["results/headline/report.csv"]),
+    ("results/headline/README.md", "scripts/ratio_table.py", ["results/headline/report.csv"]),
+    (f"{SMOL}/README.md", "scripts/method_table.py", [f"{SMOL}/report.csv"]),
+    (f"{SMOL}/README.md", "scripts/longppl_table.py",
+     [f"{SMOL}/longppl.csv", "--also", f"{SMOL}/longppl_short2048.csv"]),
 ]
 
 
-@pytest.mark.parametrize("readme, script, report", TABLES, ids=[t[0] for t in TABLES])
-def test_a_readme_table_is_its_script_s_output(readme, script, report):
-    table = subprocess.run([sys.executable, str(ROOT / script), str(ROOT / report)], capture_output=True,
+@pytest.mark.parametrize("readme, script, args", TABLES, ids=[f"{t[0]}:{t[1]}" for t in TABLES])
+def test_a_readme_table_is_its_script_s_output(readme, script, args):
+    files = [a if a.startswith("--") else str(ROOT / a) for a in args]
+    table = subprocess.run([sys.executable, str(ROOT / script), *files], capture_output=True,
                            text=True, check=True).stdout.strip()
     assert table.count("\n") >= 2
-    assert table in (ROOT / readme).read_text(), f"{readme}: its table is not `python {script} {report}`'s output"
+    command = f"python {script} {' '.join(args)}"
+    assert table in (ROOT / readme).read_text(), f"{readme}: its table is not `{command}`'s output"
 
 
 def test_the_table_script_orders_lines_and_names_the_lowest(tmp_path):
