@@ -156,10 +156,11 @@ def test_bench_compiles_side_by_side_and_reports_mfu_on_the_gpu(tmp_path):
     assert text.startswith("Command: `posbench bench --device cuda") and "| t5 | 5.25M |" in text
 
 
-@pytest.mark.parametrize("delta", [True, False])
+@pytest.mark.parametrize("delta", [True, False, "channels"])
 def test_flash_linear_attention_kernels_equal_the_plain_scan(delta):
-    """POSBENCH_FLA=1's kernels (Gated DeltaNet's delta rule; Mamba-2's scan as simple GLA) against
-    posbench.model.recurrent.chunk_scan, on the GPU, in fp32."""
+    """POSBENCH_FLA=1's kernels (Gated DeltaNet's delta rule; Mamba-2's scan as simple GLA; Kimi
+    Delta Attention's per-channel gates, ``channels``) against posbench.model.recurrent.chunk_scan,
+    on the GPU, in fp32."""
     pytest.importorskip("fla")
     from posbench.model.recurrent import chunk_scan, fla_scan
 
@@ -168,7 +169,7 @@ def test_flash_linear_attention_kernels_equal_the_plain_scan(delta):
     q = torch.nn.functional.normalize(torch.randn(B, H, T, K, device="cuda", generator=g), dim=-1) / K ** 0.5
     k = torch.nn.functional.normalize(torch.randn(B, H, T, K, device="cuda", generator=g), dim=-1)
     v = torch.randn(B, H, T, V, device="cuda", generator=g)
-    gates = -torch.rand(B, H, T, device="cuda", generator=g)
+    gates = -torch.rand(B, H, T, *([K] if delta == "channels" else []), device="cuda", generator=g)
     beta = torch.rand(B, H, T, device="cuda", generator=g) if delta else None
     want, want_state = chunk_scan(q, k, v, gates, beta)
     got, got_state = fla_scan(q, k, v, gates, beta)
