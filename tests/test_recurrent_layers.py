@@ -64,6 +64,21 @@ def test_chunk_scan_with_a_gate_per_channel_equals_the_recurrence(T, chunk):
         assert torch.allclose(got_state.double(), state, atol=2e-5)
 
 
+def test_the_per_channel_scan_has_the_recurrences_gradients():
+    """Training recomputes each chunk's decays in the backward (a checkpoint): the gradients of
+    every input equal those through the token-by-token recurrence."""
+    q, k, v, _, beta = inputs(37)
+    g = channel_gates(37)
+    weight = torch.randn(2, 3, 37, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for fn in (recurrent_scan, lambda *a: chunk_scan(*a, chunk=8)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+        (fn(*leaves)[0] * weight).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for want, got in zip(*grads):
+        assert torch.allclose(got, want, atol=1e-10)
+
+
 def test_recurrence_with_a_gate_per_channel_against_kdas_rule_written_out():
     """S_t = (I - b_t k_t k_t^T) Diag(a_t) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t (Kimi Linear, eq. 1)."""
     q, k, v, _, beta = inputs(9)
