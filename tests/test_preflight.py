@@ -66,7 +66,7 @@ SHAPES = [("train", 128, 16, "alibi"),  # explicit attention (short CPU training
           ("eval", 2048, 16384, "shaw"),  # chunked scores (the ratio measured 1.03-1.5 here, and
           # up to 1.65 at 8,192 tokens a pass; alibi's once 2.02 there: both keep the default pass)
           ("train", 512, 8, "rope model.layers=ddda"),  # Gated DeltaNet's chunked scans, kept for the backward
-          ("train", 512, 8, "nope model.layers=kkka"),  # KDA's per-channel decays, recomputed for the backward
+          ("train", 512, 8, "nope model.layers=kkka"),  # KDA's per-channel decays within sub-blocks
           ("train", 512, 4, "alibi model.sinks=true"),  # learned sinks: explicit chunks
           ("eval", 2048, 16384, "rope model.layers=ma")]  # Mamba-2's scans at 16x
 

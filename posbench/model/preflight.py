@@ -29,7 +29,9 @@ autocast else 4):
 * the layers of ``model.layers`` (:mod:`posbench.model.recurrent`): in training, beyond an attention
   layer's activations, SCAN_D d_model + SCAN_HKV H (K + V) fp32 values a token and layer (H heads with
   a K x V state; their projections, convolutions, fp32 casts and the scan's per-chunk products, set
-  from measurements: Gated DeltaNet and Mamba-2 at 512 tokens, within 1.1x); in evaluation the
+  from measurements: Gated DeltaNet and Mamba-2 at 512 tokens, within 1.1x), and for Kimi Delta
+  Attention's decays per key channel SCAN_CHANNEL H SUB K more (its sub-blocks' decays and
+  products; 8 x 512 tokens of the tiny kkka model measured 2.32 GB); in evaluation the
   largest layer's scan per window of T tokens and head: fp32 (C, C) matrices per chunk of C tokens
   (4 C a token), the scan's inputs and solutions (2 K + 2 V a token) and the state entering each
   chunk (2 K V per chunk);
@@ -55,10 +57,11 @@ from ..encodings.extension import FUSED_BLOCK
 from ..errors import PosbenchError
 from ..methods import method_class
 from .attention import ATTN_BUDGET, EXPLICIT_HOOKS, EXPLICIT_MAX_LEN
-from .recurrent import CHUNK
+from .recurrent import CHUNK, SUB
 
 ACT_D, ACT_F = 20, 3  # activation values kept per token and layer: ACT_D x d_model + ACT_F x d_ff
 SCAN_D, SCAN_HKV = 48, 4  # and by a layer of model.layers beyond those: SCAN_D x d_model + SCAN_HKV x H (K + V)
+SCAN_CHANNEL = 10  # and by one with decays per key channel (KDA): SCAN_CHANNEL x H x SUB x K
 LOSS_ROWS, NLL_ROWS = 1024, 4096  # the fused loss's and head_nll's slices (posbench.model.loss, model.head_nll)
 GB = 1e9
 
@@ -100,9 +103,12 @@ def scan_bytes(model, windows: int, T: int, training: bool) -> float:
     """Bytes the layers of ``model.layers`` hold for ``windows`` windows of ``T`` tokens (module
     docstring): in training, what every such layer keeps for the backward beyond an attention layer;
     in evaluation, the largest layer's scan."""
-    shapes = [block.mixer.scan_shape() for block in model.blocks if block.kind != "a"]
+    mixers = [block.mixer for block in model.blocks if block.kind != "a"]
+    shapes = [m.scan_shape() for m in mixers]
     if training:
-        return float(sum(4 * windows * T * (SCAN_D * model.cfg.d_model + SCAN_HKV * h * (k + v)) for h, k, v in shapes))
+        return float(sum(4 * windows * T * (SCAN_D * model.cfg.d_model + SCAN_HKV * h * (k + v)
+                                            + (SCAN_CHANNEL * h * SUB * k if m.channel_gates else 0))
+                         for m, (h, k, v) in zip(mixers, shapes)))
     return float(max(4 * windows * h * (T * (4 * CHUNK + 2 * k + 2 * v) + 2 * (T // CHUNK + 1) * k * v)
                      for h, k, v in shapes))
 

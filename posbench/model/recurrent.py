@@ -45,10 +45,9 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 CHUNK = 64  # tokens per chunk of chunk_scan
-CHANNEL_CHUNK = 32  # of channel_chunk_scan, whose decays are (C, C, K) per chunk
+SUB = 8  # tokens per sub-block of channel_chunk_scan (Kimi Delta Attention's per-channel decays)
 FLA = os.environ.get("POSBENCH_FLA") == "1"  # read once, at import: flash-linear-attention's kernels on CUDA
 
 
@@ -102,7 +101,7 @@ def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
     """:func:`recurrent_scan` in chunks of ``chunk`` tokens (module docstring), in fp32 (fp64 for fp64
     inputs); gates per key channel (g of 4 dims) go to :func:`channel_chunk_scan`. -> (o, state)."""
     if g.dim() == 4:
-        return channel_chunk_scan(q, k, v, g, beta, min(chunk, CHANNEL_CHUNK))
+        return channel_chunk_scan(q, k, v, g, beta, chunk)
     dtype = v.dtype
     wide = torch.promote_types(dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
@@ -142,13 +141,19 @@ def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
     return o.to(dtype), S
 
 
-def channel_chunk_scan(q, k, v, g, beta, chunk: int = 32):
+def channel_chunk_scan(q, k, v, g, beta, chunk: int = CHUNK, sub: int = SUB):
     """:func:`chunk_scan` with a log gate per key channel, g (B, H, T, K) (Kimi Delta Attention's
     fine-grained decay). The module docstring's chunk form holds with gamma_r a vector and each
     exp(gamma_r - gamma_s) a diagonal: (k_r . k_s) becomes sum_c k_rc k_sc exp(gamma_rc - gamma_sc),
-    the same for (q_r . k_s), a (C, C, K) tensor per chunk and head whose every exponent is <= 0
-    (hence the smaller chunk); W's right side is beta_r exp(gamma_r) * k_r, a state carries
-    k_s * exp(gamma_C - gamma_s) and decays by exp(gamma_C) per channel. -> (o, state)."""
+    the same for (q_r . k_s); W's right side is beta_r exp(gamma_r) * k_r, a state carries
+    k_s * exp(gamma_C - gamma_s) and decays by exp(gamma_C) per channel. -> (o, state).
+
+    Those sums are computed by :func:`_channel_products` in sub-blocks of ``sub`` tokens, as the
+    paper's kernels do (secondary chunking): for r in a later sub-block than s, with p the last
+    position before r's sub-block, exp(gamma_r - gamma_s) = exp(gamma_r - gamma_p) exp(gamma_p -
+    gamma_s), both exponents <= 0, so the sum is a matrix product of (k_r exp(gamma_r - gamma_p))
+    and (k_s exp(gamma_p - gamma_s)); within a sub-block the (sub, sub, K) decays are written out.
+    Nothing overflows, and the cost is matrix products plus sub x K values a token."""
     dtype = v.dtype
     wide = torch.promote_types(dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
@@ -161,33 +166,48 @@ def channel_chunk_scan(q, k, v, g, beta, chunk: int = 32):
             beta = F.pad(beta, (0, pad))
         n = (T + pad) // chunk
         q, k, v, g = (t.view(B, H, n, chunk, -1) for t in (q, k, v, g))
-        beta = beta.view(B, H, n, chunk)
+        beta = beta.view(B, H, n, chunk, 1)
         gamma = g.cumsum(-2)  # (B, H, n, C, K)
+        kk, qk = _channel_products(q, k, gamma, min(sub, chunk))
+        system = (beta * kk).tril(-1) + torch.eye(chunk, device=q.device, dtype=wide)
+        u0 = torch.linalg.solve_triangular(system, beta * v, upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(system, beta * gamma.exp() * k, upper=False, unitriangular=True)
+        last = gamma[..., -1:, :]  # (B, H, n, 1, K)
+        carry, qdecay = k * (last - gamma).exp(), q * gamma.exp()
         S = q.new_zeros(B, H, K, V)
         out = []
-        keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, gamma, beta))
-        for i in range(n):  # one chunk's (C, C, K) decays at a time: memory linear in T
-            parts = (q[:, :, i], k[:, :, i], v[:, :, i], beta[:, :, i, :, None], gamma[:, :, i], S)
-            # for the backward, a chunk keeps its inputs and computes its decays again, not a dozen
-            # (C, C, K) tensors a chunk (a training step of 8 x 512 tokens of the tiny model with
-            # kkka measured 5.97 GB that way, 1.12 GB this way; the preflight's estimate 1.15 GB)
-            o, S = checkpoint(_channel_chunk, *parts, use_reentrant=False) if keep else _channel_chunk(*parts)
-            out.append(o)
+        for i in range(n):
+            u = u0[:, :, i] - w[:, :, i] @ S
+            out.append(qdecay[:, :, i] @ S + qk[:, :, i] @ u)
+            S = last[:, :, i].transpose(-1, -2).exp() * S + carry[:, :, i].transpose(-1, -2) @ u
         o = torch.stack(out, dim=2).view(B, H, n * chunk, V)[:, :, :T]
     return o.to(dtype), S
 
 
-def _channel_chunk(qi, ki, vi, bi, gi, S):
-    """One chunk of :func:`channel_chunk_scan`: (its output, the state after it)."""
-    C = qi.shape[-2]
-    lower = torch.ones(C, C, dtype=torch.bool, device=qi.device).tril()[..., None]
-    decay = (gi[..., :, None, :] - gi[..., None, :, :]).masked_fill(~lower, float("-inf")).exp()
-    system = (bi * torch.einsum("...rc,...sc,...rsc->...rs", ki, ki, decay)).tril(-1) + torch.eye(
-        C, device=qi.device, dtype=qi.dtype)
-    u = torch.linalg.solve_triangular(system, bi * vi - (bi * gi.exp() * ki) @ S, upper=False, unitriangular=True)
-    o = (qi * gi.exp()) @ S + torch.einsum("...rc,...sc,...rsc->...rs", qi, ki, decay) @ u
-    last = gi[..., -1:, :]
-    return o, last.transpose(-1, -2).exp() * S + (ki * (last - gi).exp()).transpose(-1, -2) @ u
+def _channel_products(q, k, gamma, sub: int):
+    """(K K^T, Q K^T) of every chunk, each pair (r, s) weighted by exp(gamma_r - gamma_s) per
+    channel, s <= r (:func:`channel_chunk_scan`'s secondary chunking); (..., C, C) each."""
+    C = q.shape[-2]
+    lower = torch.ones(sub, sub, dtype=torch.bool, device=q.device).tril()[..., None]
+    rows_k, rows_q = [], []
+    for start in range(0, C, sub):
+        r = slice(start, min(start + sub, C))
+        gr, kr, qr = gamma[..., r, :], k[..., r, :], q[..., r, :]
+        m = gr.shape[-2]
+        decay = (gr[..., :, None, :] - gr[..., None, :, :]).masked_fill(~lower[:m, :m], float("-inf")).exp()
+        inside_k = torch.einsum("...rc,...sc,...rsc->...rs", kr, kr, decay)
+        inside_q = torch.einsum("...rc,...sc,...rsc->...rs", qr, kr, decay)
+        after = kr.new_zeros(*kr.shape[:-2], m, C - start - m)
+        if start:
+            p = gamma[..., start - 1:start, :]  # the last position before the sub-block
+            right = (k[..., :start, :] * (p - gamma[..., :start, :]).exp()).transpose(-1, -2)
+            to = (gr - p).exp()
+            rows_k.append(torch.cat([(kr * to) @ right, inside_k, after], dim=-1))
+            rows_q.append(torch.cat([(qr * to) @ right, inside_q, after], dim=-1))
+        else:
+            rows_k.append(torch.cat([inside_k, after], dim=-1))
+            rows_q.append(torch.cat([inside_q, after], dim=-1))
+    return torch.cat(rows_k, dim=-2), torch.cat(rows_q, dim=-2)
 
 
 class ShortConv(nn.Module):
@@ -217,6 +237,8 @@ class GatedDeltaNet(nn.Module):
     gated delta rule (:func:`chunk_scan`); the output RMS-normalised per head, times SiLU(x W_g),
     then projected. Shape: n_heads / 2 heads of key dim 2 d_model / n_heads (keys d_model wide in
     all) and values twice as wide (the layer's ``expand_v = 2``)."""
+
+    channel_gates = False  # one decay per head
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -271,6 +293,8 @@ class KimiDeltaAttention(nn.Module):
     ``FusedRMSNormGated`` with ``activation="sigmoid"``), then projected. Shape: Gated DeltaNet's heads
     here (n_heads / 2 of key dim 2 d_model / n_heads) with values as wide as keys (``expand_v = 1``)."""
 
+    channel_gates = True  # its decays per key channel (the preflight counts them)
+
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         self.heads = max(1, n_heads // 2)
@@ -320,6 +344,8 @@ class Mamba2(nn.Module):
     dt_bias); A = -exp(A_log), A_log = log U(1, 16); y = SSD(x, dt, A, B, C) + D x (D = 1 at init)
     (:func:`chunk_scan` with q = C, k = B, v = dt x, g = dt A); then RMSNorm(y SiLU(z)) over d_inner
     and the output projection."""
+
+    channel_gates = False  # one decay per head
 
     def __init__(self, d_model: int, d_state: int | None = None, headdim: int = 64, expand: int = 2):
         super().__init__()
