@@ -95,7 +95,7 @@ def test_help_and_encodings_list():
     options = [line.split()[0] for line in listing[end + 1:] if line.startswith("model.")]
     assert options == ["model.length_scaling=logn", "model.length_scaling=ssmax", "model.qk_norm=true",
                        "model.window=W", "model.gate=elementwise", "model.differential=true",
-                       "model.sinks=true", "model.layers=ddda", "model.layers=ma"]
+                       "model.sinks=true", "model.layers=ddda", "model.layers=kkka", "model.layers=ma"]
     start = next(i for i, line in enumerate(listing) if line.startswith("inference-time methods"))
     scaling = next(i for i, line in enumerate(listing) if line.startswith("RoPE scalings"))
     methods = {line.split()[0]: line for line in listing[start + 1:scaling] if line.strip()}
