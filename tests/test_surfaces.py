@@ -28,6 +28,12 @@ def test_a_contrast_or_matched_report_that_cannot_be_made_writes_nothing(smoke_r
     out = tmp_path / "report"
     line = one_line(posbench("report", smoke_run, "--contrast", "alibi/rop", "--out", out, check=False))
     assert line == "posbench: error: report: --contrast alibi/rop: 'rop' is not a line of this report; valid: alibi"
+    line = one_line(posbench("report", smoke_run, "--contrast", "{encoding: rop}/{encoding: alibi}", "--out", out,
+                             check=False))
+    assert line == "posbench: error: report: line key {encoding: rop} names no line; valid: a key of one line of alibi"
+    line = one_line(posbench("report", smoke_run, "--contrast", "{colour: red}/alibi", "--out", out, check=False))
+    assert line.startswith("posbench: error: report: line key field 'colour' is not a field of this report's lines; "
+                           "valid: encoding, scaling, method")
     line = one_line(posbench("report", smoke_run, "--matched", "--out", out, check=False))
     assert line.startswith("posbench: error: report --matched: no line has runs at two or more budgets")
     assert not out.exists()
