@@ -109,19 +109,25 @@ def test_recurrence_against_the_delta_rule_written_out():
                 assert torch.allclose(got[b, h, t], S.T @ q[b, h, t], atol=1e-12)
 
 
-def gdn_oracle(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
-    """The Gated DeltaNet layer, token by token in float64 from its weights."""
+def oracle_qkv(layer, x: torch.Tensor):
+    """q, k, v (B, T, H, d) of a delta-rule layer from its weights: each projection through the causal
+    depthwise convolution (kernel 4) written out, then SiLU."""
     B, T, D = x.shape
-    H, dk, dv = layer.heads, layer.dk, layer.dv
 
-    def conv(module, seq):  # causal depthwise convolution, kernel 4, then SiLU
+    def conv(module, seq):
         w = module.conv.weight[:, 0]  # (C, 4)
         padded = torch.cat([seq.new_zeros(B, 3, seq.shape[-1]), seq], dim=1)
         return F.silu(torch.stack([(padded[:, t:t + 4] * w.T).sum(1) for t in range(T)], dim=1))
 
-    q = conv(layer.q_conv, x @ layer.q_proj.weight.T).view(B, T, H, dk)
-    k = conv(layer.k_conv, x @ layer.k_proj.weight.T).view(B, T, H, dk)
-    v = conv(layer.v_conv, x @ layer.v_proj.weight.T).view(B, T, H, dv)
+    return tuple(conv(c, x @ p.weight.T).view(B, T, layer.heads, -1)
+                 for c, p in ((layer.q_conv, layer.q_proj), (layer.k_conv, layer.k_proj), (layer.v_conv, layer.v_proj)))
+
+
+def gdn_oracle(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """The Gated DeltaNet layer, token by token in float64 from its weights."""
+    B, T, D = x.shape
+    H, dk, dv = layer.heads, layer.dk, layer.dv
+    q, k, v = oracle_qkv(layer, x)
     gate = x @ layer.g_proj.weight.T
     out = torch.zeros(B, T, H * dv, dtype=x.dtype)
     for b in range(B):
@@ -145,15 +151,7 @@ def kda_oracle(layer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
     exp(-exp(A_log_h) softplus(x W_f1 W_f2 + dt_bias)); the output gate sigmoid(x W_g1 W_g2 + b)."""
     B, T, D = x.shape
     H, dk, dv = layer.heads, layer.dk, layer.dv
-
-    def conv(module, seq):  # causal depthwise convolution, kernel 4, then SiLU
-        w = module.conv.weight[:, 0]
-        padded = torch.cat([seq.new_zeros(B, 3, seq.shape[-1]), seq], dim=1)
-        return F.silu(torch.stack([(padded[:, t:t + 4] * w.T).sum(1) for t in range(T)], dim=1))
-
-    q = conv(layer.q_conv, x @ layer.q_proj.weight.T).view(B, T, H, dk)
-    k = conv(layer.k_conv, x @ layer.k_proj.weight.T).view(B, T, H, dk)
-    v = conv(layer.v_conv, x @ layer.v_proj.weight.T).view(B, T, H, dv)
+    q, k, v = oracle_qkv(layer, x)
     f = (x @ layer.f_proj[0].weight.T) @ layer.f_proj[1].weight.T + layer.dt_bias
     gate = (x @ layer.g_proj[0].weight.T) @ layer.g_proj[1].weight.T + layer.g_proj[1].bias
     out = torch.zeros(B, T, H * dv, dtype=x.dtype)

@@ -228,7 +228,50 @@ def dt_bias_init(heads: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch
     return dt + torch.log(-torch.expm1(-dt))
 
 
-class GatedDeltaNet(nn.Module):
+class DeltaRule(nn.Module):
+    """What Gated DeltaNet and Kimi Delta Attention share: q, k, v projections, each through a short
+    convolution and SiLU; q and k L2-normalised per head and q scaled by K^-1/2; beta_t = sigmoid(x W_b);
+    the gated delta rule (:func:`scan`); the output RMS-normalised per head, times the layer's
+    :meth:`output_gate`, then projected. A layer sets those modules, ``heads``, ``dk``, ``dv``, and
+    its :meth:`log_gates`."""
+
+    channel_gates = False  # one decay per head (the preflight counts decays per key channel)
+
+    def scan_shape(self) -> tuple[int, int, int]:
+        """(heads, K, V) of the scan's state (the preflight's memory estimate)."""
+        return self.heads, self.dk, self.dv
+
+    def heads_first(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, T, heads * d) -> (B, heads, T, d)."""
+        B, T, _ = t.shape
+        return t.view(B, T, self.heads, -1).transpose(1, 2)
+
+    def log_gates(self, x: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
+        """The scan's log forget gates for the layer input x: (B, H, T), or (B, H, T, K) per channel."""
+        raise NotImplementedError
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate on the normalised output, (B, T, heads * dv)."""
+        raise NotImplementedError
+
+    def scan_inputs(self, x: torch.Tensor):
+        """(q, k, v, g, beta) of the scan for the layer input x (B, T, D), heads first."""
+        wide = torch.promote_types(x.dtype, torch.float32)
+        q = F.normalize(self.heads_first(self.q_conv(self.q_proj(x))).to(wide), dim=-1) / math.sqrt(self.dk)
+        k = F.normalize(self.heads_first(self.k_conv(self.k_proj(x))).to(wide), dim=-1)
+        v = self.heads_first(self.v_conv(self.v_proj(x)))
+        g = self.log_gates(x, wide)
+        beta = torch.sigmoid(self.b_proj(x).to(wide)).transpose(1, 2)
+        return q, k, v, g, beta
+
+    def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
+        B, T, _ = x.shape
+        o, _ = scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
+        o = self.o_norm(o.transpose(1, 2).to(torch.promote_types(o.dtype, torch.float32))).to(x.dtype)  # per head
+        return self.proj(o.reshape(B, T, -1) * self.output_gate(x))
+
+
+class GatedDeltaNet(DeltaRule):
     """Gated DeltaNet (Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta
     Rule", ICLR 2025), as flash-linear-attention's ``GatedDeltaNet`` layer builds it (the form in
     Qwen3-Next): q, k, v projections, each through a short convolution and SiLU; q and k
@@ -237,8 +280,6 @@ class GatedDeltaNet(nn.Module):
     gated delta rule (:func:`chunk_scan`); the output RMS-normalised per head, times SiLU(x W_g),
     then projected. Shape: n_heads / 2 heads of key dim 2 d_model / n_heads (keys d_model wide in
     all) and values twice as wide (the layer's ``expand_v = 2``)."""
-
-    channel_gates = False  # one decay per head
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -257,31 +298,15 @@ class GatedDeltaNet(nn.Module):
         self.o_norm = nn.RMSNorm(self.dv, eps=1e-5)
         self.proj = nn.Linear(value, d_model, bias=False)
 
-    def scan_shape(self) -> tuple[int, int, int]:
-        """(heads, K, V) of the scan's state (the preflight's memory estimate)."""
-        return self.heads, self.dk, self.dv
+    def log_gates(self, x: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
+        """g_t = -exp(A_log) softplus(x W_a + dt_bias), one per head: (B, H, T)."""
+        return (-self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias)).transpose(1, 2)
 
-    def scan_inputs(self, x: torch.Tensor):
-        """(q, k, v, g, beta) of the scan for the layer input x (B, T, D), heads first."""
-        B, T, _ = x.shape
-        heads = lambda t: t.view(B, T, self.heads, -1).transpose(1, 2)  # noqa: E731
-        wide = torch.promote_types(x.dtype, torch.float32)
-        q = F.normalize(heads(self.q_conv(self.q_proj(x))).to(wide), dim=-1) / math.sqrt(self.dk)
-        k = F.normalize(heads(self.k_conv(self.k_proj(x))).to(wide), dim=-1)
-        v = heads(self.v_conv(self.v_proj(x)))
-        g = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias)
-        beta = torch.sigmoid(self.b_proj(x).to(wide))
-        return q, k, v, g.transpose(1, 2), beta.transpose(1, 2)
-
-    def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
-        B, T, _ = x.shape
-        o, _ = scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
-        o = self.o_norm(o.transpose(1, 2).to(torch.promote_types(o.dtype, torch.float32))).to(x.dtype)  # per head
-        o = o.reshape(B, T, -1) * F.silu(self.g_proj(x))
-        return self.proj(o)
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.g_proj(x))
 
 
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(DeltaRule):
     """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear: An Expressive, Efficient Attention
     Architecture", arXiv:2510.26692), as flash-linear-attention's ``KimiDeltaAttention`` layer builds
     it with its defaults: Gated DeltaNet's delta rule with a forget gate per key channel,
@@ -311,29 +336,13 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = nn.RMSNorm(self.dv, eps=1e-5)
         self.proj = nn.Linear(key, d_model, bias=False)
 
-    def scan_shape(self) -> tuple[int, int, int]:
-        """(heads, K, V) of the scan's state (the preflight's memory estimate)."""
-        return self.heads, self.dk, self.dv
+    def log_gates(self, x: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
+        """log alpha_t = -exp(A_log) softplus(x W_f1 W_f2 + dt_bias), one per key channel: (B, H, T, K)."""
+        f = self.heads_first(self.f_proj(x).to(wide) + self.dt_bias)
+        return -self.A_log.to(wide).exp()[:, None, None] * F.softplus(f)
 
-    def scan_inputs(self, x: torch.Tensor):
-        """(q, k, v, g, beta) of the scan for the layer input x (B, T, D), heads first; g (B, H, T, K)."""
-        B, T, _ = x.shape
-        heads = lambda t: t.view(B, T, self.heads, -1).transpose(1, 2)  # noqa: E731
-        wide = torch.promote_types(x.dtype, torch.float32)
-        q = F.normalize(heads(self.q_conv(self.q_proj(x))).to(wide), dim=-1) / math.sqrt(self.dk)
-        k = F.normalize(heads(self.k_conv(self.k_proj(x))).to(wide), dim=-1)
-        v = heads(self.v_conv(self.v_proj(x)))
-        f = heads(self.f_proj(x).to(wide) + self.dt_bias)
-        g = -self.A_log.to(wide).exp()[:, None, None] * F.softplus(f)
-        beta = torch.sigmoid(self.b_proj(x).to(wide)).transpose(1, 2)
-        return q, k, v, g, beta
-
-    def forward(self, x: torch.Tensor, enc=None, positions=None, layer: int = 0, cache: dict | None = None):
-        B, T, _ = x.shape
-        o, _ = scan(*self.scan_inputs(x))  # (B, H, T, dv), in the scan's precision
-        o = self.o_norm(o.transpose(1, 2).to(torch.promote_types(o.dtype, torch.float32))).to(x.dtype)  # per head
-        o = o.reshape(B, T, -1) * torch.sigmoid(self.g_proj(x))
-        return self.proj(o)
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.g_proj(x))
 
 
 class Mamba2(nn.Module):
