@@ -133,10 +133,10 @@ def applied_from_label(text) -> Applied:
         return Applied()
     kind, _, rest = text.rpartition("+")
     head, _, params = rest.partition("(")
-    if not kind and head not in methods() and head in scalings():
+    known = methods()
+    if not kind and head not in known and head in scalings():
         return Applied(scaling=head)
     values = [int(v.split("=", 1)[1]) for v in params.rstrip(")").split(",") if "=" in v]
-    known = methods()
     names = tuple(known[head].params) + (None, None) if head in known else ("window", "group")
     fields = dict(zip([f for f, name in zip(("window", "group"), names) if name], values))
     return Applied(scaling=kind or "none", method=head, **fields)
@@ -217,6 +217,15 @@ def relabel(frame: pd.DataFrame, drop: set[str] | frozenset = frozenset()) -> pd
     return with_labels(frame.assign(variant=variants)).label
 
 
+def shared_value(values: pd.Series):
+    """The value most of ``values`` have (strictly more than any other), where every one has a
+    value; None otherwise (no values, one missing, or a tie)."""
+    if not len(values) or values.isna().any():
+        return None
+    counts = values.value_counts()
+    return counts.index[0] if len(counts) == 1 or counts.iloc[0] > counts.iloc[1] else None
+
+
 def compact_names(rows: pd.DataFrame, judged: list[str] | None = None) -> tuple[dict[str, str], str]:
     """Line names whose ``--by`` values repeat what most lines share, shortened, from the rows' data:
     ``rows`` hold each line's rows (every length: the labels' stride tags are their own), with its
@@ -231,13 +240,7 @@ def compact_names(rows: pd.DataFrame, judged: list[str] | None = None) -> tuple[
     cols = by_columns(rows)
     lines = rows.drop_duplicates("name")
     decide = lines if judged is None else lines[lines.name.isin(set(judged))]
-    common = {}
-    for c in cols:
-        values = decide[c]
-        if len(values) and values.notna().all():
-            counts = values.value_counts()
-            if len(counts) == 1 or counts.iloc[0] > counts.iloc[1]:
-                common[c[len(BY):]] = counts.index[0]
+    common = {c[len(BY):]: value for c in cols if (value := shared_value(decide[c])) is not None}
     if not common:
         return {name: name for name in lines.name}, ""
     variants = [variant_of(dict(zip(cols, row)), {k for k, v in common.items() if row[cols.index(BY + k)] == v})

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..config import SCALING_GROUP  # the entry-point group of RoPE scalings from other packages
 from ..errors import PosbenchError
-from .base import REGISTRY, Extension, Part, logn_factor
+from .base import REGISTRY, Extension, Part, logn_factor, method_text
 from .parts import STRING_FACTOR, STRING_LOCAL
 from .rope import (
     LLAMA3_HIGH_FREQ_FACTOR,
@@ -161,10 +161,9 @@ class Applied:
         parameters named as its class names them (:attr:`Extension.params`), or both."""
         if self.method == "none":
             return self.scaling
-        known = methods()
+        known, values = methods(), (self.window, self.group)
         params = known[self.method].params if self.method in known else ("window", "group")
-        values = [(name, v) for name, v in zip(params, (self.window, self.group)) if name and v is not None]
-        text = f"{self.method}({','.join(f'{n}={v}' for n, v in values)})" if values else self.method
+        text = method_text(self.method, [n if v is not None else None for n, v in zip(params, values)], values)
         return text if self.scaling == "none" else f"{self.scaling}+{text}"
 
     def columns(self) -> dict:

@@ -31,6 +31,13 @@ def logn_factor(n: torch.Tensor, train_len: int) -> torch.Tensor:
     return torch.clamp(torch.log(n.float()) / math.log(train_len), min=1.0)
 
 
+def method_text(method: str, params, values) -> str:
+    """``self_extend(W=512,G=8)``: a method's name with each parameter ``params`` names (None: one
+    it lacks) and its value, or the name alone where it names none."""
+    named = [(name, value) for name, value in zip(params, values) if name]
+    return f"{method}({','.join(f'{name}={value}' for name, value in named)})" if named else method
+
+
 @dataclass(frozen=True)
 class Part:
     """Some of the (query, key) pairs of a method and their rotary positions: the query at
@@ -108,10 +115,7 @@ class Extension:
     def label(self) -> str:
         """How results rows name it: the name, with its parameters where it has some
         (``self_extend(W=512,G=8)``, ``rerope(W=512)``, ``string(S=21,W=5)``)."""
-        names = [(name, value) for name, value in zip(self.params, (self.window, self.group)) if name]
-        if not names:
-            return self.method
-        return f"{self.method}({','.join(f'{name}={value}' for name, value in names)})"
+        return method_text(self.method, self.params, (self.window, self.group))
 
     def identity_at(self, length: int) -> bool:
         """Whether the method leaves the model as trained on windows of ``length`` tokens."""

@@ -26,7 +26,7 @@ import pandas as pd
 import yaml
 
 from ..errors import PosbenchError
-from ..eval.results import BY, by_columns
+from ..eval.results import BY, by_columns, shared_value
 
 #: The fields of a key that are not ``--by`` keys, each with the value a key that leaves it out means.
 FIELDS = {"encoding": None, "scaling": "none", "method": "none", "method_window": None, "method_group": None,
@@ -77,14 +77,6 @@ def _column(field: str, lines: pd.DataFrame, by: list[str]) -> str:
                         + ", ".join(valid))
 
 
-def _shared(values: pd.Series):
-    """The value most of ``values`` have (strictly more than any other), where every line has one."""
-    if not len(values) or values.isna().any():
-        return None
-    counts = values.value_counts()
-    return counts.index[0] if len(counts) == 1 or counts.iloc[0] > counts.iloc[1] else None
-
-
 def resolve(key: dict, summary: pd.DataFrame, ignore=()) -> str:
     """The label of the one line of ``summary`` (a report's rows: ``label``, the fixed fields and
     ``by:`` columns) that ``key`` names (module docstring); one line if none or several.
@@ -92,22 +84,22 @@ def resolve(key: dict, summary: pd.DataFrame, ignore=()) -> str:
     lines = summary.drop_duplicates("label").reset_index(drop=True)
     by = [c for c in by_columns(lines) if c[len(BY):] not in set(ignore)]
     given = {_column(f, lines, by): _text(v) for f, v in key.items()}
+    left = [c for c in [*FIELDS, *by] if c in lines and c not in given]
+    text = {c: lines[c].map(lambda x: _text(x) if pd.notna(x) else None) for c in [*given, *left]}
     found = lines
     for col, value in given.items():
-        found = found[found[col].map(lambda x: _text(x) if pd.notna(x) else None) == value]
-    for col in [c for c in [*FIELDS, *by] if c in lines and c not in given]:
+        found = found[text[col][found.index] == value]
+    for col in left:  # each left out: its preferred value, where a found line has it
         if len(found) <= 1:
             break
-        values = found[col].map(lambda x: _text(x) if pd.notna(x) else None)
+        values = text[col][found.index]
         if col in FIELDS:
-            preferred = FIELDS[col]
+            keep = values == FIELDS[col]
         elif lines[col].notna().all():
-            preferred = _shared(lines[col].map(_text))
+            keep = values == shared_value(text[col])
         else:  # a key some lines' configs lack (an option of PoSE's): the lines without it
-            narrowed = found[values.isna()]
-            found, preferred = (narrowed if len(narrowed) else found), None
-        narrowed = found[values.reindex(found.index) == preferred] if preferred is not None else found
-        found = narrowed if len(narrowed) else found
+            keep = values.isna()
+        found = found[keep] if keep.any() else found
     if len(found) == 1:
         return found.label.iloc[0]
     what = "names no line" if found.empty else f"names {len(found)} lines ({', '.join(found.label)})"
