@@ -97,6 +97,20 @@ def recurrent_scan(q, k, v, g, beta=None, state=None):
     return torch.stack(out, dim=2), S
 
 
+def _in_chunks(chunk: int, *tensors):
+    """Each of ``tensors`` (B, H, T, ...), or None, zero-padded at the end of T to a multiple of
+    ``chunk`` (later tokens change no earlier output) and viewed as (B, H, n, chunk, ...)."""
+    T = tensors[0].shape[2]
+    pad = -T % chunk
+    out = []
+    for t in tensors:
+        if t is not None:
+            t = F.pad(t, (0, 0) * (t.dim() - 3) + (0, pad)) if pad else t
+            t = t.view(*t.shape[:2], (T + pad) // chunk, chunk, *t.shape[3:])
+        out.append(t)
+    return out
+
+
 def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
     """:func:`recurrent_scan` in chunks of ``chunk`` tokens (module docstring), in fp32 (fp64 for fp64
     inputs); gates per key channel (g of 4 dims) go to :func:`channel_chunk_scan`. -> (o, state)."""
@@ -109,20 +123,14 @@ def chunk_scan(q, k, v, g, beta=None, chunk: int = CHUNK):
         beta = None if beta is None else beta.to(wide)
         B, H, T, K = q.shape
         V = v.shape[-1]
-        pad = -T % chunk
-        if pad:  # zeros at the end: later tokens change no earlier output
-            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-            g = F.pad(g, (0, pad))
-            beta = None if beta is None else F.pad(beta, (0, pad))
-        n = (T + pad) // chunk
-        q, k, v = (t.view(B, H, n, chunk, -1) for t in (q, k, v))
-        gamma = g.view(B, H, n, chunk).cumsum(-1)
+        q, k, v, g, beta = _in_chunks(chunk, q, k, v, g, beta)
+        n = q.shape[2]
+        gamma = g.cumsum(-1)
         lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
         decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")).exp()
         if beta is None:
             u0, w = v, None
         else:
-            beta = beta.view(B, H, n, chunk)
             a = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
             system = a + torch.eye(chunk, device=q.device, dtype=wide)
             u0 = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
@@ -160,13 +168,8 @@ def channel_chunk_scan(q, k, v, g, beta, chunk: int = CHUNK, sub: int = SUB):
         q, k, v, g, beta = (t.to(wide) for t in (q, k, v, g, beta))
         B, H, T, K = q.shape
         V = v.shape[-1]
-        pad = -T % chunk
-        if pad:  # zeros at the end: later tokens change no earlier output
-            q, k, v, g = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, g))
-            beta = F.pad(beta, (0, pad))
-        n = (T + pad) // chunk
-        q, k, v, g = (t.view(B, H, n, chunk, -1) for t in (q, k, v, g))
-        beta = beta.view(B, H, n, chunk, 1)
+        q, k, v, g, beta = _in_chunks(chunk, q, k, v, g, beta)
+        n, beta = q.shape[2], beta[..., None]
         gamma = g.cumsum(-2)  # (B, H, n, C, K)
         kk, qk = _channel_products(q, k, gamma, min(sub, chunk))
         system = (beta * kk).tril(-1) + torch.eye(chunk, device=q.device, dtype=wide)
