@@ -198,7 +198,7 @@ class Verdicts:
     ``per``: dotted ``--by`` keys whose values split setups instead of lines (module docstring)."""
 
     def __init__(self, summary: pd.DataFrame, estimator: Estimator | None = None, per: list[str] = ()):
-        self.setup, self.per = list(SETUP), list(per)
+        self.setup = list(SETUP)
         values = {key.rsplit(".", 1)[-1]: per_value(summary, key).fillna("unset") for key in per}
         if per:  # each --per key's value a setup column, the lines named without them (all rows: the labels' own)
             summary = summary.assign(label=relabel(summary, set(per)), **values)
@@ -321,13 +321,14 @@ class Verdicts:
         return lines
 
     def contrasts(self, pairs) -> list[str]:
-        """``pairs``: (A, B) tuples, or 'A/B' texts (:func:`split_contrast`). A line that is not in
-        the report is 'no setup has both lines' (a study reported before all its runs exist);
-        :func:`verdict_lines` refuses one typed by hand (``strict``)."""
+        """``pairs``: (A, B) tuples of line names, or 'A/B' texts (:func:`split_contrast`); line keys
+        are resolved before, by :func:`verdict_lines`. A line that is not in the report is 'no
+        setup has both lines' (a study reported before all its runs exist); :func:`verdict_lines`
+        refuses one typed by hand (``strict``)."""
         lines = []
         labels = set(self.s.label)
         for pair in pairs:
-            a, b = (line_name(side, self.s, self.per) for side in contrast_sides(pair, labels))
+            a, b = contrast_sides(pair, labels)
             found = False
             for setup, g in self.setups():
                 if not {a, b} <= set(g.label):
@@ -467,8 +468,11 @@ def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | No
     A contrast is checked against every line of the report, the untrained ones included."""
     lines = summary.assign(label=relabel(summary, set(per))) if per else summary  # as Verdicts names them
     labels = set(lines.label)
-    for pair in contrasts if strict else ():
-        check_contrast(*(line_name(side, lines, per, True) for side in contrast_sides(pair, labels)), labels)
+    # each side's line name, a line key resolved once against every line of the report
+    contrasts = [tuple(line_name(side, lines, per, strict) for side in contrast_sides(pair, labels))
+                 for pair in contrasts]
+    for a, b in contrasts if strict else ():
+        check_contrast(a, b, labels)
     out = np.array([tuple(r) in (untrained or {}) for r in summary[LINE].itertuples(index=False)], dtype=bool)
     left = sorted(set(summary.label[out]))
     named = [f"not compared, having learned little beyond token frequencies (ppl at train_len at least "
