@@ -1,8 +1,12 @@
 """The packaged corpus, its deterministic split, the cached tokenizer, and bad text input."""
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -67,6 +71,22 @@ def test_text_source_uses_datasets(tmp_path):
         files.append(str(f))
     ds = load_documents(data_cfg(name="text", source="text", files=files, max_docs=None))
     assert sum(len(ds[s]) for s in ds) == 5 and ds["train"].column_names == ["id", "text"]
+
+
+def test_the_packaged_corpus_builds_and_trains_without_datasets(tmp_path):
+    """A GPU node with no network lacked ``datasets``: the packaged corpus (built here in an empty
+    cache) and a training run need it only for the hub source."""
+    from conftest import SMOKE
+
+    code = ("import runpy, sys; sys.modules['datasets'] = None; "  # every `import datasets` fails
+            f"sys.argv = ['posbench', 'train', *{SMOKE!r}, 'hydra.run.dir={tmp_path / 'run'}']; "
+            "runpy.run_module('posbench.cli', run_name='__main__')")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+    assert (rows.status == "ok").all() and len(rows) > 1
+    assert list((tmp_path / "cache").rglob("tokenizer.json"))  # the corpus was built, not found
 
 
 @pytest.mark.parametrize("content, message", [

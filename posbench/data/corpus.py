@@ -1,4 +1,4 @@
-"""Corpus sources -> document splits (a ``datasets.DatasetDict``) -> BPE -> cached token ids.
+"""Corpus sources -> document splits -> BPE -> cached token ids.
 
 Sources (``data.source``):
 
@@ -155,11 +155,32 @@ def check_hub(cfg) -> None:
                             "in the Hugging Face cache") from e
 
 
-def load_documents(cfg):
-    """-> datasets.DatasetDict with splits train/validation/test and a 'text' column."""
-    import datasets
+@dataclasses.dataclass(frozen=True)
+class Documents:
+    """One split of a local source: its documents' ids and texts, read like a ``datasets``
+    split (``split["text"]``, ``len(split)``, ``column_names``). Local sources need no
+    ``datasets``: a machine without it (a GPU node with no network, where it was not carried)
+    still builds the packaged corpus; only the hub source imports it."""
 
+    id: list[str]
+    text: list[str]
+    column_names = ["id", "text"]
+
+    def __getitem__(self, column: str) -> list[str]:
+        if column not in self.column_names:
+            raise KeyError(column)
+        return getattr(self, column)
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+
+def load_documents(cfg) -> dict:
+    """-> split name (train, validation, test) -> its documents with an 'id' and a 'text' column:
+    a ``datasets.DatasetDict`` from the hub, :class:`Documents` from a local source."""
     if cfg.source == "hub":
+        import datasets
+
         check_hub(cfg)
         try:
             ds = datasets.load_dataset(cfg.hub_path, cfg.hub_name)
@@ -172,8 +193,7 @@ def load_documents(cfg):
             raise PosbenchError(f"hub dataset {cfg.hub_path} has no split {missing[0]!r}; it has {list(ds)}")
         return ds
     parts = split_documents(local_documents(cfg), cfg.split)
-    return datasets.DatasetDict({s: datasets.Dataset.from_dict(
-        {"id": [d for d, _ in parts[s]], "text": [t for _, t in parts[s]]}) for s in SPLITS})
+    return {s: Documents([d for d, _ in parts[s]], [t for _, t in parts[s]]) for s in SPLITS}
 
 
 # ---------------------------------------------------------------- caching
