@@ -51,8 +51,9 @@ Children run under a 16 GiB address-space cap, so a kernel that materialises a
 training only (``--eval-lens`` adds evaluation), at T=512, 32,768 tokens a step (64 windows:
 enough that the GPU is not waiting on kernel launches), bf16 autocast, fused AdamW, and each
 implementation's loss (model and cross-entropy) under ``torch.compile`` (``--no-compile``:
-eager); posbench's relative biases run through flex attention there
-(:func:`posbench.model.attention.flex_causal`). x-transformers runs with ``attn_flash`` on, its
+eager); posbench's relative biases run through SDPA with the bias as a float mask there, as
+in training, and through flex attention (:func:`posbench.model.attention.flex_causal`) only
+under ``POSBENCH_FLEX=1``. x-transformers runs with ``attn_flash`` on, its
 fast setting on a GPU (but with T5's bias, which it refuses there), compiled the same way. Peak
 memory is the GPU's high-water mark of allocated memory (``torch.cuda.max_memory_allocated``)
 instead of resident memory; there is no address-space cap (CUDA reserves more than 16 GiB of
