@@ -97,10 +97,10 @@ if "HANG_AFTER" in os.environ:  # after the Nth write of a file, say so and wait
 if "BUG_AT_LR" in os.environ:  # a plain bug (not a PosbenchError) in the job with this train.lr
     real_make_optimizer = train.make_optimizer
 
-    def make_optimizer(model, tcfg):
+    def make_optimizer(model, tcfg, **kwargs):
         if tcfg.lr == float(os.environ["BUG_AT_LR"]):
             return 1 / 0
-        return real_make_optimizer(model, tcfg)
+        return real_make_optimizer(model, tcfg, **kwargs)
 
     train.make_optimizer = make_optimizer
 

@@ -135,6 +135,33 @@ def test_a_compiled_model_trains_through_flex_on_gpu_as_eager_sdpa(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "nope", "fox", "learned"])
+def test_a_training_step_on_the_gpu_never_waits_for_it(encoding, tmp_path):
+    """CUDA trains with the fused AdamW and reads the step's checks late (loop.DeferredCheck), the
+    position ends noted on the host (posbench.encodings.span): torch's sync debug mode makes any
+    synchronising call inside the steps an error."""
+    from posbench.train import loop
+    from posbench.train.configure import train_config
+
+    s = loop.setup(train_config(compose(*[a for a in SMOKE if not a.startswith("device")], "device=cuda",
+                                        f"encoding={encoding}")), tmp_path)
+    assert s.state.optimizer.defaults["fused"] and s.deferred is not None
+    s.state.batches = loop.Prefetcher(s.state.sampler, pin_memory=True)
+    try:
+        batches = [s.state.batches() for _ in range(3)]
+        loop.train_step(s, *batches[0])  # the first step: the kernels' one-time setup
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for batch in batches[1:]:
+                loop.train_step(s, *batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        loop.settle(s)
+    finally:
+        s.state.batches.close()
+
+
 def test_bench_measures_on_the_gpu(tmp_path):
     out = tmp_path / "bench"
     posbench("bench", "--device", "cuda", "--encodings", "alibi", "rope", "--train-lens", "64", "--eval-lens", "1024",

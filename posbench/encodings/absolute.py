@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 from .base import ModelDims, PositionEncoding, PositionRangeError, register
+from .span import span
 
 LAYOUTS = ("interleave", "concat")
 TABLES = ("learned", "sinusoidal")
@@ -76,10 +77,11 @@ class Sinusoidal(PositionEncoding):
 
 def lookup_learned(table: nn.Embedding, positions: torch.Tensor) -> torch.Tensor:
     """Rows of a learned position table, (T,) -> (T, D); a PositionRangeError past its end."""
-    if int(positions.max()) >= table.num_embeddings:
+    last = span(positions)[1]  # the largest (positions increase)
+    if last >= table.num_embeddings:
         raise PositionRangeError(
             f"learned position table has {table.num_embeddings} entries, cannot encode position "
-            f"{int(positions.max())} (learned absolute positions do not extrapolate)")
+            f"{last} (learned absolute positions do not extrapolate)")
     return table(positions)
 
 

@@ -35,6 +35,7 @@ from ..errors import PosbenchError
 from ..methods import Rotation, rope_inv_freq, scaling, scaling_factor
 from .base import REGISTRY, ModelDims, PositionEncoding, register
 from .rotation import apply_rotary
+from .span import span
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
@@ -168,7 +169,7 @@ class Rotary(PositionEncoding):
             return self.angle_table(positions, "none", 1.0)
         if self._rows is not None and self._rows[0] is positions and self._rows[1] == self.scaling:
             return self._rows[2], self._rows[3]
-        n = int(positions.max()) + 1  # T for positions 0..T-1; more with randomized positions (no scaling there)
+        n = span(positions)[1] + 1  # T for positions 0..T-1; more with randomized positions (no scaling there)
         kind, s = self.resolved_scaling(n)
         key = (kind, s, positions.device)
         if self._cache is None or self._cache[0] != key or self._cache[1] < n:
@@ -348,7 +349,7 @@ class XPos(Rotary):
 
     def rotate(self, q, k, positions, layer):
         cos, sin = self._cos_sin(positions)
-        kind, s = ("none", 1.0) if self.scaling[0] == "none" else self.resolved_scaling(int(positions.max()) + 1)
+        kind, s = ("none", 1.0) if self.scaling[0] == "none" else self.resolved_scaling(span(positions)[1] + 1)
         centred = positions.float() - (positions.min() + positions.max()).float() / 2
         scale = xpos_scale(centred / s if kind == "pi" else centred, self.dims.head_dim, self.scale_base)
         return (apply_rotary(q, cos * scale, sin * scale, self.pairing),

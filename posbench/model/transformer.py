@@ -16,6 +16,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..encodings import ModelDims, PositionEncoding
 from ..encodings.randomized import check_positions
+from ..encodings.span import note_span, span
 from ..errors import PosbenchError
 from .attention import causal_attention, cumulative_decay, layer_window, refuse_sinks, token_transforms
 from .length_scaling import LengthScaling, key_counts
@@ -253,12 +254,13 @@ class LanguageModel(nn.Module):
         ``positions``: (T,) strictly increasing integers shared by the batch (randomized
         positions, :mod:`posbench.encodings.randomized`); None: 0 .. T-1."""
         cache: dict = {}  # per-forward values shared by layers (e.g. a layer-invariant bias)
-        if positions is None:
-            positions = torch.arange(idx.shape[1], device=idx.device)
+        if positions is None:  # its ends noted: the encodings size their tables with no device read
+            positions = note_span(torch.arange(idx.shape[1], device=idx.device), 0, idx.shape[1] - 1)
             cache["contiguous"] = True  # attention may slice one Toeplitz bias; it checks given positions itself
         else:
             check_positions(positions, idx.shape[1])
-            positions = positions.to(idx.device)
+            first, last = span(positions)  # read where they were drawn (the sampler's: the CPU)
+            positions = note_span(positions.to(idx.device), first, last)
         if self.length_scaling is not None:
             cache["length_scaling"], cache["key_counts"] = self.length_scaling, key_counts(idx.shape[1], idx.device)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, D)

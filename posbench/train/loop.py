@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import signal
 import sys
@@ -207,6 +208,7 @@ class Setup:
     ddp: torch.nn.Module
     state: TrainingState
     saved_step: int | None  # the step of the last checkpoint this process knows is on disk
+    deferred: DeferredCheck | None = None  # with a fused optimizer: divergence read at log and save, not each step
 
 
 def setup(rc: RunConfig, run_dir) -> Setup:
@@ -227,7 +229,7 @@ def setup(rc: RunConfig, run_dir) -> Setup:
     model = build_model(rc.tree, workload.vocab_size).to(device)
     parent = read_parent(rc, model, workload.key) if resume is None and tcfg.init_from is not None else None
     dtype = autocast_dtype(device, tcfg.precision)
-    optimizer = make_optimizer(model, tcfg)
+    optimizer = make_optimizer(model, tcfg, fused=fused_optimizer(device))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
     preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
     workload.check(model, device, dtype)
@@ -262,7 +264,16 @@ def setup(rc: RunConfig, run_dir) -> Setup:
     if compile_policy(tcfg.compile, device, dtype, tcfg.steps):
         net = torch.compile(net)
     return Setup(rc, world, device, dtype, run, workload, micro, accum, model, net, ddp, state,
-                 saved_step=state.step if resume is not None and not branched else None)
+                 saved_step=state.step if resume is not None and not branched else None,
+                 deferred=DeferredCheck() if optimizer.defaults.get("fused") else None)
+
+
+def fused_optimizer(device: torch.device) -> bool:
+    """Whether training steps with AdamW's fused kernel: on CUDA, where its one launch for every
+    parameter replaces the foreach kernels' several, and its ``found_inf`` lets a step check for
+    divergence without the host waiting on the GPU (:class:`DeferredCheck`). Not on a CPU: there
+    a step's host reads cost nothing, and the foreach kernels keep the CPU runs' numbers."""
+    return device.type == "cuda"
 
 
 AUTO_COMPILE_MIN_STEPS = 200  # train.compile=auto compiles no shorter job: its compile time would not pay off
@@ -291,17 +302,57 @@ def compile_policy(setting: bool | str, device: torch.device, dtype, steps: int,
 
 
 class Diverged(Exception):
-    """A non-finite loss or gradient norm: the step stops before the weights are touched."""
+    """A non-finite loss or gradient norm: the step stops before the weights are touched.
+    ``step``: the step it happened at, where it is read later (:class:`DeferredCheck`); None:
+    the step being taken."""
 
-    def __init__(self, what: str, value: float):
+    def __init__(self, what: str, value: float, step: int | None = None):
         super().__init__(what)
-        self.what, self.value = what, value
+        self.what, self.value, self.step = what, value, step
 
 
-def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None = None) -> float:
+class DeferredCheck:
+    """Divergence checked without a host read in the step (with a fused optimizer). Each step
+    hands the fused AdamW a ``found_inf`` flag computed on the device (loss or gradient norm not
+    finite), so a diverged step leaves the weights and moments as they were, exactly as torch's
+    GradScaler skips a step; the step's loss and gradient norm wait on the device until
+    :meth:`settle` reads them all at once, before every log line and checkpoint and at the end,
+    and raises :class:`Diverged` naming the first bad step. A checkpoint is thus never written
+    past a divergence, and the run stops with the same error as the checks of every step
+    (:func:`train_step` without it), at most ``train.log_every`` steps later.
+
+    Why not check each step: reading a GPU value on the host waits for every kernel queued
+    before it, so the CPU cannot run ahead queueing the next step's kernels (the launch-bound
+    small models of a study wait on it most)."""
+
+    def __init__(self):
+        self.pending: list[tuple[int, torch.Tensor]] = []  # (step, [loss, grad norm]) on the device
+
+    def flag(self, optimizer, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Before ``optimizer.step()`` of step ``step``: the skip flag, and the figures kept."""
+        values = torch.stack([loss.float(), grad_norm.float()])
+        optimizer.found_inf = (~torch.isfinite(values).all()).float()
+        self.pending.append((step, values))
+
+    def settle(self) -> None:
+        """One host read of every pending step's figures; :class:`Diverged` at the first bad one."""
+        if not self.pending:
+            return
+        steps = [step for step, _ in self.pending]
+        values = torch.stack([v for _, v in self.pending]).tolist()
+        self.pending.clear()
+        for step, (loss, grad_norm) in zip(steps, values):
+            for what, value in (("loss", loss), ("gradient norm", grad_norm)):
+                if not math.isfinite(value):
+                    raise Diverged(what, value, step)
+
+
+def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """One optimizer step on this rank's shard of a global batch (B, T): micro-batches with
     gradient accumulation, the loss averaged over ranks, clipping, AdamW, the schedule.
-    ``positions``: the batch's (T,) positions, None for 0 .. T-1."""
+    ``positions``: the batch's (T,) positions, None for 0 .. T-1. -> the step's loss, a tensor
+    on the device (read on the host when a log line needs it). Under ``s.deferred`` nothing here
+    waits for the device; else a non-finite loss or gradient norm raises :class:`Diverged` here."""
     x, y = distributed.shard(x, s.world), distributed.shard(y, s.world)  # (B / ranks, T)
     kwargs = {} if positions is None else {"positions": positions.to(s.device)}
     loss = torch.zeros((), device=s.device)
@@ -316,21 +367,34 @@ def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tens
             micro_loss.backward()
         loss += micro_loss.detach()
     loss = distributed.mean(loss, s.world)
-    if not torch.isfinite(loss):
+    if s.deferred is None and not torch.isfinite(loss):
         raise Diverged("loss", loss.item())
     grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), s.rc.train.grad_clip)
-    if not torch.isfinite(grad_norm):  # would turn the weights to NaN in the next checkpoint
+    if s.deferred is None and not torch.isfinite(grad_norm):  # would turn the weights to NaN
         raise Diverged("gradient norm", grad_norm.item())
     optimizer = s.state.optimizer
+    if s.deferred is not None:
+        s.deferred.flag(optimizer, s.state.step + 1, loss, grad_norm)
     optimizer.step()
+    if s.deferred is not None:
+        del optimizer.found_inf  # read by this step only
     optimizer.zero_grad(set_to_none=True)
     s.state.scheduler.step()
-    return loss.item()
+    return loss
+
+
+def settle(s: Setup) -> None:
+    """Raise :class:`Diverged` for a divergence the steps since the last call left unread
+    (:class:`DeferredCheck`); nothing to do where each step checks its own."""
+    if s.deferred is not None:
+        s.deferred.settle()
 
 
 def save(s: Setup, keep: bool = False) -> None:
     """Checkpoint the training state (every rank takes part; rank 0 writes) to last.pt, or with
-    ``keep`` to the step's own checkpoint (``train.save_steps``), which later saves leave alone."""
+    ``keep`` to the step's own checkpoint (``train.save_steps``), which later saves leave alone.
+    Never past a divergence: the steps' unread checks are read first (:func:`settle`)."""
+    settle(s)
     state = s.state.state_dict()
     if s.world.is_main:
         save_checkpoint(s.run.step_checkpoint(s.state.step) if keep else s.run.checkpoint, state)
@@ -341,13 +405,23 @@ def save(s: Setup, keep: bool = False) -> None:
 def diverged_error(s: Setup, d: Diverged) -> PosbenchError:
     kept = (f"the last good checkpoint (step {s.saved_step}) is kept at {s.run.checkpoint}"
             if s.saved_step is not None else "no checkpoint was written yet")
-    return PosbenchError(f"{d.what} became {d.value} at step {s.state.step + 1}; {kept}; no results were written; "
+    step = s.state.step + 1 if d.step is None else d.step
+    return PosbenchError(f"{d.what} became {d.value} at step {step}; {kept}; no results were written; "
                          "valid: a lower train.lr (or check the data)")
 
 
 def run_loop(s: Setup, logger, bar, interrupted) -> None:
     """Steps until ``train.steps`` or a stop signal: log every ``log_every`` steps, checkpoint every
     ``ckpt_every`` steps and at the end."""
+    try:
+        _steps(s, logger, bar, interrupted)
+        settle(s)  # steps a stop signal cut off before their log line or checkpoint
+    except Diverged as d:
+        bar.close()  # the error is the last line printed
+        raise diverged_error(s, d) from None
+
+
+def _steps(s: Setup, logger, bar, interrupted) -> None:
     tcfg, state = s.rc.train, s.state
     window_loss, window_start, window_steps, window_tokens = 0.0, time.perf_counter(), 0, 0
 
@@ -357,16 +431,13 @@ def run_loop(s: Setup, logger, bar, interrupted) -> None:
 
     while state.step < tcfg.steps and not stop_requested():
         x, y, positions = state.batches()
-        try:
-            loss = train_step(s, x, y, positions)
-        except Diverged as d:
-            bar.close()  # the error is the last line printed
-            raise diverged_error(s, d) from None
+        loss = train_step(s, x, y, positions)
         state.step += 1
         window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + x.numel()
         if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
+            settle(s)  # a window's mean loss is read on the host: its steps' checks with it
             elapsed = time.perf_counter() - window_start
-            record = {"step": state.step, "loss": window_loss / window_steps,
+            record = {"step": state.step, "loss": float(window_loss) / window_steps,
                       "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_tokens / elapsed,
                       "threads": torch.get_num_threads()}
             logger.log(record)

@@ -42,14 +42,16 @@ def lr_lambda(tcfg: TrainConfig):
     return factor
 
 
-def make_optimizer(model, tcfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model, tcfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW; weight decay on the network's matrices (the tied token embedding included), none on
     norms, biases and every position-encoding parameter (``encoding.*``: tables, slopes, MLPs, GRU
     and convolution weights, complex's per-word tables), so an encoding's extra parameters are
     never pulled towards zero (minGPT likewise leaves its position embedding undecayed), nor SSMax's
-    scales (``length_scaling.s``)."""
+    scales (``length_scaling.s``). ``fused``: torch's fused kernel (one launch for every parameter,
+    and a ``found_inf`` tensor that skips a step without the host reading it;
+    :func:`posbench.train.loop.fused_optimizer` says where); else torch's default (foreach)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and not name.startswith(OWN_PARAMETERS) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2))
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), **({"fused": True} if fused else {}))
