@@ -51,6 +51,24 @@ def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     assert "| alibi | system |" in (out / "bench.md").read_text()
 
 
+def test_bench_times_the_real_trainer_beside_its_own_loop(tmp_path):
+    """``--trainer``: ``posbench train`` at the bench's shape (here on a slice of the packaged corpus,
+    the entry's overrides passed to both), its tokens/s from its metrics beside the loop's."""
+    out = tmp_path / "bench"
+    entry = "alibi+data.max_docs=24+data.vocab_size=1024"
+    posbench("bench", "--encodings", entry, "--train-lens", "16", "--eval-lens", "--steps", "1", "--no-peer",
+             "--malloc", "system", "--train-tokens", "256", "--trainer", "--out", str(out))
+    rows = pd.read_csv(out / "bench.csv").set_index("impl")
+    assert sorted(rows.index) == ["posbench", "posbench train"] and rows.error.isna().all()
+    trainer = rows.loc["posbench train"]
+    assert trainer.tokens_per_s > 0 and trainer.tokens == 256 and trainer.kind == "train" and trainer.length == 16
+    assert 0 < trainer.params < rows.loc["posbench"].params  # the corpus slice's vocabulary, not the bench's 8192
+    ratio = trainer.tokens_per_s / rows.loc["posbench"].tokens_per_s
+    text = (out / "bench.md").read_text()
+    assert "### The trainer against the bench's loop" in text
+    assert f"| tiny | {entry} | system | 16 | " in text and text.count(f"| {ratio:.2f} |") >= 1
+
+
 def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
     done = posbench("bench", "--encodings", "alibi", "nonsense", "--no-peer", "--out", str(tmp_path / "b"), check=False)
     assert done.returncode == 2

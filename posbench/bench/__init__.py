@@ -20,6 +20,12 @@ every preset (the peer has none in the same places); bf16 autocast where the dev
   parameter count: head dimension d_model / heads (``attn_dim_head``; its default is 64),
   rotary over the whole head (``rotary_emb_dim``; its default is half) and tied input and
   output embeddings (``tie_embedding``); both counts are in every row and table;
+* **trainer** (``--trainer``; on by default on a GPU): each training figure of posbench's also
+  through the real trainer, ``posbench train`` at the same shape, batch and precision on the
+  packaged corpus, its tokens/s the median of its logged windows after compiling and warm-up
+  (:func:`~posbench.bench.children._trainer_child`), beside the loop's and as a ratio; on a GPU
+  a target holds it within 5% of the loop, so the command a user runs cannot fall behind the
+  figure the bench reports unseen;
 * **allocator**: every implementation is measured under each setting of ``--malloc``: glibc's
   default (``system``) and posbench's (``posbench``, :func:`posbench.model.build.keep_freed_memory`),
   so each ratio compares the two libraries in the same environment;

@@ -186,7 +186,7 @@ def _child(spec: dict) -> dict:
 
     from ..model.build import autocast_dtype, keep_freed_memory
 
-    peer = spec["impl"] != "posbench"
+    peer = spec["impl"].startswith("x-transformers")
     if spec["malloc"] == "posbench":
         keep_freed_memory()
     dev, sync, peak_mb = _device(spec)
@@ -254,6 +254,51 @@ def _child(spec: dict) -> dict:
             seconds = time.perf_counter() - start
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "params": sum(p.numel() for p in model.parameters()),
             "peak_mb": peak_mb(), "compile_s": compile_s}
+
+
+TRAINER_LOG_EVERY = 5  # steps a metrics line of the trainer row covers: one figure a window
+
+
+def _trainer_child(spec: dict) -> dict:
+    """The real trainer at the bench's shape: ``posbench train`` in a process of its own (the
+    packaged corpus, whose vocabulary is :data:`VOCAB`; preset ``model``, no dropout, the batch of
+    ``spec["tokens"]`` tokens a step, compiled as ``spec["compile"]`` says), its tokens/s read
+    from its metrics.jsonl: the median of the windows of :data:`TRAINER_LOG_EVERY` steps after
+    the first two (compiling, warm-up), as many windows as ``spec["steps"]`` asks steps (two at
+    least). Beside the bench's own loop (:func:`_child`, impl ``posbench``) it shows what the
+    command a user runs gets that the loop does not: the data pipeline, the schedule, the checks
+    of each step, the logging; a figure of one cannot drift from the other unseen. Its
+    evaluation (one window) is not timed. Peak MB: the trainer process's resident high-water
+    mark on a CPU, none on a GPU. Under ``--jobs`` it holds the GPU lock for the whole run,
+    its compilation included (it cannot be told to wait between compiling and timing)."""
+    import tempfile
+
+    import pandas as pd
+
+    name, overrides = split_entry(spec["encoding"])
+    length, log_every = spec["length"], TRAINER_LOG_EVERY
+    windows = max(2, math.ceil(spec["steps"] / log_every))
+    steps = log_every * (windows + 2)
+    with tempfile.TemporaryDirectory(prefix="posbench-bench-train-") as run, _gpu_turn(spec.get("lock")):
+        args = ["train", f"encoding={name}", *overrides, f"model={spec.get('model', 'tiny')}", "model.dropout=0",
+                f"train.train_len={length}", f"train.batch_size={max(1, spec['tokens'] // length)}",
+                f"train.steps={steps}", "train.warmup_steps=1", f"train.log_every={log_every}",
+                f"train.ckpt_every={steps}", f"train.compile={str(bool(spec.get('compile'))).lower()}",
+                f"device={spec.get('device', 'cpu')}", f"eval.lengths=[{length}]", f"eval.max_tokens={length}",
+                "wandb.mode=disabled", f"hydra.run.dir={run}"]
+        done = subprocess.run([sys.executable, "-m", "posbench.cli", *args], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(error_line(done.stderr, done.returncode))
+        records = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+        params = int(pd.read_csv(Path(run) / "results.csv").params.iloc[0])
+    per_window = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    tokens = max(1, spec["tokens"] // length) * length
+    first = tokens * log_every / per_window[0]
+    gpu = spec.get("device", "cpu") != "cpu"
+    peak = None if gpu else resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    tps = statistics.median(per_window[2:])
+    return {"tokens_per_s": tps, "seconds": tokens / tps, "peak_mb": peak,
+            "compile_s": first if spec.get("compile") else None, "params": params}
 
 
 def _kernel_child(spec: dict) -> dict:

@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS, metavar="N",
                         help=f"tokens an evaluation pass (default {EVAL_TOKENS}: batch = N / length)")
     parser.add_argument("--no-peer", action="store_true", help="leave out x-transformers")
+    parser.add_argument("--trainer", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time each training figure through the real trainer (posbench train on the packaged "
+                             "corpus) beside the bench's own loop (default: on a GPU only)")
     parser.add_argument("--kernels", action="store_true",
                         help="also compare attention kernels (flex attention compiles)")
     parser.add_argument("--malloc", nargs="+", choices=MALLOCS, default=None,
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
                    log=lambda line: print(line, flush=True), device=ns.device, matmuls=not ns.update,
                    tokens={"train": train_tokens, "eval": ns.eval_tokens}, models=ns.model,
                    compiled=gpu if ns.compile is None else ns.compile, jobs=ns.jobs,
-                   deadline=None if ns.deadline is None else begun + ns.deadline, timeout=ns.timeout, progress=write)
+                   deadline=None if ns.deadline is None else begun + ns.deadline, timeout=ns.timeout, progress=write,
+                   trainer=gpu if ns.trainer is None else ns.trainer)
     text = write(result)
     print("\n" + text)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.csv'}, {out / 'bench.json'}")

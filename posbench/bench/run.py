@@ -17,7 +17,7 @@ MALLOCS = ("system", "posbench")  # glibc's default; posbench's (freed memory ke
 def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: int, mallocs=MALLOCS,
           log=print, device: str = "cpu", matmuls: bool = True, tokens: dict | None = None,
           models=("tiny",), compiled: bool = False, jobs: int = 1, deadline: float | None = None,
-          timeout: float = 900, progress=None) -> dict:
+          timeout: float = 900, progress=None, trainer: bool = False) -> dict:
     """Run every measurement on ``device`` (cpu or cuda); -> {"machine": {...}, "rows": [...],
     "kernels": [...]}. ``matmuls=False`` skips the machine's matmul peaks (``--update`` keeps the
     earlier run's machine figures, so measuring them again would be thrown away). ``tokens``:
@@ -25,7 +25,9 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     ``models``: presets, measured in this order, each encoding's posbench row before its peer's.
     ``compiled``: training steps under torch.compile. ``jobs``: children at once (their timed
     steps take turns); ``deadline``: ``time.monotonic()`` past which no child starts; ``timeout``:
-    seconds a child may take; ``progress(result)``: called with the result so far after each row."""
+    seconds a child may take; ``progress(result)``: called with the result so far after each row;
+    ``trainer``: each training figure of posbench's also through the real trainer (impl
+    ``posbench train``, :func:`~posbench.bench.children._trainer_child`)."""
     import torch
 
     from ..encodings import REGISTRY
@@ -54,7 +56,8 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
         machine["jobs"] = jobs
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {precision}; matmul {n}^3: "
         + (", ".join(f"{d} {machine[f'{d}_gflops']:.0f} GFLOP/s" for d in dtypes) if matmuls else "not measured"))
-    impls = ["posbench"] + (["x-transformers", "x-transformers flash"] if peer else [])
+    impls = ["posbench"] + (["posbench train"] if trainer else []) + (["x-transformers", "x-transformers flash"]
+                                                                        if peer else [])
     tokens = {**DEFAULT_TOKENS, **(tokens or {})}
     lock = None
     if jobs > 1:
@@ -93,11 +96,12 @@ def _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, devi
         for encoding in encodings:
             for malloc in mallocs:
                 for impl in impls:
-                    if impl != "posbench" and encoding not in PEER_ENCODINGS:
+                    if impl.startswith("x-transformers") and encoding not in PEER_ENCODINGS:
                         continue
                     if gpu and impl == ("x-transformers" if encoding not in PEER_NO_FLASH else "x-transformers flash"):
                         continue
-                    for kind, lengths in (("train", train_lens), ("eval", eval_lens)):
+                    evals = [] if impl == "posbench train" else eval_lens  # the trainer row: training only
+                    for kind, lengths in (("train", train_lens), ("eval", evals)):
                         specs += [{"what": "model", "model": model, "encoding": encoding, "impl": impl,
                                    "malloc": malloc,
                                    "kind": kind, "length": length, "steps": steps, "warmup": 2, "device": device,
@@ -145,7 +149,8 @@ def measured(result: dict):
     if "malloc" not in df:
         df["malloc"] = None
     peer_malloc = result["machine"].get("peer_malloc", "system")
-    df["malloc"] = df.malloc.fillna(df.impl.map(lambda impl: "posbench" if impl == "posbench" else peer_malloc))
+    df["malloc"] = df.malloc.fillna(df.impl.map(lambda impl: peer_malloc if impl.startswith("x-transformers")
+                                                else "posbench"))
     defaults = df.kind.map(DEFAULT_TOKENS)  # rows from before --train-tokens / --eval-tokens ran with the defaults
     df["tokens"] = defaults if "tokens" not in df else df.tokens.fillna(defaults)
     return df
