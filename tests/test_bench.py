@@ -69,6 +69,23 @@ def test_bench_times_the_real_trainer_beside_its_own_loop(tmp_path):
     assert f"| tiny | {entry} | system | 16 | " in text and text.count(f"| {ratio:.2f} |") >= 1
 
 
+def test_jobs_compile_side_by_side_in_waves_and_are_timed_alone(tmp_path):
+    """--jobs 2 over three figures: waves [0, 1] and [2]; no figure's turn begins before every
+    child of its wave was ready, no two turns meet, the second wave starts after the first ends."""
+    out = tmp_path / "bench"
+    posbench("bench", "--encodings", "alibi", "nope", "rope", "--train-lens", "16", "--eval-lens", "--steps", "1",
+             "--no-peer", "--malloc", "system", "--train-tokens", "256", "--jobs", "2", "--out", str(out))
+    rows = pd.read_csv(out / "bench.csv")
+    assert list(rows.encoding) == ["alibi", "nope", "rope"] and rows.error.isna().all()
+    assert not {"lock", "barrier", "wave", "id"} & set(rows.columns)  # how a child took its turn is no figure
+    first, second = rows.iloc[:2], rows.iloc[2]
+    assert first.turn_from.min() >= first.ready_at.max()  # the wave compiled before any figure was timed
+    a, b = sorted(zip(first.turn_from, first.turn_to))
+    assert a[1] <= b[0]  # one turn after the other
+    assert second.ready_at >= first.turn_to.max()  # the next wave began when the first had ended
+    assert "in waves" in (out / "bench.md").read_text()
+
+
 def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
     done = posbench("bench", "--encodings", "alibi", "nonsense", "--no-peer", "--out", str(tmp_path / "b"), check=False)
     assert done.returncode == 2

@@ -66,10 +66,13 @@ instead of resident memory; there is no address-space cap (CUDA reserves more th
 it) and only glibc's malloc (``system``) unless ``--malloc`` says otherwise. A figure is the
 median of the timed steps, each timed by CUDA events around it, after the compiling steps
 (their time is the ``compile s`` column) and the warm-up steps. Compiling is CPU work and most
-of a GPU child's time, so ``--jobs N`` runs N children side by side: they compile at once, and
-take turns on the GPU (a lock file) for their warm-up and timed steps, so no two are timed
-together. ``--deadline`` starts no child past a time, and bench.csv, bench.json and bench.md
-are rewritten as each row finishes, so a run cut short keeps what it measured. The run the GPU
+of a GPU child's time, so ``--jobs N`` runs N children side by side, in waves of N: a wave's
+children compile at once, wait until all of them have compiled (a barrier of marker files), then
+take turns (a lock file) for their warm-up and timed steps, so no two are timed together and
+nothing compiles beside a timed figure; the next wave starts when the last child ends. On a GPU
+a training figure is the median of 50 timed steps (``--steps``). ``--deadline`` starts no child
+past a time, and bench.csv, bench.json and bench.md are rewritten as each row finishes, so a run
+cut short keeps what it measured. The run the GPU
 figures come from is in results/bench/gpu/.
 
 The package: :mod:`.children` (what one measurement runs, in its own process), :mod:`.run`

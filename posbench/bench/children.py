@@ -144,19 +144,40 @@ def _peer_model(encoding: str, flash: bool, model: str = "tiny"):
 
 
 @contextmanager
-def _gpu_turn(lock: str | None):
-    """Hold the run's lock file while inside (``--jobs``: one child at a time times its steps)."""
-    if not lock:
-        yield
-        return
+def _gpu_turn(lock: str | None, times: dict):
+    """Hold the run's lock file while inside (``--jobs``: one child at a time times its steps);
+    ``times`` gets when the turn began and ended (``turn_from``, ``turn_to``: seconds since the
+    epoch), so a run's rows show that no two turns met."""
     import fcntl
+    from contextlib import nullcontext
 
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with open(lock, "a") if lock else nullcontext() as handle:
+        if lock:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        times["turn_from"] = time.time()
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            times["turn_to"] = time.time()
+            if lock:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _wait_for_wave(spec: dict, times: dict, poll: float = 0.1) -> None:
+    """``--jobs``: say this child is ready to be timed (compiled, or nothing to compile; ``times``
+    gets when, ``ready_at``), then wait until every child of its wave is ready or has ended
+    (posbench.bench.run's waves), so that no figure is timed while another child compiles."""
+    times["ready_at"] = time.time()
+    barrier = spec.get("barrier")
+    if not barrier:
+        return
+    Path(barrier, f"ready-{spec['id']}").touch()
+
+    def settled(j: int) -> bool:
+        return Path(barrier, f"ready-{j}").exists() or Path(barrier, f"ended-{j}").exists()
+
+    while not all(settled(j) for j in spec["wave"]):
+        time.sleep(poll)
 
 
 def _step_seconds(step, steps: int, dev, sync) -> float:
@@ -200,7 +221,7 @@ def _child(spec: dict) -> dict:
     model = model.to(dev)
     dtype = autocast_dtype(dev, "auto")
     amp = torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
-    compile_s = None
+    compile_s, times = None, {}
 
     def batch(tokens, n):
         return torch.randint(0, VOCAB, (max(1, tokens // n), n), device=dev)
@@ -228,7 +249,8 @@ def _child(spec: dict) -> dict:
                 step()
             sync()
             compile_s = time.perf_counter() - start
-        with _gpu_turn(spec.get("lock")):
+        _wait_for_wave(spec, times)
+        with _gpu_turn(spec.get("lock"), times):
             for _ in range(spec["warmup"]):
                 step()
             seconds = _step_seconds(step, spec["steps"], dev, sync)
@@ -245,7 +267,8 @@ def _child(spec: dict) -> dict:
                     model.token_nll(x, x)
             return x.numel()
 
-        with _gpu_turn(spec.get("lock")):
+        _wait_for_wave(spec, times)
+        with _gpu_turn(spec.get("lock"), times):
             forward(1024)  # warm-up: threads, allocator, one-time initialisation
             sync()
             start = time.perf_counter()
@@ -253,7 +276,7 @@ def _child(spec: dict) -> dict:
             sync()
             seconds = time.perf_counter() - start
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "params": sum(p.numel() for p in model.parameters()),
-            "peak_mb": peak_mb(), "compile_s": compile_s}
+            "peak_mb": peak_mb(), "compile_s": compile_s, **times}
 
 
 TRAINER_LOG_EVERY = 5  # steps a metrics line of the trainer row covers: one figure a window
@@ -269,8 +292,9 @@ def _trainer_child(spec: dict) -> dict:
     command a user runs gets that the loop does not: the data pipeline, the schedule, the checks
     of each step, the logging; a figure of one cannot drift from the other unseen. Its
     evaluation (one window) is not timed. Peak MB: the trainer process's resident high-water
-    mark on a CPU, none on a GPU. Under ``--jobs`` it holds the GPU lock for the whole run,
-    its compilation included (it cannot be told to wait between compiling and timing)."""
+    mark on a CPU, none on a GPU. Under ``--jobs`` it waits for its wave's other children to
+    compile, then holds the lock for the whole run, its own compilation included (the command
+    cannot be told to wait between compiling and timing)."""
     import tempfile
 
     import pandas as pd
@@ -279,7 +303,9 @@ def _trainer_child(spec: dict) -> dict:
     length, log_every = spec["length"], TRAINER_LOG_EVERY
     windows = max(2, math.ceil(spec["steps"] / log_every))
     steps = log_every * (windows + 2)
-    with tempfile.TemporaryDirectory(prefix="posbench-bench-train-") as run, _gpu_turn(spec.get("lock")):
+    times: dict = {}
+    _wait_for_wave(spec, times)  # the others compiled: this run compiles and is timed alone
+    with tempfile.TemporaryDirectory(prefix="posbench-bench-train-") as run, _gpu_turn(spec.get("lock"), times):
         args = ["train", f"encoding={name}", *overrides, f"model={spec.get('model', 'tiny')}", "model.dropout=0",
                 f"train.train_len={length}", f"train.batch_size={max(1, spec['tokens'] // length)}",
                 f"train.steps={steps}", "train.warmup_steps=1", f"train.log_every={log_every}",
@@ -298,7 +324,7 @@ def _trainer_child(spec: dict) -> dict:
     peak = None if gpu else resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     tps = statistics.median(per_window[2:])
     return {"tokens_per_s": tps, "seconds": tokens / tps, "peak_mb": peak,
-            "compile_s": first if spec.get("compile") else None, "params": params}
+            "compile_s": first if spec.get("compile") else None, "params": params, **times}
 
 
 def _kernel_child(spec: dict) -> dict:

@@ -12,6 +12,9 @@ from .children import EVAL_TOKENS, GPU_TRAIN_TOKENS, MODEL_OPTION_ENTRIES, TRAIN
 from .run import MALLOCS, bench, measured
 from .tables import tables
 
+CPU_STEPS = 8  # timed steps a training figure on a CPU: their mean (a step is long)
+GPU_STEPS = 50  # on a GPU: their median (steps of milliseconds, each timed by CUDA events)
+
 
 def _parser() -> argparse.ArgumentParser:
     from ..encodings import REGISTRY
@@ -26,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="default: 128 512 on the CPU, 512 on a GPU")
     parser.add_argument("--eval-lens", nargs="*", type=int, default=None, metavar="L",
                         help="default: 1024 4096 8192 16384 on the CPU, none on a GPU")
-    parser.add_argument("--steps", type=int, default=8, help="timed training steps per figure (after 2 warm-up steps)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed training steps per figure, after 2 warm-up steps (default: 8 on the CPU, their "
+                             "mean; 50 on a GPU, their median)")
     parser.add_argument("--train-tokens", type=int, default=None, metavar="N",
                         help=f"tokens a training step (batch = N / train length; default {TRAIN_TOKENS} on the CPU, "
                              f"{GPU_TRAIN_TOKENS} on a GPU)")
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_text(out / "bench.md", text)
         return text
 
-    result = bench(ns.encodings, train_lens, eval_lens, peer, ns.kernels, ns.steps, mallocs,
+    steps = ns.steps or (GPU_STEPS if gpu else CPU_STEPS)
+    result = bench(ns.encodings, train_lens, eval_lens, peer, ns.kernels, steps, mallocs,
                    log=lambda line: print(line, flush=True), device=ns.device, matmuls=not ns.update,
                    tokens={"train": train_tokens, "eval": ns.eval_tokens}, models=ns.model,
                    compiled=gpu if ns.compile is None else ns.compile, jobs=ns.jobs,

@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import time
+from pathlib import Path
 
 from ..runs.throughput import cpu_model
 from .children import DEFAULT_TOKENS, MATMUL_N, PEER_ENCODINGS, PEER_NO_FLASH, datasheet_tflops, run_child, split_entry
@@ -59,15 +60,18 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
     impls = ["posbench"] + (["posbench train"] if trainer else []) + (["x-transformers", "x-transformers flash"]
                                                                         if peer else [])
     tokens = {**DEFAULT_TOKENS, **(tokens or {})}
-    lock = None
+    lock = barrier = None
     if jobs > 1:
         import tempfile
 
         handle, lock = tempfile.mkstemp(prefix="posbench-bench-", suffix=".lock")
         os.close(handle)
-    specs = [{**spec, "lock": lock, "compile_threads": max(1, (os.cpu_count() or 1) // jobs)} if lock else spec
-             for spec in _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, device,
-                                tokens, compiled)]
+        barrier = tempfile.mkdtemp(prefix="posbench-bench-wave-")
+    specs = _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, device, tokens, compiled)
+    if lock:  # children in waves of `jobs` (_measure_all): spec i's wave is the jobs-long block holding i
+        specs = [{**spec, "lock": lock, "barrier": barrier, "id": i,
+                  "wave": list(range(i - i % jobs, min(len(specs), i - i % jobs + jobs))),
+                  "compile_threads": max(1, (os.cpu_count() or 1) // jobs)} for i, spec in enumerate(specs)]
     result = {"machine": machine, "rows": [], "kernels": []}
     try:
         for rows in _measure_all(specs, jobs, deadline, timeout, log):
@@ -76,7 +80,10 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
                 progress(result)
     finally:
         if lock:
+            import shutil
+
             os.unlink(lock)
+            shutil.rmtree(barrier, ignore_errors=True)
     for key, again in matmul_peaks().items():  # again at the end: the higher of the two readings
         machine[key] = max((v for v in (machine[key], again) if v == v), default=math.nan)
     if kernels:
@@ -110,29 +117,46 @@ def _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, devi
     return specs
 
 
+WAVE_KEYS = ("lock", "barrier", "id", "wave", "compile_threads")  # how a child takes its turn: not a row's
+
+
 def _measure_all(specs, jobs: int, deadline: float | None, timeout: float, log):
-    """Measure ``specs``, ``jobs`` children at once; after each finishes, log its line and yield
-    the rows so far in the order of ``specs`` (whatever finished first). A spec not started by
-    ``deadline`` (``time.monotonic()``) is a row saying so."""
+    """Measure ``specs``, ``jobs`` children at once, in waves: the children of a wave start
+    together, compile side by side, wait until every one of them has compiled (or ended), then
+    take turns (the lock) for their warm-up and timed steps, so no figure is timed while another
+    child compiles; the next wave starts when the last one ends. After each child, log its line
+    and yield the rows so far in the order of ``specs``. A spec not started by ``deadline``
+    (``time.monotonic()``) is a row saying so."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     def measure(spec):
         if deadline is not None and time.monotonic() > deadline:
-            return {"error": "not run: past --deadline"}
-        return run_child(spec, timeout)
+            got = {"error": "not run: past --deadline"}
+        else:
+            got = run_child(spec, timeout)
+        if spec.get("barrier"):  # ended: the wave's others stop waiting for it
+            Path(spec["barrier"], f"ended-{spec['id']}").touch()
+        return got
 
     done = {}
-    with ThreadPoolExecutor(max(1, jobs)) as pool:  # one thread per child at once; each waits on its process
-        futures = {pool.submit(measure, spec): i for i, spec in enumerate(specs)}
-        for future in as_completed(futures):
-            i, got = futures[future], future.result()
-            spec = {k: v for k, v in specs[i].items() if k not in ("lock", "compile_threads")}
-            done[i] = {**spec, **got}
-            figure = got.get("error") or (f"{got['tokens_per_s']:10,.0f} tok/s  {got['peak_mb']:8,.0f} MB"
-                                          + (f"  (compile {got['compile_s']:.0f} s)" if got.get("compile_s") else ""))
-            log(f"{spec['model']:<6} {spec['encoding']:<14} {spec['impl']:<22} {spec['malloc']:<8} "
-                f"{spec['kind']:<5} {spec['length']:>6}  {figure}")
-            yield [done[j] for j in sorted(done)]
+    waves = [specs[i:i + max(1, jobs)] for i in range(0, len(specs), max(1, jobs))]
+    for start, wave in zip(range(0, len(specs), max(1, jobs)), waves):
+        with ThreadPoolExecutor(len(wave)) as pool:  # one thread per child; each waits on its process
+            futures = {pool.submit(measure, spec): start + k for k, spec in enumerate(wave)}
+            for future in as_completed(futures):
+                yield _logged(done, futures[future], specs, future.result(), log)
+
+
+def _logged(done: dict, i: int, specs, got: dict, log) -> list[dict]:
+    """Record spec ``i``'s figures in ``done``, log its line; -> the rows so far, in spec order."""
+    spec = {k: v for k, v in specs[i].items() if k not in WAVE_KEYS}
+    done[i] = {**spec, **got}
+    peak = f"  {got['peak_mb']:8,.0f} MB" if got.get("peak_mb") is not None else ""
+    figure = got.get("error") or (f"{got['tokens_per_s']:10,.0f} tok/s{peak}"
+                                  + (f"  (compile {got['compile_s']:.0f} s)" if got.get("compile_s") else ""))
+    log(f"{spec['model']:<6} {spec['encoding']:<14} {spec['impl']:<22} {spec['malloc']:<8} "
+        f"{spec['kind']:<5} {spec['length']:>6}  {figure}")
+    return [done[j] for j in sorted(done)]
 
 
 def measured(result: dict):

@@ -169,9 +169,9 @@ def tables(result: dict) -> str:
     out += [f"Machine: {where}, torch {machine['torch']}. Matmul {n}^3: {peaks}."
             + (" Peak MB: the GPU's allocated memory (torch.cuda.max_memory_allocated)." if gpu else ""), ""]
     if machine.get("jobs", 1) > 1:
-        out += [f"{machine['jobs']} children at once, timed one at a time"
-                + (": compiling children used the GPU briefly meanwhile." if gpu else
-                   ": the others' work shared this CPU's cores while one was timed, so these figures are low."), ""]
+        out += [f"{machine['jobs']} children at once, in waves: a wave's children compiled side by side, then "
+                "timed one at a time once every one of them had compiled, the others waiting (nothing compiled "
+                "beside a timed figure).", ""]
     models = list(dict.fromkeys(df.model))
     if gpu:
         datasheet = machine.get("datasheet_bf16_tflops")
