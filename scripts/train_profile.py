@@ -120,8 +120,8 @@ def compare(frames: dict[str, pd.DataFrame], steps_ms: dict[str, float], ns, top
            f"{ns.device}, {'compiled' if ns.compile else 'eager'}", "",
            f"Command: `python scripts/train_profile.py {' '.join(ns.argv)}`", "",
            "Step time under the profiler (its overhead included), and the profiler's self time a step of each "
-           "kernel (device time on a GPU, CPU time on a CPU).", "", "| encoding | ms a step | kernels' time a step (ms) |",
-           "|---|---|---|"]
+           "kernel (device time on a GPU, CPU time on a CPU).", "",
+           "| encoding | ms a step | kernels' time a step (ms) |", "|---|---|---|"]
     out += [f"| {n} | {steps_ms[n]:.2f} | {frames[n].ms_a_step.sum():.2f} |" for n in names]
     ref = names[0]
     for other in names[1:]:
