@@ -14,7 +14,7 @@ import torch
 
 from conftest import SMOKE, compose
 from posbench.encodings import REGISTRY
-from posbench.encodings.span import note_span, span
+from posbench.encodings.span import distance_range, note_span, span
 from posbench.errors import PosbenchError
 from posbench.train import loop
 from posbench.train.configure import train_config
@@ -119,5 +119,8 @@ def test_the_position_ends_are_known_without_a_read(no_host_reads):
         assert span(positions) == (0, 99)
         assert span(positions[40:60]) == (40, 59)  # a query chunk: a slice of noted consecutive positions
         assert span(given) == (3, 20)
+        assert distance_range(positions[40:60], positions[:60]) == (40 - 59, 59)  # a query chunk and its keys
     assert span(given[1:3]) == (5, 9)  # a slice of positions with gaps is read (once)
     assert span(torch.tensor([2, 4, 7])) == (2, 7)
+    q, k = torch.tensor([2, 5, 9]), torch.tensor([1, 2, 5, 9])
+    assert distance_range(q, k) == (int((q[:, None] - k).min()), int((q[:, None] - k).max())) == (-7, 8)

@@ -297,7 +297,7 @@ def _trainer_child(spec: dict) -> dict:
     cannot be told to wait between compiling and timing)."""
     import tempfile
 
-    import pandas as pd
+    from ..eval.results import read_table
 
     name, overrides = split_entry(spec["encoding"])
     length, log_every = spec["length"], TRAINER_LOG_EVERY
@@ -316,7 +316,7 @@ def _trainer_child(spec: dict) -> dict:
         if done.returncode:
             raise RuntimeError(error_line(done.stderr, done.returncode))
         records = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-        params = int(pd.read_csv(Path(run) / "results.csv").params.iloc[0])
+        params = int(read_table(Path(run) / "results.csv").params.iloc[0])
     per_window = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     tokens = max(1, spec["tokens"] // length) * length
     first = tokens * log_every / per_window[0]

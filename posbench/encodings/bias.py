@@ -9,7 +9,7 @@ from torch import nn
 
 from ..errors import PosbenchError
 from .base import ModelDims, PositionEncoding, register
-from .span import span
+from .span import distance_range
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -187,7 +187,7 @@ def by_distance(table_fn, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Ten
     (a query chunk [s, e) sees keys [0, e), so distances lie in 0 .. Tk-1), more when they have
     gaps (randomized positions, :mod:`posbench.encodings.randomized`).
     """
-    n = max(k_pos.shape[0], span(q_pos)[1] - span(k_pos)[0] + 1)  # increasing: the ends are the extremes
+    n = max(k_pos.shape[0], distance_range(q_pos, k_pos)[1] + 1)
     distances = torch.arange(n, device=k_pos.device, dtype=torch.float32)
     with torch.autocast(k_pos.device.type, enabled=False):  # tables in fp32 under bf16 autocast
         table = table_fn(distances)  # (H, N)

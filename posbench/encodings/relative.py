@@ -14,7 +14,7 @@ from torch import nn
 from ..errors import PosbenchError
 from .absolute import sinusoid_table
 from .base import ModelDims, PositionEncoding, register
-from .span import span
+from .span import distance_range
 
 
 def gather_relative(by_id: torch.Tensor, rel_id: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ class TransformerXL(PositionEncoding):
 
     def score(self, q, k, q_pos, k_pos, layer):
         distance = _offsets(q_pos, k_pos).clamp(min=0)  # (Tq, Tk)
-        n = max(0, span(q_pos)[1] - span(k_pos)[0]) + 1  # the largest clamped distance (positions increase)
+        n = max(0, distance_range(q_pos, k_pos)[1]) + 1  # the largest clamped distance
         R = sinusoid_table(torch.arange(n, device=q.device), self.dims.d_model, self.base)  # (n, D)
         WR = self.r_proj[layer](R).view(n, self.dims.n_heads, -1).permute(1, 2, 0)  # (H, hs, n)
         bd = (q + self.v[:, None, :].to(q.dtype)) @ WR.to(q.dtype)  # (B, H, Tq, n): (b) + (d)
@@ -237,7 +237,7 @@ class TENER(PositionEncoding):
 
     def score(self, q, k, q_pos, k_pos, layer):
         offset = _offsets(q_pos, k_pos)  # (Tq, Tk), signed t - j
-        lo, hi = span(q_pos)[0] - span(k_pos)[1], span(q_pos)[1] - span(k_pos)[0]  # offset's extremes
+        lo, hi = distance_range(q_pos, k_pos)  # the offsets' extremes
         R = sinusoid_table(torch.arange(lo, hi + 1, device=q.device), self.dims.head_dim, self.base)  # R_{t-j}
         qv = q + self.v[layer][:, None, :].to(q.dtype)  # (B, H, Tq, hs)
         by_offset = qv @ R.T.to(q.dtype)  # (B, H, Tq, hi - lo + 1): (Q_t + v) R_{t-j}

@@ -66,3 +66,14 @@ def span(positions: torch.Tensor) -> tuple[int, int]:
         first, last = positions[[0, -1]].tolist()  # one read for both
     note_span(positions, first, last)
     return first, last
+
+
+def distance_range(q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[int, int]:
+    """(smallest, largest) of i - j over queries at ``q_pos`` and keys at ``k_pos`` (both
+    increasing): first query minus last key, last query minus first key. Inside ``torch.compile``
+    one read of both (one graph break, as a single ``int(...)`` was before)."""
+    if torch.compiler.is_compiling():
+        lo, hi = torch.stack([q_pos[0] - k_pos[-1], q_pos[-1] - k_pos[0]]).tolist()
+        return int(lo), int(hi)
+    (q_first, q_last), (k_first, k_last) = span(q_pos), span(k_pos)
+    return q_first - k_last, q_last - k_first
