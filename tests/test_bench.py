@@ -51,39 +51,33 @@ def test_bench_measures_training_and_evaluation_and_writes_its_tables(tmp_path):
     assert "| alibi | system |" in (out / "bench.md").read_text()
 
 
-def test_bench_times_the_real_trainer_beside_its_own_loop(tmp_path):
-    """``--trainer``: ``posbench train`` at the bench's shape (here on a slice of the packaged corpus,
-    the entry's overrides passed to both), its tokens/s from its metrics beside the loop's."""
+def test_bench_times_the_real_trainer_beside_its_loop_in_waves_each_figure_alone(tmp_path):
+    """``--trainer``: ``posbench train`` at the bench's shape (here on a slice of the packaged
+    corpus, the entry's overrides passed to both), its tokens/s from its metrics beside the loop's.
+    ``--jobs 2`` over the four figures: waves [0, 1] and [2, 3]; no figure's turn begins before
+    every child of its wave was ready, no two turns meet, the second wave starts after the first."""
     out = tmp_path / "bench"
-    entry = "alibi+data.max_docs=24+data.vocab_size=1024"
-    posbench("bench", "--encodings", entry, "--train-lens", "16", "--eval-lens", "--steps", "1", "--no-peer",
-             "--malloc", "system", "--train-tokens", "256", "--trainer", "--out", str(out))
-    rows = pd.read_csv(out / "bench.csv").set_index("impl")
-    assert sorted(rows.index) == ["posbench", "posbench train"] and rows.error.isna().all()
-    trainer = rows.loc["posbench train"]
-    assert trainer.tokens_per_s > 0 and trainer.tokens == 256 and trainer.kind == "train" and trainer.length == 16
-    assert 0 < trainer.params < rows.loc["posbench"].params  # the corpus slice's vocabulary, not the bench's 8192
-    ratio = trainer.tokens_per_s / rows.loc["posbench"].tokens_per_s
-    text = (out / "bench.md").read_text()
-    assert "### The trainer against the bench's loop" in text
-    assert f"| tiny | {entry} | system | 16 | " in text and text.count(f"| {ratio:.2f} |") >= 1
-
-
-def test_jobs_compile_side_by_side_in_waves_and_are_timed_alone(tmp_path):
-    """--jobs 2 over three figures: waves [0, 1] and [2]; no figure's turn begins before every
-    child of its wave was ready, no two turns meet, the second wave starts after the first ends."""
-    out = tmp_path / "bench"
-    posbench("bench", "--encodings", "alibi", "nope", "rope", "--train-lens", "16", "--eval-lens", "--steps", "1",
-             "--no-peer", "--malloc", "system", "--train-tokens", "256", "--jobs", "2", "--out", str(out))
+    entries = [f"{name}+data.max_docs=24+data.vocab_size=1024" for name in ("alibi", "nope")]
+    posbench("bench", "--encodings", *entries, "--train-lens", "16", "--eval-lens", "--steps", "1", "--no-peer",
+             "--malloc", "system", "--train-tokens", "256", "--trainer", "--jobs", "2", "--out", str(out))
     rows = pd.read_csv(out / "bench.csv")
-    assert list(rows.encoding) == ["alibi", "nope", "rope"] and rows.error.isna().all()
-    assert not {"lock", "barrier", "wave", "id"} & set(rows.columns)  # how a child took its turn is no figure
-    first, second = rows.iloc[:2], rows.iloc[2]
-    assert first.turn_from.min() >= first.ready_at.max()  # the wave compiled before any figure was timed
-    a, b = sorted(zip(first.turn_from, first.turn_to))
-    assert a[1] <= b[0]  # one turn after the other
-    assert second.ready_at >= first.turn_to.max()  # the next wave began when the first had ended
-    assert "in waves" in (out / "bench.md").read_text()
+    assert list(zip(rows.encoding, rows.impl)) == [(entries[0], "posbench"), (entries[0], "posbench train"),
+                                                   (entries[1], "posbench"), (entries[1], "posbench train")]
+    assert rows.error.isna().all() and not {"lock", "barrier", "wave", "id"} & set(rows.columns)
+    by_impl = rows[rows.encoding == entries[0]].set_index("impl")
+    trainer, loop = by_impl.loc["posbench train"], by_impl.loc["posbench"]
+    assert trainer.tokens_per_s > 0 and trainer.tokens == 256 and trainer.kind == "train" and trainer.length == 16
+    assert 0 < trainer.params < loop.params  # the corpus slice's vocabulary, not the bench's 8192
+    text = (out / "bench.md").read_text()
+    assert "### The trainer against the bench's loop" in text and "in waves" in text
+    assert f"| tiny | {entries[0]} | system | 16 | " in text
+    assert f"| {trainer.tokens_per_s / loop.tokens_per_s:.2f} |" in text
+    first, second = rows.iloc[:2], rows.iloc[2:]
+    assert first.turn_from.min() >= first.ready_at.max()  # the wave was ready before any figure was timed
+    for wave in (first, second):
+        a, b = sorted(zip(wave.turn_from, wave.turn_to))
+        assert a[1] <= b[0]  # one turn after the other
+    assert second.ready_at.min() >= first.turn_to.max()  # the next wave began when the first had ended
 
 
 def test_bench_rejects_an_unknown_encoding_in_one_line(tmp_path):
