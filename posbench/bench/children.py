@@ -18,6 +18,14 @@ from pathlib import Path
 PEER_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "xpos", "nope")
 
 
+PEER = "x-transformers"  # the peer's implementations: "x-transformers" and "x-transformers flash"
+
+
+def is_peer(impl: str) -> bool:
+    """Whether a row's implementation is the peer's (not posbench's loop nor its trainer)."""
+    return impl.startswith(PEER)
+
+
 PEER_NO_FLASH = ("t5",)  # x-transformers asserts that attn_flash does not take T5's bias
 
 
@@ -207,7 +215,7 @@ def _child(spec: dict) -> dict:
 
     from ..model.build import autocast_dtype, keep_freed_memory
 
-    peer = spec["impl"].startswith("x-transformers")
+    peer = is_peer(spec["impl"])
     if spec["malloc"] == "posbench":
         keep_freed_memory()
     dev, sync, peak_mb = _device(spec)

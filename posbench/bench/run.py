@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 
 from ..runs.throughput import cpu_model
-from .children import DEFAULT_TOKENS, MATMUL_N, PEER_ENCODINGS, PEER_NO_FLASH, datasheet_tflops, run_child, split_entry
+from .children import (
+    DEFAULT_TOKENS,
+    MATMUL_N,
+    PEER_ENCODINGS,
+    PEER_NO_FLASH,
+    datasheet_tflops,
+    is_peer,
+    run_child,
+    split_entry,
+)
 
 MALLOCS = ("system", "posbench")  # glibc's default; posbench's (freed memory kept in the heap)
 
@@ -67,11 +76,10 @@ def bench(encodings, train_lens, eval_lens, peer: bool, kernels: bool, steps: in
         handle, lock = tempfile.mkstemp(prefix="posbench-bench-", suffix=".lock")
         os.close(handle)
         barrier = tempfile.mkdtemp(prefix="posbench-bench-wave-")
-    specs = _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, device, tokens, compiled)
-    if lock:  # children in waves of `jobs` (_measure_all): spec i's wave is the jobs-long block holding i
-        specs = [{**spec, "lock": lock, "barrier": barrier, "id": i,
-                  "wave": list(range(i - i % jobs, min(len(specs), i - i % jobs + jobs))),
-                  "compile_threads": max(1, (os.cpu_count() or 1) // jobs)} for i, spec in enumerate(specs)]
+    specs = [{**spec, "lock": lock, "barrier": barrier, "compile_threads": max(1, (os.cpu_count() or 1) // jobs)}
+             if lock else spec
+             for spec in _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, device,
+                                tokens, compiled)]
     result = {"machine": machine, "rows": [], "kernels": []}
     try:
         for rows in _measure_all(specs, jobs, deadline, timeout, log):
@@ -103,7 +111,7 @@ def _specs(models, encodings, mallocs, impls, train_lens, eval_lens, steps, devi
         for encoding in encodings:
             for malloc in mallocs:
                 for impl in impls:
-                    if impl.startswith("x-transformers") and encoding not in PEER_ENCODINGS:
+                    if is_peer(impl) and encoding not in PEER_ENCODINGS:
                         continue
                     if gpu and impl == ("x-transformers" if encoding not in PEER_NO_FLASH else "x-transformers flash"):
                         continue
@@ -138,11 +146,11 @@ def _measure_all(specs, jobs: int, deadline: float | None, timeout: float, log):
             Path(spec["barrier"], f"ended-{spec['id']}").touch()
         return got
 
-    done = {}
-    waves = [specs[i:i + max(1, jobs)] for i in range(0, len(specs), max(1, jobs))]
-    for start, wave in zip(range(0, len(specs), max(1, jobs)), waves):
+    done, size = {}, max(1, jobs)
+    for start in range(0, len(specs), size):
+        wave = list(range(start, min(len(specs), start + size)))  # the ids a child of it waits for
         with ThreadPoolExecutor(len(wave)) as pool:  # one thread per child; each waits on its process
-            futures = {pool.submit(measure, spec): start + k for k, spec in enumerate(wave)}
+            futures = {pool.submit(measure, {**specs[i], "id": i, "wave": wave}): i for i in wave}
             for future in as_completed(futures):
                 yield _logged(done, futures[future], specs, future.result(), log)
 
@@ -173,8 +181,7 @@ def measured(result: dict):
     if "malloc" not in df:
         df["malloc"] = None
     peer_malloc = result["machine"].get("peer_malloc", "system")
-    df["malloc"] = df.malloc.fillna(df.impl.map(lambda impl: peer_malloc if impl.startswith("x-transformers")
-                                                else "posbench"))
+    df["malloc"] = df.malloc.fillna(df.impl.map(lambda impl: peer_malloc if is_peer(impl) else "posbench"))
     defaults = df.kind.map(DEFAULT_TOKENS)  # rows from before --train-tokens / --eval-tokens ran with the defaults
     df["tokens"] = defaults if "tokens" not in df else df.tokens.fillna(defaults)
     return df

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .children import MATMUL_N, PEER_ENCODINGS, flops_per_token, mfu, model_shape, split_entry
+from .children import MATMUL_N, PEER_ENCODINGS, flops_per_token, is_peer, mfu, model_shape, split_entry
 from .run import MALLOCS, measured
 
 
@@ -25,7 +25,7 @@ def _fmt(value, spec=",.0f"):
 def _pick(df, enc, malloc, kind, length, peer: bool):
     """posbench's row, or the faster x-transformers row (attn_flash on or off), or None."""
     rows = df[(df.encoding == enc) & (df.malloc == malloc) & (df.kind == kind) & (df.length == length)
-              & (df.impl.str.startswith("x-transformers") if peer else (df.impl == "posbench"))]
+              & (df.impl.map(is_peer) if peer else (df.impl == "posbench"))]
     fast = rows[rows.tokens_per_s.notna()]
     if len(fast):
         return fast.loc[fast.tokens_per_s.idxmax()]
@@ -44,8 +44,7 @@ def _cell_text(row, value):
 
 
 def _params(df, enc, impl_is_peer: bool) -> str:
-    rows = df[(df.encoding == enc) & (df.impl.str.startswith("x-transformers") if impl_is_peer
-                                      else (df.impl == "posbench"))]
+    rows = df[(df.encoding == enc) & (df.impl.map(is_peer) if impl_is_peer else (df.impl == "posbench"))]
     counts = rows.params.dropna()
     return f"{counts.iloc[0] / 1e6:.2f}M" if len(counts) else "-"
 
