@@ -59,31 +59,17 @@ def step_of(entry: str, ns):
     """The bench's training step for ``entry`` -> (step function, tokens a step)."""
     import torch
 
-    from posbench.bench.children import VOCAB, _posbench_model
+    from posbench.bench.children import VOCAB, _posbench_model, train_step
     from posbench.model.build import autocast_dtype
 
     dev = torch.device(ns.device)
     torch.manual_seed(0)
     model = _posbench_model(entry, ns.train_len, ns.train_len, ns.model).to(dev)
     dtype = autocast_dtype(dev, "auto")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if dev.type == "cuda" else {}))
     batch = max(1, ns.tokens // ns.train_len)
     x, y = (torch.randint(0, VOCAB, (batch, ns.train_len), device=dev) for _ in range(2))
-
-    def loss_of(x, y):
-        return model(x, targets=y)
-
-    loss_fn = torch.compile(loss_of) if ns.compile else loss_of
-
-    def step():
-        with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
-            loss = loss_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step, x.numel()
+    amp = torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None)
+    return train_step(model, x, y, amp, ns.compile), x.numel()
 
 
 def profile(entry: str, ns) -> tuple[pd.DataFrame, float, str]:

@@ -209,9 +209,33 @@ def _step_seconds(step, steps: int, dev, sync) -> float:
     return statistics.median(a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:]))
 
 
-def _child(spec: dict) -> dict:
+def train_step(model, x, y, amp, compiled: bool, peer: bool = False):
+    """The bench's training step on the batch (x, y), as a function of no arguments: the model and
+    its loss (under ``torch.compile`` where ``compiled``) in ``amp``, backward, clipping at 1,
+    AdamW (fused on CUDA), gradients set to None. ``peer``: an x-transformers model, whose logits
+    the step turns into the loss."""
     import torch
     import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=x.device.type == "cuda")
+
+    def loss_of(x, y):  # what compiles: the model and its loss
+        return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()) if peer else model(x, targets=y)
+
+    loss_fn = torch.compile(loss_of) if compiled else loss_of
+
+    def step():
+        with amp:
+            loss = loss_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _child(spec: dict) -> dict:
+    import torch
 
     from ..model.build import autocast_dtype, keep_freed_memory
 
@@ -235,21 +259,8 @@ def _child(spec: dict) -> dict:
         return torch.randint(0, VOCAB, (max(1, tokens // n), n), device=dev)
 
     if spec["kind"] == "train":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
         x, y = batch(spec["tokens"], length), batch(spec["tokens"], length)
-
-        def loss_of(x, y):  # what compiles: the model and its loss
-            return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()) if peer else model(x, targets=y)
-
-        loss_fn = torch.compile(loss_of) if spec.get("compile") else loss_of
-
-        def step():
-            with amp:
-                loss = loss_fn(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        step = train_step(model, x, y, amp, bool(spec.get("compile")), peer)
 
         if spec.get("compile"):  # the first steps compile (forward, backward; a guard may ask once more)
             start = time.perf_counter()
