@@ -2,7 +2,8 @@
 # Training speed on one GPU, in one command under ten minutes: the GPU tests of the step that
 # never waits and of flex attention, the kernel profile of rope against nope, the whole
 # traceback of flex attention inside the compiled model, and the bench (posbench against
-# x-transformers where installed, the real trainer beside the bench's loop). Each part writes
+# x-transformers where installed, the real trainer beside the bench's loop), and the long
+# evaluation's speed and memory against plain transformers. Each part writes
 # under $OUT as it finishes and is skipped when its files are there, so the same command resumes
 # a cut-off run. docs/clusters.md ("Training speed on one GPU") says what each part answers.
 #
@@ -10,7 +11,8 @@
 #
 # Settings (environment): DEVICE (cuda), MODEL (base), TRAIN_LEN (512), TOKENS (32768 a step),
 # JOBS (bench children side by side, 6), DEADLINE (seconds the bench may start children, 300),
-# TESTS (1: run tests/test_gpu.py's parts first; 0: skip). On a CPU, a quick check of the script:
+# TESTS (1: run tests/test_gpu.py's parts first; 0: skip), LONG (1: the long evaluation against
+# plain transformers last, scripts/long_eval_speed.py; 0: skip). On a CPU, a quick check of the script:
 #   DEVICE=cpu MODEL=tiny TRAIN_LEN=16 TOKENS=64 JOBS=1 TESTS=0 OUT=/tmp/gpu_speed bash scripts/gpu_speed.sh
 set -u
 OUT=${OUT:-results/bench/gpu_speed}
@@ -21,6 +23,7 @@ TOKENS=${TOKENS:-32768}
 JOBS=${JOBS:-6}
 DEADLINE=${DEADLINE:-300}
 TESTS=${TESTS:-1}
+LONG=${LONG:-1}
 mkdir -p "$OUT"
 begun=$(date +%s)
 say() { echo "gpu_speed: $* ($(( $(date +%s) - begun )) s)"; }
@@ -48,5 +51,12 @@ if [ ! -s "$OUT/bench/bench.md" ]; then
         --train-tokens "$TOKENS" --encodings nope rope alibi t5 kerple_log fox $peer --trainer \
         --jobs "$JOBS" --deadline "$DEADLINE" --out "$OUT/bench" > "$OUT/bench.log" 2>&1
     say "bench: $(grep -c . "$OUT/bench/bench.csv") lines in bench.csv"
+fi
+if [ "$LONG" = 1 ]; then  # long evaluation against plain transformers; resumes row by row
+    if [ "$DEVICE" = cuda ]; then long=(); else  # a toy shape on a CPU
+        long=(--shape tiny --run-model tiny --lengths 64 128 --run-lengths 64 128 --run-train-len 16 --tokens 256)
+    fi
+    python scripts/long_eval_speed.py --device "$DEVICE" "${long[@]}" --out "$OUT/long_eval" > "$OUT/long_eval.log" 2>&1
+    say "long evaluation: $(tail -1 "$OUT/long_eval.log")"
 fi
 say "done; files under $OUT"
