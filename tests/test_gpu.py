@@ -145,7 +145,7 @@ def test_a_training_step_on_the_gpu_never_waits_for_it(encoding, tmp_path):
 
     s = loop.setup(train_config(compose(*[a for a in SMOKE if not a.startswith("device")], "device=cuda",
                                         f"encoding={encoding}")), tmp_path)
-    assert s.state.optimizer.defaults["fused"] and s.deferred is not None
+    assert s.state.optimizer.defaults["fused"] and isinstance(s.check, loop.DeferredCheck)
     s.state.batches = loop.Prefetcher(s.state.sampler, pin_memory=True)
     try:
         batches = [s.state.batches() for _ in range(3)]
@@ -157,7 +157,7 @@ def test_a_training_step_on_the_gpu_never_waits_for_it(encoding, tmp_path):
                 loop.train_step(s, *batch)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        loop.settle(s)
+        s.check.settle()
     finally:
         s.state.batches.close()
 

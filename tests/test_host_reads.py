@@ -64,8 +64,8 @@ def test_a_fused_step_reads_nothing_on_the_host(entry, tmp_path, monkeypatch, no
         batches = [s.state.batches() for _ in range(2)]  # drawn first: the sampler reads its own numbers
         with no_host_reads():
             losses = [loop.train_step(s, x, y, positions) for x, y, positions in batches]
-        loop.settle(s)  # the two steps' checks, read at once
-        assert all(math.isfinite(float(loss)) for loss in losses) and s.deferred.pending == []
+        s.check.settle()  # the two steps' checks, read at once
+        assert all(math.isfinite(float(loss)) for loss in losses) and s.check.pending == []
     finally:
         s.state.batches.close()
 
@@ -79,13 +79,24 @@ def test_a_diverged_step_is_skipped_and_named_when_read():
         before = p.detach().clone()
         check.flag(optimizer, step, torch.tensor(loss), torch.tensor(1.0))
         optimizer.step()
-        del optimizer.found_inf
+        check.unflag(optimizer)
         assert torch.equal(p.detach(), before) == (step == 2)  # only the bad step leaves the weights alone
     assert optimizer.state[p]["step"].item() == 2  # nor is it counted in AdamW's bias correction
     with pytest.raises(loop.Diverged) as caught:
         check.settle()
     assert (caught.value.what, caught.value.step) == ("loss", 2) and math.isnan(caught.value.value)
     assert check.pending == []
+
+
+def test_the_cpu_step_checks_its_own_figures_before_the_update():
+    """Without a fused optimizer (the CPU) each step reads its loss, then its gradient norm, and
+    raises for the step being taken (Diverged.step None: the error names state.step + 1)."""
+    check, optimizer = loop.StepCheck(), object()
+    check.flag(optimizer, 3, torch.tensor(2.0), torch.tensor(1.0))
+    for loss, norm, what in ((math.nan, math.inf, "loss"), (1.0, math.inf, "gradient norm")):
+        with pytest.raises(loop.Diverged) as caught:
+            check.flag(optimizer, 4, torch.tensor(loss), torch.tensor(norm))
+        assert caught.value.what == what and caught.value.step is None
 
 
 def test_a_late_read_divergence_names_its_step_and_no_checkpoint_holds_it(tmp_path, monkeypatch):

@@ -208,7 +208,7 @@ class Setup:
     ddp: torch.nn.Module
     state: TrainingState
     saved_step: int | None  # the step of the last checkpoint this process knows is on disk
-    deferred: DeferredCheck | None = None  # with a fused optimizer: divergence read at log and save, not each step
+    check: StepCheck  # divergence: read each step, or with a fused optimizer at log and save (DeferredCheck)
 
 
 def setup(rc: RunConfig, run_dir) -> Setup:
@@ -265,7 +265,7 @@ def setup(rc: RunConfig, run_dir) -> Setup:
         net = torch.compile(net)
     return Setup(rc, world, device, dtype, run, workload, micro, accum, model, net, ddp, state,
                  saved_step=state.step if resume is not None and not branched else None,
-                 deferred=DeferredCheck() if optimizer.defaults.get("fused") else None)
+                 check=DeferredCheck() if optimizer.defaults.get("fused") else StepCheck())
 
 
 def fused_optimizer(device: torch.device) -> bool:
@@ -311,7 +311,27 @@ class Diverged(Exception):
         self.what, self.value, self.step = what, value, step
 
 
-class DeferredCheck:
+class StepCheck:
+    """Divergence checked in the step that diverged: before the optimizer touches the weights,
+    a non-finite loss or gradient norm raises :class:`Diverged`, so no checkpoint holds it. Each
+    step reads its two figures on the host, which costs nothing on a CPU; a fused optimizer on a
+    GPU reads them later (:class:`DeferredCheck`). The step calls :meth:`flag` before
+    ``optimizer.step()`` and :meth:`unflag` after it; :meth:`settle` reads what is left unread
+    (here nothing) before each log line and checkpoint and at the end."""
+
+    def flag(self, optimizer, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        for what, value in (("loss", loss), ("gradient norm", grad_norm)):
+            if not torch.isfinite(value):  # the weights would turn to NaN
+                raise Diverged(what, value.item())
+
+    def unflag(self, optimizer) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+
+class DeferredCheck(StepCheck):
     """Divergence checked without a host read in the step (with a fused optimizer). Each step
     hands the fused AdamW a ``found_inf`` flag computed on the device (loss or gradient norm not
     finite), so a diverged step leaves the weights and moments as they were, exactly as torch's
@@ -334,6 +354,9 @@ class DeferredCheck:
         optimizer.found_inf = (~torch.isfinite(values).all()).float()
         self.pending.append((step, values))
 
+    def unflag(self, optimizer) -> None:
+        del optimizer.found_inf  # read by its step only
+
     def settle(self) -> None:
         """One host read of every pending step's figures; :class:`Diverged` at the first bad one."""
         if not self.pending:
@@ -351,8 +374,9 @@ def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tens
     """One optimizer step on this rank's shard of a global batch (B, T): micro-batches with
     gradient accumulation, the loss averaged over ranks, clipping, AdamW, the schedule.
     ``positions``: the batch's (T,) positions, None for 0 .. T-1. -> the step's loss, a tensor
-    on the device (read on the host when a log line needs it). Under ``s.deferred`` nothing here
-    waits for the device; else a non-finite loss or gradient norm raises :class:`Diverged` here."""
+    on the device (read on the host when a log line needs it). A non-finite loss or gradient norm
+    raises :class:`Diverged` here, or with a :class:`DeferredCheck` skips the update and raises
+    when read; nothing here then waits for the device."""
     x, y = distributed.shard(x, s.world), distributed.shard(y, s.world)  # (B / ranks, T)
     kwargs = {} if positions is None else {"positions": positions.to(s.device)}
     loss = torch.zeros((), device=s.device)
@@ -367,34 +391,21 @@ def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tens
             micro_loss.backward()
         loss += micro_loss.detach()
     loss = distributed.mean(loss, s.world)
-    if s.deferred is None and not torch.isfinite(loss):
-        raise Diverged("loss", loss.item())
     grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), s.rc.train.grad_clip)
-    if s.deferred is None and not torch.isfinite(grad_norm):  # would turn the weights to NaN
-        raise Diverged("gradient norm", grad_norm.item())
     optimizer = s.state.optimizer
-    if s.deferred is not None:
-        s.deferred.flag(optimizer, s.state.step + 1, loss, grad_norm)
+    s.check.flag(optimizer, s.state.step + 1, loss, grad_norm)
     optimizer.step()
-    if s.deferred is not None:
-        del optimizer.found_inf  # read by this step only
+    s.check.unflag(optimizer)
     optimizer.zero_grad(set_to_none=True)
     s.state.scheduler.step()
     return loss
 
 
-def settle(s: Setup) -> None:
-    """Raise :class:`Diverged` for a divergence the steps since the last call left unread
-    (:class:`DeferredCheck`); nothing to do where each step checks its own."""
-    if s.deferred is not None:
-        s.deferred.settle()
-
-
 def save(s: Setup, keep: bool = False) -> None:
     """Checkpoint the training state (every rank takes part; rank 0 writes) to last.pt, or with
     ``keep`` to the step's own checkpoint (``train.save_steps``), which later saves leave alone.
-    Never past a divergence: the steps' unread checks are read first (:func:`settle`)."""
-    settle(s)
+    Never past a divergence: the steps' unread checks are read first (:meth:`StepCheck.settle`)."""
+    s.check.settle()
     state = s.state.state_dict()
     if s.world.is_main:
         save_checkpoint(s.run.step_checkpoint(s.state.step) if keep else s.run.checkpoint, state)
@@ -415,7 +426,7 @@ def run_loop(s: Setup, logger, bar, interrupted) -> None:
     ``ckpt_every`` steps and at the end."""
     try:
         _steps(s, logger, bar, interrupted)
-        settle(s)  # steps a stop signal cut off before their log line or checkpoint
+        s.check.settle()  # steps a stop signal cut off before their log line or checkpoint
     except Diverged as d:
         bar.close()  # the error is the last line printed
         raise diverged_error(s, d) from None
@@ -435,7 +446,7 @@ def _steps(s: Setup, logger, bar, interrupted) -> None:
         state.step += 1
         window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + x.numel()
         if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
-            settle(s)  # a window's mean loss is read on the host: its steps' checks with it
+            s.check.settle()  # a window's mean loss is read on the host: its steps' checks with it
             elapsed = time.perf_counter() - window_start
             record = {"step": state.step, "loss": float(window_loss) / window_steps,
                       "lr": state.scheduler.get_last_lr()[0], "tokens_per_s": window_tokens / elapsed,
