@@ -218,7 +218,9 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 100
     micro_batch_size: int | None = None  # windows per forward pass; None: batch_size / processes
-    compile: bool | str = "auto"  # torch.compile the model for training: true, false, or auto (compile_policy)
+    # torch.compile the model for training: true, false, auto (compile_policy), or graphs (compiled, its
+    # steps replayed as CUDA graphs: torch.compile's reduce-overhead mode; CUDA only)
+    compile: bool | str = "auto"
     # refuse a training step whose estimated memory exceeds this machine's (posbench.model.preflight)
     preflight: bool = True
     # L: positions a sorted random subset of [0, L) (posbench.encodings.randomized); None: 0..T-1
@@ -245,8 +247,9 @@ class TrainConfig:
             raise PosbenchError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         choice("train.schedule", self.schedule, SCHEDULES)
         choice("train.sampler", self.sampler, SAMPLERS)
-        if isinstance(self.compile, str) and self.compile != "auto":
-            raise PosbenchError(f"train.compile={self.compile!r} is not valid; valid choices: true, false, auto")
+        if isinstance(self.compile, str) and self.compile not in ("auto", "graphs"):
+            raise PosbenchError(f"train.compile={self.compile!r} is not valid; "
+                                "valid choices: true, false, auto, graphs")
         if not 0 < self.decay_frac <= 1:
             raise PosbenchError(f"train.decay_frac={self.decay_frac} is not valid; valid: a fraction in (0, 1]")
         bad = [s for s in self.save_steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= self.steps]

@@ -209,5 +209,24 @@ def test_compile_policy_compiles_where_it_was_measured_faster():
     assert compile_policy(True, cpu, None, 1, amx=False) and not compile_policy(False, cpu, bf16, 400, amx=True)
     smoke = compose(*SMOKE)  # what the tests train: eager on any machine
     assert not compile_policy(smoke.train.compile, cpu, bf16, int(smoke.train.steps), amx=True)
-    with pytest.raises(PosbenchError, match=r"train.compile='yes' is not valid; valid choices: true, false, auto"):
+    with pytest.raises(PosbenchError, match=r"train.compile='yes' is not valid; valid choices: true, false, auto, graphs$"):
         TrainConfig(compile="yes")
+
+
+def test_cuda_graphs_are_refused_off_cuda_before_a_run_dir_is_made(tmp_path):
+    """train.compile=graphs (torch.compile's reduce-overhead mode) replays steps as CUDA graphs; a
+    CPU would compile without them, and the rows would name a mode that did not run."""
+    import torch
+
+    from posbench.train.loop import compile_policy, execution
+
+    assert compile_policy("graphs", torch.device("cuda"), torch.bfloat16, 1, amx=False)
+    run = tmp_path / "run"
+    proc = posbench("train", *SMOKE, "train.compile=graphs", f"hydra.run.dir={run}", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("posbench: error: train.compile=graphs replays steps as CUDA "
+                                                    "graphs, which device=cpu has not; valid there: "
+                                                    "train.compile=true, false or auto")
+    assert not run.exists() or not any(run.iterdir())
+    assert execution(torch.device("cuda"), torch.bfloat16, "graphs") == "cuda bf16 graphs"
+    assert execution(torch.device("cpu"), None, "eager") == "cpu fp32 eager"

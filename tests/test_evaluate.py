@@ -3,6 +3,7 @@ and sliding windows); binned loss by position, bits per byte and word perplexity
 positions.csv merging; `posbench eval` skips rows it already has."""
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -294,6 +295,21 @@ def test_training_run_writes_new_columns_positions_and_text_metrics(smoke_run):
 
 
 @pytest.mark.slow
+def test_rows_say_how_the_run_trained_and_a_later_eval_keeps_it(smoke_run_copy):
+    """results.csv's ``execution`` (outside the config hash): device, precision, eager, compiled or
+    CUDA graphs, as versions.json recorded it at training; a later eval's rows say the same."""
+    run = smoke_run_copy
+    trained = RunDir(run).execution()
+    assert re.fullmatch(r"cpu (bf16|fp32) eager", trained), trained
+    assert set(pd.read_csv(run / "results.csv").execution) == {trained}
+    posbench("eval", f"checkpoint={run}", "device=cpu", "eval.lengths=[16]")
+    df = read_results(run / "results.csv")
+    assert 16 in set(df.eval_len) and set(df.execution) == {trained}
+    old = df.drop(columns="execution")  # a run's rows from before the record: unknown, not an error
+    old.to_csv(run / "results.csv", index=False)
+    assert read_results(run / "results.csv").execution.isna().all()
+
+
 def test_eval_skips_rows_it_has_and_adds_sliding_rows(smoke_run_copy):
     run = smoke_run_copy
 

@@ -38,6 +38,27 @@ def test_train_and_evaluate_on_gpu(tmp_path):
     assert (rows.status == "ok").all() and rows.ppl.between(1, 1024).all()
 
 
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_steps_replayed_as_cuda_graphs_train_as_eager_and_say_so(encoding, tmp_path):
+    """train.compile=graphs (reduce-overhead): the same run's logged losses as eager steps, within
+    bf16 kernels' rounding, and its rows name the mode (outside the config hash)."""
+    import json
+
+    base = [a for a in SMOKE if not a.startswith("device")] + ["device=cuda", f"encoding={encoding}",
+                                                               "train.log_every=1"]
+    losses = {}
+    for mode in ("false", "graphs"):
+        run = tmp_path / mode
+        posbench("train", *base, f"train.compile={mode}", f"hydra.run.dir={run}")
+        losses[mode] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                        if '"loss"' in line]
+        rows = pd.read_csv(run / "results.csv")
+        assert set(rows.execution) == {"cuda bf16 " + ("graphs" if mode == "graphs" else "eager")}
+    assert len(losses["graphs"]) == len(losses["false"]) > 1
+    for eager, graphed in zip(losses["false"][:5], losses["graphs"][:5]):  # early steps, before chaos compounds
+        assert graphed == pytest.approx(eager, rel=2e-2)
+
+
 @pytest.mark.parametrize("method", ["self_extend", "rerope", "logn"])
 @pytest.mark.parametrize("fused", [True, False], ids=["two fused attentions", "query chunks"])
 def test_training_free_extensions_on_gpu_match_the_cpu(method, fused):

@@ -258,14 +258,15 @@ def text_metrics(nll: float, tokens: int, nbytes: int | None, words: int | None)
             "word_ppl": math.exp(total / words) if words else None}
 
 
-def result_rows(cfg: DictConfig, ladder: list[dict], steps: int) -> pd.DataFrame:
-    """results.csv rows of a ladder (columns ``COLUMNS``); the binned positions ride along in
+def result_rows(cfg: DictConfig, ladder: list[dict], steps: int, execution: str | None = None) -> pd.DataFrame:
+    """results.csv rows of a ladder (columns ``COLUMNS``), ``execution`` how the run trained
+    (:meth:`RunDir.execution`; None where unknown or not trained here); the binned positions ride along in
     ``rows.attrs["positions"]`` and the per-token NLL in ``rows.attrs["token_nll"]`` (by
     :func:`posbench.eval.token_nll.row_key`) for :func:`posbench.eval.results.write_results`."""
     meta = {"split": cfg.eval.split, "encoding": cfg.encoding.name, "model": cfg.model.name, "data": cfg.data.name,
             "train_len": int(cfg.train.train_len), "seed": int(cfg.seed), "steps": steps,
             "init_len": cfg.train.get("init_len"),  # a fine-tuned run's parent's train_len
-            "config_hash": config_hash(cfg), "code_version": code_version(),
+            "config_hash": config_hash(cfg), "code_version": code_version(), "execution": execution,
             **Applied().columns(), "rope_factor": 1.0, "mode": "nonoverlapping"}  # a ladder row's own values win
     rows = backfill(pd.DataFrame([{**meta, **row} for row in ladder]))[COLUMNS]
     rows.attrs["positions"] = [{**meta, **{k: row[k] for k in KEY + METHOD if k in row}, **pos}
@@ -389,7 +390,7 @@ def evaluate_subject(subject: Subject) -> pd.DataFrame:
 
     def store(entries: list[dict]) -> None:
         if entries:
-            write_results(run, result_rows(subject.rows_config, entries, subject.step))
+            write_results(run, result_rows(subject.rows_config, entries, subject.step, run.execution()))
 
     for length in plan.plain:  # under none, stored under both names
         row = ladder(length, plain_cfg)[0]

@@ -34,7 +34,7 @@ KEY = ["encoding", "rope_scaling", "train_len", "eval_len", "seed", "split", "mo
 METHOD = list(Applied.COLUMNS)
 COLUMNS = KEY + ["rope_factor", "ppl", "nll", "bpb", "word_ppl", "tokens", "bytes", "words", "status",
                  "model", "data", "steps", "init_len", "params", "pos_params", "config_hash", "code_version",
-                 "unigram_ppl"] + METHOD
+                 "unigram_ppl", "execution"] + METHOD
 POSITION_COLUMNS = KEY + ["bin_start", "bin_end", "nll", "tokens", "config_hash", "code_version"] + METHOD
 LINE = ["label", "model", "data", "train_len", "split"]  # one table row / one figure line
 # tasks.csv: random_positions 0 = positions 0..T-1, L > 0 = positions drawn from [0, L); multiple =
@@ -76,12 +76,13 @@ def backfill(df: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the evaluation protocols read as nonoverlapping, stride = eval_len,
     bpb, word_ppl, bytes and words unknown; before RoPE scaling as rope_scaling none, factor 1;
     before parameter counts with params and pos_params unknown; before the unigram baseline with
-    ``unigram_ppl`` unknown; ``init_len`` (the parent run's
-    train_len of a fine-tuned run) is empty for every run trained from scratch."""
+    ``unigram_ppl`` unknown, before the execution record with ``execution`` unknown; ``init_len``
+    (the parent run's train_len of a fine-tuned run) is empty for every run trained from scratch."""
     df = df.copy()
     defaults = {"rope_scaling": "none", "rope_factor": 1.0, "mode": "nonoverlapping", "stride": df.get("eval_len"),
                 "bpb": math.nan, "word_ppl": math.nan, "bytes": math.nan, "words": math.nan,
-                "params": math.nan, "pos_params": math.nan, "init_len": math.nan, "unigram_ppl": math.nan}
+                "params": math.nan, "pos_params": math.nan, "init_len": math.nan, "unigram_ppl": math.nan,
+                "execution": math.nan}
     for col, value in defaults.items():
         df[col] = value if col not in df else df[col].fillna(value)
     for col in ("stride", "bytes", "words", "params", "pos_params", "init_len"):
@@ -145,7 +146,7 @@ def applied_from_label(text) -> Applied:
 #: Columns of identifiers, read as the text they were written as: a 12-digit config hash that is
 #: all digits, or digits around one "e" ("28586650e810"), would otherwise read as a number: no
 #: longer equal to the hash it names, nor written back as it was.
-TEXT_COLUMNS = ("config_hash", "code_version", "init_hash", "sweep_hash")
+TEXT_COLUMNS = ("config_hash", "code_version", "init_hash", "sweep_hash", "execution")
 BY = "by:"  # a --by key's column (``by:train.steps``): each row's value as text, NA where its run's config lacks it
 
 

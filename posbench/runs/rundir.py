@@ -11,6 +11,7 @@ mid-write is the same case: the temp file goes, the old file stays, the error is
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import tempfile
@@ -33,10 +34,20 @@ class RunDir:
         self.metrics = self.path / "metrics.jsonl"
         self.results = self.path / "results.csv"
         self.plot = self.path / "ppl_vs_length.png"
+        self.versions = self.path / "versions.json"
 
     def step_checkpoint(self, step: int) -> Path:
         """The checkpoint kept at ``step`` (``train.save_steps``), beside last.pt."""
         return self.checkpoint.parent / f"step_{step}.pt"
+
+    def execution(self) -> str | None:
+        """How the run's last training command ran its steps (``versions.json``'s ``execution``,
+        :func:`posbench.train.loop.execution`); None for a run without it (a pretrained model's
+        folder, runs trained before it was recorded)."""
+        try:
+            return json.loads(self.versions.read_text()).get("execution")
+        except (OSError, ValueError):
+            return None
 
     @classmethod
     def existing(cls, path: str | os.PathLike) -> "RunDir":

@@ -12,7 +12,12 @@ micro-batches with gradient accumulation; files are written by rank 0.
 
 The next batch is drawn in a background thread while the current step runs, and
 ``train.compile=true`` runs the model under ``torch.compile``; ``auto`` (the default) where that
-was measured faster (:func:`compile_policy`).
+was measured faster (:func:`compile_policy`); ``graphs`` compiles it in torch's reduce-overhead
+mode, which replays each step's forward and backward kernels as CUDA graphs: one launch where a
+small model's step made hundreds, for the launch-bound runs a study puts side by side on one GPU
+(possible because no step reads the GPU on the host, :class:`DeferredCheck`). How a run
+trained (device, precision, eager, compiled or graphs, processes) is its rows' ``execution``
+(:func:`execution`), outside the config hash.
 
 The run config ``rc`` is built once by :func:`posbench.train.configure.train_config` (typed,
 train_len fitted, a parent's hash filled in); everything here reads it, or its ``tree``.
@@ -203,12 +208,18 @@ class Setup:
     workload: Workload
     micro: int  # windows per micro-batch
     accum: int  # micro-batches per optimizer step
+    mode: str  # eager, compiled or graphs (train.compile, compile_policy)
     model: LanguageModel
     net: torch.nn.Module  # the model as stepped: DDP-wrapped and/or compiled
     ddp: torch.nn.Module
     state: TrainingState
     saved_step: int | None  # the step of the last checkpoint this process knows is on disk
     check: StepCheck  # divergence: read each step, or with a fused optimizer at log and save (DeferredCheck)
+
+    @property
+    def execution(self) -> str:
+        """How the steps run (:func:`execution`): results rows and versions.json record it."""
+        return execution(self.device, self.dtype, self.mode, self.world)
 
 
 def setup(rc: RunConfig, run_dir) -> Setup:
@@ -224,11 +235,12 @@ def setup(rc: RunConfig, run_dir) -> Setup:
     if resume is None and tcfg.branch_from is not None:
         resume = read_branch_state(rc)
 
+    dtype = autocast_dtype(device, tcfg.precision)
+    compiled = compile_policy(tcfg.compile, device, dtype, tcfg.steps)
     seed_everything(rc.seed)
     workload = make_workload(rc, world.is_main)
     model = build_model(rc.tree, workload.vocab_size).to(device)
     parent = read_parent(rc, model, workload.key) if resume is None and tcfg.init_from is not None else None
-    dtype = autocast_dtype(device, tcfg.precision)
     optimizer = make_optimizer(model, tcfg, fused=fused_optimizer(device))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg))
     preflight.check_training(model, tcfg, micro, device, dtype)  # before a step that cannot fit
@@ -261,9 +273,10 @@ def setup(rc: RunConfig, run_dir) -> Setup:
     if world.active:
         net = ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    if compile_policy(tcfg.compile, device, dtype, tcfg.steps):
-        net = torch.compile(net)
-    return Setup(rc, world, device, dtype, run, workload, micro, accum, model, net, ddp, state,
+    mode = "graphs" if tcfg.compile == "graphs" else "compiled" if compiled else "eager"
+    if compiled:
+        net = torch.compile(net, mode="reduce-overhead" if mode == "graphs" else None)
+    return Setup(rc, world, device, dtype, run, workload, micro, accum, mode, model, net, ddp, state,
                  saved_step=state.step if resume is not None and not branched else None,
                  check=DeferredCheck() if optimizer.defaults.get("fused") else StepCheck())
 
@@ -285,8 +298,18 @@ def has_amx() -> bool:
     return bool(check and check())
 
 
+def execution(device: torch.device, dtype, mode: str, world=None) -> str:
+    """How a run's steps ran, as its rows record it: ``cuda bf16 graphs``, ``cpu fp32 eager``,
+    ``cuda bf16 compiled, 4 processes``. ``mode``: eager, compiled or graphs."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
+    processes = f", {world.size} processes" if world is not None and world.active else ""
+    return f"{device.type} {names.get(dtype, str(dtype))} {mode}{processes}"
+
+
 def compile_policy(setting: bool | str, device: torch.device, dtype, steps: int, amx: bool | None = None) -> bool:
-    """Whether a training job runs under ``torch.compile``: ``train.compile`` when true or false;
+    """Whether a training job runs under ``torch.compile``: ``train.compile`` when true or false,
+    or ``graphs`` (compiled in reduce-overhead mode, CUDA graphs: refused off CUDA, where torch
+    would compile without them and the rows would name what did not run);
     ``auto`` (the default) where it was measured faster than eager with the same perplexities
     (results/bench/compile.md): on a CPU with AMX training in bf16, for jobs of at least
     :data:`AUTO_COMPILE_MIN_STEPS` steps (side by side the default job trained 1.15x the tokens/s,
@@ -297,6 +320,11 @@ def compile_policy(setting: bool | str, device: torch.device, dtype, steps: int,
     models agree to 0.01% in perplexity at every length (rope and alibi, the default job)."""
     if isinstance(setting, bool):
         return setting
+    if setting == "graphs":
+        if device.type != "cuda":
+            raise PosbenchError(f"train.compile=graphs replays steps as CUDA graphs, which device={device.type} "
+                                "has not; valid there: train.compile=true, false or auto")
+        return True
     amx = has_amx() if amx is None else amx
     return device.type == "cpu" and dtype == torch.bfloat16 and amx and steps >= AUTO_COMPILE_MIN_STEPS
 
@@ -386,6 +414,8 @@ def train_step(s: Setup, x: torch.Tensor, y: torch.Tensor, positions: torch.Tens
         # DDP averages gradients only on the last micro-batch of the step
         sync = s.ddp.no_sync() if s.world.active and i < s.accum - 1 else contextlib.nullcontext()
         with sync:
+            if s.mode == "graphs":
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: overwrite them
             with autocast(s.device, s.dtype):
                 micro_loss = s.net(xs, targets=ys, **kwargs) / s.accum  # mean next-token cross-entropy
             micro_loss.backward()
@@ -470,7 +500,7 @@ def announce(s: Setup) -> None:
     batch = s.workload.batch_text()
     print0(f"posbench: {s.rc.encoding} | {s.model.num_params() / 1e6:.2f}M params | "
            f"{tcfg.steps} steps x {batch}{layout} | {s.device} "
-           f"{s.dtype or torch.float32}{' | compiled' if s.net is not s.ddp else ''}")
+           f"{s.dtype or torch.float32}{'' if s.mode == 'eager' else ' | ' + s.mode}")
 
 
 def finish(s: Setup, logger) -> pd.DataFrame:
@@ -510,8 +540,9 @@ def train(rc: RunConfig, run_dir) -> Finished:
         s = setup(rc, run_dir)
         if s.world.is_main:
             atomic_write_text(s.run.config, OmegaConf.to_yaml(rc.tree, resolve=True))
-            atomic_write_text(s.run.path / "versions.json",
-                              json.dumps(versions(s.model.encoding, s.workload), indent=1) + "\n")
+            atomic_write_text(s.run.versions,
+                              json.dumps(versions(s.model.encoding, s.workload) | {"execution": s.execution},
+                                         indent=1) + "\n")
         logger = open_logger(s.run, rc.tree, s.state.step, s.world.is_main)
         try:
             rows = train_and_finish(s, logger)

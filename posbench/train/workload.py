@@ -92,7 +92,7 @@ class LanguageModelling:
             ladder = perplexity_ladder(model, tokens, todo, ecfg, device, dtype, tokenizer=self.corpus.tokenizer,
                                        n_tokens=n, random_positions=self.rc.train.random_positions, ext=ext,
                                        unigram=unigram_perplexity(self.corpus.splits["train"], tokens[1:n + 1]))
-            rows = write_results(run, result_rows(tree, ladder, step))
+            rows = write_results(run, result_rows(tree, ladder, step, run.execution()))
         else:
             rows = backfill(read_results(run.results))
         logger.finish(rows)
