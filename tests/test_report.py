@@ -88,7 +88,8 @@ def test_old_results_read_with_neutral_values(tmp_path):
                                                                "word_ppl", "bytes", "words"])
     old.to_csv(tmp_path / "results.csv", index=False)
     df = read_results(tmp_path / "results.csv")
-    assert df.columns.tolist() == COLUMNS + ["scaling", "method", "method_window", "method_group"]
+    assert df.columns.tolist() == COLUMNS + ["execution", "scaling", "method", "method_window", "method_group"]
+    assert df.execution.isna().all()  # how it trained: not recorded then
     assert df.scaling.tolist() == df.method.tolist() == ["none", "none"]
     assert df[["method_window", "method_group"]].isna().all().all()
     assert df["mode"].tolist() == ["nonoverlapping"] * 2 and df.stride.tolist() == [32, 64]
