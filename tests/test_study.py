@@ -53,7 +53,7 @@ def test_the_shipped_studies_load_and_expand():
 
 # the shipped studies whose runs ship: (runs done, the seeds each sweep still lacks)
 # zoo: 82, gate, differential, sinks, hybrids, KDA
-SHIPPED = {"headline": (15, set()), "zoo": (102, set()), "new_schemes": (33, set())}
+SHIPPED = {"headline": (15, {(3, 4)}), "zoo": (102, set()), "new_schemes": (33, set())}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -77,8 +77,10 @@ def test_the_headline_trains_only_the_runs_no_export_holds(tmp_path):
     study.runs, study.out = tmp_path / "runs", tmp_path / "out"
     todo, have = plan(study)
     assert have == 3
-    assert {s.folder: s.seeds for s in todo} == {"sinusoidal": (0, 1, 2), "rope": (1, 2), "t5": (0, 1, 2),
-                                                 "alibi": (2,), "nope": (0, 1, 2)}
+    assert {(s.stage, s.folder): s.seeds for s in todo} == {
+        ("headline", "sinusoidal"): (0, 1, 2), ("headline", "rope"): (1, 2), ("headline", "t5"): (0, 1, 2),
+        ("headline", "alibi"): (2,), ("headline", "nope"): (0, 1, 2),
+        **{("breaking_seeds", f"breaking_seeds/{e}"): (3, 4) for e in ("sinusoidal", "rope", "nope")}}
 
 
 def test_the_headline_longppl_runs_are_the_matched_studys_long_runs():
