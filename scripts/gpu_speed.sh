@@ -2,8 +2,9 @@
 # Training speed on one GPU, in one command under ten minutes: the GPU tests of the step that
 # never waits and of flex attention, the kernel profile of rope against nope, the whole
 # traceback of flex attention inside the compiled model, and the bench (posbench against
-# x-transformers where installed, the real trainer beside the bench's loop), and the long
-# evaluation's speed and memory against plain transformers. Each part writes
+# x-transformers where installed, the real trainer beside the bench's loop), the static biases
+# again with cuDNN's fused SDPA first (POSBENCH_SDPA_BIAS=cudnn), and the long evaluation's speed
+# and memory against plain transformers. Each part writes
 # under $OUT as it finishes and is skipped when its files are there, so the same command resumes
 # a cut-off run. docs/clusters.md ("Training speed on one GPU") says what each part answers.
 #
@@ -51,6 +52,12 @@ if [ ! -s "$OUT/bench/bench.md" ]; then
         --train-tokens "$TOKENS" --encodings nope rope alibi t5 kerple_log fox $peer --trainer \
         --jobs "$JOBS" --deadline "$DEADLINE" --out "$OUT/bench" > "$OUT/bench.log" 2>&1
     say "bench: $(grep -c . "$OUT/bench/bench.csv") lines in bench.csv"
+fi
+if [ ! -s "$OUT/bench_cudnn/bench.md" ]; then  # the static biases with cuDNN's fused SDPA first
+    POSBENCH_SDPA_BIAS=cudnn python -m posbench.bench --device "$DEVICE" --model "$MODEL" --train-lens "$TRAIN_LEN" \
+        --eval-lens --train-tokens "$TOKENS" --encodings alibi t5 kerple_log --no-peer --jobs "$JOBS" \
+        --deadline "$DEADLINE" --out "$OUT/bench_cudnn" > "$OUT/bench_cudnn.log" 2>&1
+    say "bench, cuDNN first for a bias: $(grep -c . "$OUT/bench_cudnn/bench.csv") lines in bench.csv"
 fi
 if [ "$LONG" = 1 ]; then  # long evaluation against plain transformers; resumes row by row
     if [ "$DEVICE" = cuda ]; then long=(); else  # a toy shape on a CPU

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import posbench.model.attention as attention
-from posbench.model.attention import _toeplitz, _toeplitz_slice, causal_attention, masked_bias, reference_attention
 from posbench.encodings import REGISTRY, ModelDims, build_encoding
+from posbench.model.attention import _toeplitz, _toeplitz_slice, causal_attention, masked_bias, reference_attention
 from posbench.model.transformer import LanguageModel, ModelConfig
 
 DIMS = ModelDims(d_model=32, n_heads=4, n_layers=2, train_len=16, vocab_size=64)
@@ -150,3 +150,29 @@ def test_fused_loss_under_bf16_autocast_stays_close_and_trains_a_tied_model():
     plain_grad = torch.autograd.grad(plain, model.tok_emb.weight)[0]
     torch.testing.assert_close(fused, plain, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(fused_grad, plain_grad, atol=2e-3, rtol=5e-2)
+
+
+def test_the_sdpa_backend_order_for_a_bias_is_checked_before_any_work(tmp_path, monkeypatch):
+    """POSBENCH_SDPA_BIAS (posbench.environment) orders SDPA's backends for a float mask on CUDA;
+    a CPU keeps torch's order, and a bad value stops a command before its run dir exists."""
+    from conftest import SMOKE, posbench
+
+    from posbench.environment import sdpa_bias_backends
+    from posbench.errors import PosbenchError
+
+    assert sdpa_bias_backends("cudnn")[0] == "CUDNN_ATTENTION" and sdpa_bias_backends("auto") == ()
+    assert sdpa_bias_backends("") == () and sdpa_bias_backends("efficient") == ("EFFICIENT_ATTENTION", "MATH")
+    with pytest.raises(PosbenchError, match=r"^POSBENCH_SDPA_BIAS='flash' is not valid; valid choices: auto, cudnn, "
+                                            r"efficient$"):
+        sdpa_bias_backends("flash")
+    monkeypatch.setattr(attention, "SDPA_BIAS", sdpa_bias_backends("cudnn"))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    mask = torch.randn(2, 8, 8)
+    assert torch.equal(attention.biased_sdpa(q, k, v, mask, 0.5),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5))
+    run = tmp_path / "run"
+    proc = posbench("train", *SMOKE, f"hydra.run.dir={run}", check=False, env={"POSBENCH_SDPA_BIAS": "cuDNN"})
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [
+        "posbench: error: POSBENCH_SDPA_BIAS='cuDNN' is not valid; valid choices: auto, cudnn, efficient"]
+    assert not run.exists()

@@ -295,3 +295,14 @@ def test_a_gpu_without_a_datasheet_peak_gets_mfu_na_and_says_so():
     assert "which posbench does not know for a Tesla T4: MFU n/a" in text
     assert "| rope | 91.31M | 1,000,000 | n/a | 82.2% |" in text
     assert "- MFU not judged: no datasheet bf16 peak for a Tesla T4" in text
+
+
+def test_a_bench_command_names_the_kernel_choices_its_environment_made():
+    """bench.md's command leads with POSBENCH_FLEX / POSBENCH_SDPA_BIAS where set: the figures of
+    the static biases depend on them, so the command repeats them."""
+    from posbench.bench.cli import command_line
+
+    argv = ["--device", "cuda", "--encodings", "alibi", "t5"]
+    assert command_line(argv, {}) == "posbench bench --device cuda --encodings alibi t5"
+    assert command_line(argv, {"POSBENCH_SDPA_BIAS": "cudnn", "POSBENCH_FLEX": "", "HOME": "/root"}) == \
+        "POSBENCH_SDPA_BIAS=cudnn posbench bench --device cuda --encodings alibi t5"

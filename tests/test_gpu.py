@@ -38,6 +38,31 @@ def test_train_and_evaluate_on_gpu(tmp_path):
     assert (rows.status == "ok").all() and rows.ppl.between(1, 1024).all()
 
 
+@pytest.mark.parametrize("backends", ["cudnn", "efficient"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple_log"])
+def test_a_bias_through_each_sdpa_backend_order_matches_torchs_own(name, backends, monkeypatch):
+    """POSBENCH_SDPA_BIAS=cudnn or efficient (posbench.environment): the same attention output and
+    gradients as torch's own backend order, for static biases in one chunk and in query chunks."""
+    from posbench.environment import sdpa_bias_backends
+
+    dims = ModelDims(d_model=128, n_heads=4, n_layers=1, train_len=256)
+    enc = build_encoding({"name": name}, dims).cuda()
+    positions = torch.arange(256, device="cuda")
+    outs = []
+    for order in ((), sdpa_bias_backends(backends)):
+        monkeypatch.setattr(attention, "SDPA_BIAS", order)
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 4, 256, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        for chunk in (1024, 64):
+            out = causal_attention(q, k, v, enc, positions, 0, chunk_size=chunk)
+            out.float().square().sum().backward()
+            outs.append((out.detach().float(), q.grad.float().clone()))
+            q.grad = None
+    for (a, ga), (b, gb) in zip(outs[:2], outs[2:]):
+        torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(gb, ga, rtol=5e-2, atol=5e-2)
+
+
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])
 def test_steps_replayed_as_cuda_graphs_train_as_eager_and_say_so(encoding, tmp_path):
     """train.compile=graphs (reduce-overhead): the same run's logged losses as eager steps, within

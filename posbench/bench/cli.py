@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,6 +16,18 @@ from .tables import tables
 
 CPU_STEPS = 8  # timed steps a training figure on a CPU: their mean (a step is long)
 GPU_STEPS = 50  # on a GPU: their median (steps of milliseconds, each timed by CUDA events)
+
+
+
+#: environment variables that choose kernels (posbench.model.attention, posbench.environment)
+KERNEL_SETTINGS = ("POSBENCH_FLEX", "POSBENCH_SDPA_BIAS")
+
+
+def command_line(argv: list[str], environ=os.environ) -> str:
+    """The bench's command as a shell would repeat it: the kernel choices set in the environment
+    (:data:`KERNEL_SETTINGS`) first, since its figures depend on them."""
+    settings = [f"{k}={shlex.quote(environ[k])}" for k in KERNEL_SETTINGS if environ.get(k)]
+    return " ".join([*settings, shlex.join(["posbench", "bench", *argv])])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +80,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import shlex
 
     from ..errors import PosbenchError
 
@@ -99,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         if value < least:
             raise PosbenchError(f"posbench bench {flag} {value}: fewer tokens than one window of {least}; valid: "
                                 f"an integer >= {least}")
-    command = shlex.join(["posbench", "bench", *argv])
+    command = command_line(argv)
     old = json.loads((out / "bench.json").read_text()) if ns.update else None
     from ..runs.rundir import atomic_write_text
 

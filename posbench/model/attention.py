@@ -78,6 +78,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings import PositionEncoding
+from ..environment import sdpa_bias_backends
 from ..errors import PosbenchError
 from .householder import householder_attention
 
@@ -89,6 +90,22 @@ def flex_setting(value: str | None) -> bool | None:
 
 
 FLEX = flex_setting(os.environ.get("POSBENCH_FLEX"))  # read once, at import; tests set it directly
+
+
+SDPA_BIAS = sdpa_bias_backends()  # POSBENCH_SDPA_BIAS, read once, at import; tests set it directly
+
+
+def biased_sdpa(q, k, v, mask, scale):
+    """SDPA with a float mask, under :data:`SDPA_BIAS`'s backend order on CUDA
+    (:mod:`posbench.environment`: cuDNN's fused attention takes an additive bias, where torch
+    would pick the memory-efficient kernel, a candidate for the static biases' speed on a GPU
+    chosen by measurement); torch's own order elsewhere."""
+    if SDPA_BIAS and q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BIAS], set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 FLEX_RECOMPILES = 64  # shapes (batch, length, grad or not) the compiled flex kernel may specialise for
 EXPLICIT_MAX_LEN = 128  # training at T <= this: explicit attention (faster backward on CPU)
 EXPLICIT_HOOKS = frozenset({"score", "value", "normalize"})  # hooks that take the explicit query chunks
@@ -149,7 +166,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Pos
             mask = masked_bias(enc, positions, positions, layer, q.dtype, window)
         if explicit:
             return _explicit(q, k, v, mask, scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return biased_sdpa(q, k, v, mask, scale)
     if enc.relative_bias and enc.layer_invariant_bias and _contiguous(cache, positions):
         table = _shared(cache, f"toeplitz{window}",
                         lambda: _toeplitz(enc, positions, layer, chunk_size, q.dtype, window))
@@ -349,7 +366,7 @@ def _chunks(T: int, rows: int) -> list[tuple[int, int]]:
 
 
 def sdpa_chunks(q, k, v, rows, scale, mask_of):
-    outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask_of(s, e), scale=scale)
+    outs = [biased_sdpa(q[:, :, s:e], k[:, :, :e], v[:, :, :e], mask_of(s, e), scale)
             for s, e in _chunks(q.shape[2], rows)]
     return torch.cat(outs[::-1], dim=2)
 
