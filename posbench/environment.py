@@ -15,6 +15,10 @@ import os
 
 from .errors import PosbenchError
 
+#: the environment variables that choose kernels (POSBENCH_FLEX: posbench.model.attention); a bench
+#: command and a run's ``execution`` name those that are set
+KERNEL_SETTINGS = ("POSBENCH_FLEX", "POSBENCH_SDPA_BIAS")
+
 #: POSBENCH_SDPA_BIAS -> SDPA backends tried first, in order (torch.nn.attention.SDPBackend names)
 SDPA_BIAS_CHOICES = {"auto": (), "cudnn": ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"),
                      "efficient": ("EFFICIENT_ATTENTION", "MATH")}

@@ -228,5 +228,7 @@ def test_cuda_graphs_are_refused_off_cuda_before_a_run_dir_is_made(tmp_path):
                                                     "graphs, which device=cpu has not; valid there: "
                                                     "train.compile=true, false or auto")
     assert not run.exists() or not any(run.iterdir())
-    assert execution(torch.device("cuda"), torch.bfloat16, "graphs") == "cuda bf16 graphs"
-    assert execution(torch.device("cpu"), None, "eager") == "cpu fp32 eager"
+    assert execution(torch.device("cuda"), torch.bfloat16, "graphs", environ={}) == "cuda bf16 graphs"
+    assert execution(torch.device("cpu"), None, "eager", environ={"POSBENCH_FLEX": ""}) == "cpu fp32 eager"
+    assert execution(torch.device("cuda"), torch.bfloat16, "compiled", environ={"POSBENCH_SDPA_BIAS": "cudnn"}) == \
+        "cuda bf16 compiled, POSBENCH_SDPA_BIAS=cudnn"  # a kernel choice of the environment, named

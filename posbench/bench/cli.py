@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..environment import KERNEL_SETTINGS
 from .children import EVAL_TOKENS, GPU_TRAIN_TOKENS, MODEL_OPTION_ENTRIES, TRAIN_TOKENS, model_names
 from .run import MALLOCS, bench, measured
 from .tables import tables
@@ -18,9 +19,6 @@ CPU_STEPS = 8  # timed steps a training figure on a CPU: their mean (a step is l
 GPU_STEPS = 50  # on a GPU: their median (steps of milliseconds, each timed by CUDA events)
 
 
-
-#: environment variables that choose kernels (posbench.model.attention, posbench.environment)
-KERNEL_SETTINGS = ("POSBENCH_FLEX", "POSBENCH_SDPA_BIAS")
 
 
 def command_line(argv: list[str], environ=os.environ) -> str:

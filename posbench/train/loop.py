@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -51,6 +52,7 @@ from ..config import RunConfig, code_version
 from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
+from ..environment import KERNEL_SETTINGS
 from ..errors import PosbenchError
 from ..model import preflight
 from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
@@ -298,12 +300,15 @@ def has_amx() -> bool:
     return bool(check and check())
 
 
-def execution(device: torch.device, dtype, mode: str, world=None) -> str:
+def execution(device: torch.device, dtype, mode: str, world=None, environ=os.environ) -> str:
     """How a run's steps ran, as its rows record it: ``cuda bf16 graphs``, ``cpu fp32 eager``,
-    ``cuda bf16 compiled, 4 processes``. ``mode``: eager, compiled or graphs."""
+    ``cuda bf16 compiled, 4 processes, POSBENCH_SDPA_BIAS=cudnn``. ``mode``: eager, compiled or
+    graphs; the kernel settings of the environment that were set follow (:data:`KERNEL_SETTINGS`)."""
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
-    processes = f", {world.size} processes" if world is not None and world.active else ""
-    return f"{device.type} {names.get(dtype, str(dtype))} {mode}{processes}"
+    parts = [f"{device.type} {names.get(dtype, str(dtype))} {mode}"]
+    parts += [f"{world.size} processes"] if world is not None and world.active else []
+    parts += [f"{k}={environ[k]}" for k in KERNEL_SETTINGS if environ.get(k)]
+    return ", ".join(parts)
 
 
 def compile_policy(setting: bool | str, device: torch.device, dtype, steps: int, amx: bool | None = None) -> bool:
