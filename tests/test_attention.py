@@ -153,11 +153,11 @@ def test_fused_loss_under_bf16_autocast_stays_close_and_trains_a_tied_model():
 
 
 def test_the_sdpa_backend_order_for_a_bias_is_checked_before_any_work(tmp_path, monkeypatch):
-    """POSBENCH_SDPA_BIAS (posbench.environment) orders SDPA's backends for a float mask on CUDA;
+    """POSBENCH_SDPA_BIAS (posbench.runs.kernels) orders SDPA's backends for a float mask on CUDA;
     a CPU keeps torch's order, and a bad value stops a command before its run dir exists."""
     from conftest import SMOKE, posbench
 
-    from posbench.environment import sdpa_bias_backends
+    from posbench.runs.kernels import sdpa_bias_backends
     from posbench.errors import PosbenchError
 
     assert sdpa_bias_backends("cudnn")[0] == "CUDNN_ATTENTION" and sdpa_bias_backends("auto") == ()

@@ -41,9 +41,9 @@ def test_train_and_evaluate_on_gpu(tmp_path):
 @pytest.mark.parametrize("backends", ["cudnn", "efficient"])
 @pytest.mark.parametrize("name", ["alibi", "t5", "kerple_log"])
 def test_a_bias_through_each_sdpa_backend_order_matches_torchs_own(name, backends, monkeypatch):
-    """POSBENCH_SDPA_BIAS=cudnn or efficient (posbench.environment): the same attention output and
+    """POSBENCH_SDPA_BIAS=cudnn or efficient (posbench.runs.kernels): the same attention output and
     gradients as torch's own backend order, for static biases in one chunk and in query chunks."""
-    from posbench.environment import sdpa_bias_backends
+    from posbench.runs.kernels import sdpa_bias_backends
 
     dims = ModelDims(d_model=128, n_heads=4, n_layers=1, train_len=256)
     enc = build_encoding({"name": name}, dims).cuda()

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..environment import KERNEL_SETTINGS
+from ..runs.kernels import KERNEL_SETTINGS
 from .children import EVAL_TOKENS, GPU_TRAIN_TOKENS, MODEL_OPTION_ENTRIES, TRAIN_TOKENS, model_names
 from .run import MALLOCS, bench, measured
 from .tables import tables

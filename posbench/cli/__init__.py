@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import sys
 
-from .. import environment
 from ..errors import PosbenchError, fail, write_error, yaml_error
+from ..runs import kernels
 from . import bench, check, convert, encodings, hydra_apps, longppl, report, study
 from .failures import quiet_broken_pipe
 from .validate import encoding_options_callback  # the Hydra callback conf/app_train.yaml names
@@ -84,7 +84,7 @@ def dispatch(argv: list[str]) -> None:
     if multirun and command not in hydra_apps.HYDRA_APPS:
         fail(f"-m/--multirun applies to train and eval, not {command}")
     try:
-        environment.check()  # before a command makes any file
+        kernels.check()  # the kernel settings of the environment, before a command makes any file
         COMMANDS[command][1](multirun + after)
     except PosbenchError as e:
         fail(str(e))

@@ -78,8 +78,8 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings import PositionEncoding
-from ..environment import sdpa_bias_backends
 from ..errors import PosbenchError
+from ..runs.kernels import sdpa_bias_backends
 from .householder import householder_attention
 
 
@@ -97,7 +97,7 @@ SDPA_BIAS = sdpa_bias_backends()  # POSBENCH_SDPA_BIAS, read once, at import; te
 
 def biased_sdpa(q, k, v, mask, scale):
     """SDPA with a float mask, under :data:`SDPA_BIAS`'s backend order on CUDA
-    (:mod:`posbench.environment`: cuDNN's fused attention takes an additive bias, where torch
+    (:mod:`posbench.runs.kernels`: cuDNN's fused attention takes an additive bias, where torch
     would pick the memory-efficient kernel, a candidate for the static biases' speed on a GPU
     chosen by measurement); torch's own order elsewhere."""
     if SDPA_BIAS and q.is_cuda:

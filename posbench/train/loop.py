@@ -52,13 +52,13 @@ from ..config import RunConfig, code_version
 from ..encodings import PositionRangeError
 from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
-from ..environment import KERNEL_SETTINGS
 from ..errors import PosbenchError
 from ..model import preflight
 from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
 from ..model.transformer import LanguageModel
 from ..runs import distributed, threads
 from ..runs.distributed import print0
+from ..runs.kernels import KERNEL_SETTINGS
 from ..runs.rundir import RunDir, atomic_write_text, load_checkpoint, remove_partial_writes, save_checkpoint
 from ..runs.throughput import record
 from .branch import read_branch_state

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import PosbenchError
+from ..errors import PosbenchError
 
 #: the environment variables that choose kernels (POSBENCH_FLEX: posbench.model.attention); a bench
 #: command and a run's ``execution`` name those that are set
