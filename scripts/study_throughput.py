@@ -24,7 +24,7 @@ A mode's runs that fail (``graphs`` off CUDA, a compile error) give a row naming
 line. Run dirs resume (``posbench train`` resumes a cut-off run; a mode whose runs have all
 finished is not run again), so the same command finishes a cut-off measurement.
 
-On one GPU (the zoo's 16 side by side; about 4 minutes):
+On one GPU (the zoo's 16 side by side; 5-10 minutes, the compiled modes compiling 16 models at once):
 
     python scripts/study_throughput.py --device cuda --out results/bench/study_throughput
 
