@@ -24,6 +24,17 @@ NARROW = ["model.d_model=64", "model.n_heads=4", "model.n_layers=2", "model.d_ff
 SMOKE = ["experiment=smoke", "device=cpu", *NARROW]
 
 
+def load_script(name: str):
+    """scripts/NAME.py imported as a module (the scripts are files, not a package), to call its
+    functions in-process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory):
     """Tokenizer/token caches (ours and Hugging Face's) go to a per-session temp dir."""

@@ -1,28 +1,18 @@
 """scripts/long_eval_speed.py: posbench's ladder against a plain transformers forward, run here
 on the CPU at a toy shape (on a GPU it measures Llama 3.2 1B's shape to 32k the same way)."""
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from conftest import load_script
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--device", "cpu", "--shape", "tiny", "--run-model", "tiny", "--lengths", "32", "64", "--run-lengths",
          "32", "64", "--run-train-len", "16", "--tokens", "128", "--dtype", "fp32"]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("long_eval_speed", ROOT / "scripts" / "long_eval_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_both_paths_score_the_same_weights_alike_and_a_rerun_measures_nothing_again(tmp_path):
-    script, out = load_script(), tmp_path / "long_eval"
+    script, out = load_script("long_eval_speed"), tmp_path / "long_eval"
     assert script.main([*QUICK, "--out", str(out)]) == 0
     rows = pd.read_csv(out / "long_eval.csv")
     assert len(rows) == 8 and set(rows.path) == {"plain", "posbench"} and (rows.tokens_per_s > 0).all()
@@ -41,7 +31,7 @@ def test_both_paths_score_the_same_weights_alike_and_a_rerun_measures_nothing_ag
 def test_tokens_that_no_window_divides_are_refused_before_anything_is_written(tmp_path, capsys):
     out = tmp_path / "long_eval"
     args = [a if a != "128" else "96" for a in QUICK]
-    assert load_script().main([*args, "--out", str(out)]) == 2
+    assert load_script("long_eval_speed").main([*args, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--tokens 96 is not a multiple of the pretrained length(s) 64; valid: a multiple of 64" in err
     assert not out.exists()

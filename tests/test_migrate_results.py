@@ -4,7 +4,6 @@ posbench.eval.results.with_method)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import compose, tiny_model
+from conftest import compose, load_script, tiny_model
 
 from posbench.config import EvalConfig
 from posbench.errors import PosbenchError
@@ -26,9 +25,7 @@ from posbench.runs.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "migrate_results.py"
-spec = importlib.util.spec_from_file_location("migrate_results", SCRIPT)
-migrate_results = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(migrate_results)
+migrate_results = load_script("migrate_results")
 
 
 def old_name(kind: str, ext: Extension) -> str:

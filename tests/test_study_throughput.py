@@ -1,28 +1,17 @@
 """scripts/study_throughput.py: a study's runs side by side per execution mode, their summed
 tokens/s and their losses against eager; here on the CPU, eager, and CUDA graphs refused."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
-from conftest import NARROW
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("study_throughput", ROOT / "scripts" / "study_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import NARROW, load_script
 
 
 def test_each_mode_trains_its_runs_side_by_side_and_a_failed_mode_names_its_error(tmp_path):
     out = tmp_path / "st"
     args = ["--device", "cpu", "--modes", "false", "graphs", "--encodings", "alibi", "--seeds", "0", "1",
             "--experiment", "smoke", "--skip", "1", "--extra", *NARROW, "--out", str(out)]
-    script = load_script()
+    script = load_script("study_throughput")
     assert script.main(args) == 0
     table = pd.read_csv(out / "throughput.csv").set_index("mode")
     eager, graphs = table.loc["eager"], table.loc["CUDA graphs"]

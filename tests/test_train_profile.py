@@ -1,26 +1,15 @@
 """scripts/train_profile.py: the bench's training step under torch.profiler, kernel by kernel,
 run here on the CPU eager (on a GPU it profiles the compiled step's kernels the same way)."""
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_profile", ROOT / "scripts" / "train_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_script
 
 
 def test_profiles_each_encoding_and_compares_them_kernel_by_kernel(tmp_path):
     out = tmp_path / "profile"
-    code = load_script().main(["--device", "cpu", "--no-compile", "--model", "tiny", "--train-len", "16",
-                               "--tokens", "64", "--steps", "1", "--warmup", "0", "--encodings", "nope", "rope",
-                               "--out", str(out)])
+    code = load_script("train_profile").main(["--device", "cpu", "--no-compile", "--model", "tiny", "--train-len",
+                                              "16", "--tokens", "64", "--steps", "1", "--warmup", "0", "--encodings",
+                                              "nope", "rope", "--out", str(out)])
     assert code == 0
     kernels = pd.read_csv(out / "kernels.csv")
     assert set(kernels.encoding) == {"nope", "rope"} and (kernels.ms_a_step > 0).all()
@@ -35,9 +24,9 @@ def test_profiles_each_encoding_and_compares_them_kernel_by_kernel(tmp_path):
 
 def test_a_failing_step_keeps_its_whole_traceback_and_the_others_are_written(tmp_path):
     out = tmp_path / "profile"
-    code = load_script().main(["--device", "cpu", "--no-compile", "--model", "tiny", "--train-len", "16",
-                               "--tokens", "64", "--steps", "1", "--warmup", "0",
-                               "--encodings", "nope", "rope+model.n_heads=3", "--out", str(out)])
+    code = load_script("train_profile").main(["--device", "cpu", "--no-compile", "--model", "tiny", "--train-len",
+                                              "16", "--tokens", "64", "--steps", "1", "--warmup", "0", "--encodings",
+                                              "nope", "rope+model.n_heads=3", "--out", str(out)])
     assert code == 1
     error = (out / "rope+model.n_heads=3.error.txt").read_text()
     assert error.startswith("Traceback (most recent call last)") and "n_heads" in error
