@@ -19,8 +19,6 @@ CPU_STEPS = 8  # timed steps a training figure on a CPU: their mean (a step is l
 GPU_STEPS = 50  # on a GPU: their median (steps of milliseconds, each timed by CUDA events)
 
 
-
-
 def command_line(argv: list[str], environ=os.environ) -> str:
     """The bench's command as a shell would repeat it: the kernel choices set in the environment
     (:data:`KERNEL_SETTINGS`) first, since its figures depend on them."""
@@ -78,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-
     from ..errors import PosbenchError
 
     argv = sys.argv[1:] if argv is None else list(argv)

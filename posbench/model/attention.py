@@ -90,22 +90,7 @@ def flex_setting(value: str | None) -> bool | None:
 
 
 FLEX = flex_setting(os.environ.get("POSBENCH_FLEX"))  # read once, at import; tests set it directly
-
-
 SDPA_BIAS = sdpa_bias_backends()  # POSBENCH_SDPA_BIAS, read once, at import; tests set it directly
-
-
-def biased_sdpa(q, k, v, mask, scale):
-    """SDPA with a float mask, under :data:`SDPA_BIAS`'s backend order on CUDA
-    (:mod:`posbench.runs.kernels`: cuDNN's fused attention takes an additive bias, where torch
-    would pick the memory-efficient kernel, a candidate for the static biases' speed on a GPU
-    chosen by measurement); torch's own order elsewhere."""
-    if SDPA_BIAS and q.is_cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BIAS], set_priority=True):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 FLEX_RECOMPILES = 64  # shapes (batch, length, grad or not) the compiled flex kernel may specialise for
 EXPLICIT_MAX_LEN = 128  # training at T <= this: explicit attention (faster backward on CPU)
 EXPLICIT_HOOKS = frozenset({"score", "value", "normalize"})  # hooks that take the explicit query chunks
@@ -343,6 +328,19 @@ def _toeplitz_slice(table: torch.Tensor, T: int, s: int, e: int) -> torch.Tensor
     r0 = max(0, s - (T - chunk))
     c0 = T - chunk + r0 - s
     return table[:, :, r0:r0 + e - s, c0:c0 + e]
+
+
+def biased_sdpa(q, k, v, mask, scale):
+    """SDPA with a float mask, under :data:`SDPA_BIAS`'s backend order on CUDA
+    (:mod:`posbench.runs.kernels`: cuDNN's fused attention takes an additive bias, where torch
+    would pick the memory-efficient kernel, a candidate for the static biases' speed on a GPU
+    chosen by measurement); torch's own order elsewhere."""
+    if SDPA_BIAS and q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BIAS], set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def fused_causal(q, k, v, scale):
