@@ -388,9 +388,11 @@ def evaluate_subject(subject: Subject) -> pd.DataFrame:
                                  tokenizer=corpus.tokenizer, n_tokens=n, random_positions=subject.random_positions,
                                  text=text, unigram=unigram, **extension)
 
+    execution = run.execution()  # how the run trained (versions.json), read once for every length's rows
+
     def store(entries: list[dict]) -> None:
         if entries:
-            write_results(run, result_rows(subject.rows_config, entries, subject.step, run.execution()))
+            write_results(run, result_rows(subject.rows_config, entries, subject.step, execution))
 
     for length in plan.plain:  # under none, stored under both names
         row = ladder(length, plain_cfg)[0]

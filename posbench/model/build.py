@@ -65,6 +65,11 @@ def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     return torch.bfloat16 if supported else None
 
 
+def precision_name(dtype: torch.dtype | None) -> str:
+    """The ``train.precision`` that :func:`autocast_dtype` resolved to: bf16, or fp32 (no autocast)."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()

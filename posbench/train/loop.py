@@ -54,7 +54,7 @@ from ..encodings.randomized import check_random_positions
 from ..encodings.rotary import check_scalable
 from ..errors import PosbenchError
 from ..model import preflight
-from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, resolve_device
+from ..model.build import autocast, autocast_dtype, build_model, keep_freed_memory, precision_name, resolve_device
 from ..model.transformer import LanguageModel
 from ..runs import distributed, threads
 from ..runs.distributed import print0
@@ -304,8 +304,7 @@ def execution(device: torch.device, dtype, mode: str, world=None, environ=os.env
     """How a run's steps ran, as its rows record it: ``cuda bf16 graphs``, ``cpu fp32 eager``,
     ``cuda bf16 compiled, 4 processes, POSBENCH_SDPA_BIAS=cudnn``. ``mode``: eager, compiled or
     graphs; the kernel settings of the environment that were set follow (:data:`KERNEL_SETTINGS`)."""
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
-    parts = [f"{device.type} {names.get(dtype, str(dtype))} {mode}"]
+    parts = [f"{device.type} {precision_name(dtype)} {mode}"]
     parts += [f"{world.size} processes"] if world is not None and world.active else []
     parts += [f"{k}={environ[k]}" for k in KERNEL_SETTINGS if environ.get(k)]
     return ", ".join(parts)
@@ -586,5 +585,5 @@ def train_and_finish(s: Setup, logger):
     rows = finish(s, logger)
     if s.state.step > start and not s.world.active:  # this process trained: its speed, for plans' estimates
         record(s.run.path, str(s.rc.tree.model.name), s.model.num_params(), s.rc.encoding, s.rc.train.train_len,
-               str(s.device), "bf16" if s.dtype == torch.bfloat16 else "fp32", layers=s.model.cfg.layers)
+               str(s.device), precision_name(s.dtype), layers=s.model.cfg.layers)
     return rows
