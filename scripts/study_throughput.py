@@ -100,18 +100,19 @@ def train_mode(ns, mode: str) -> tuple[float | None, list[str]]:
 
 def run_figures(path: Path, ns) -> dict | None:
     """A finished run's median tokens/s (after ``--skip`` windows), its losses by step, 16x ratio."""
-    metrics, results = path / "metrics.jsonl", path / "results.csv"
-    if not results.exists():
+    from posbench.eval.results import read_results
+    from posbench.report.collect import read_metrics
+
+    if not (path / "results.csv").exists():
         return None
-    logged = [json.loads(line) for line in metrics.read_text().splitlines() if '"tokens_per_s"' in line]
-    rates = [r["tokens_per_s"] for r in logged[ns.skip:]] or [r["tokens_per_s"] for r in logged]
-    rows = pd.read_csv(results)
-    rows = rows[(rows.status == "ok") & (rows.get("rope_scaling", "none") == "none")]
-    train_len = int(rows.train_len.iloc[0])
+    logged = read_metrics(path)
+    rates = logged.tokens_per_s.iloc[ns.skip:] if len(logged) > ns.skip else logged.tokens_per_s
+    rows = read_results(path / "results.csv")
+    rows = rows[(rows.status == "ok") & (rows.rope_scaling == "none")]
     ppl = rows.set_index("eval_len").ppl
-    return {"tokens_per_s": statistics.median(rates), "losses": {r["step"]: r["loss"] for r in logged},
-            "ratio": float(ppl.loc[ppl.index.max()] / ppl.loc[train_len]), "train_len": train_len,
-            "execution": rows.execution.iloc[0] if "execution" in rows else None}
+    return {"tokens_per_s": float(rates.median()), "losses": dict(zip(logged.step, logged.loss)),
+            "ratio": float(ppl.loc[ppl.index.max()] / ppl.loc[int(rows.train_len.iloc[0])]),
+            "execution": rows.execution.iloc[0]}
 
 
 def measure(ns) -> pd.DataFrame:
@@ -121,6 +122,10 @@ def measure(ns) -> pd.DataFrame:
 
     walls_file = ns.out / "walls.json"
     walls = json.loads(walls_file.read_text()) if walls_file.exists() else {}
+    cfg = compose_train(ns)  # every run's steps, batch, train_len and model
+    tokens = int(cfg.train.steps) * int(cfg.train.batch_size) * int(cfg.train.train_len)  # a run's training tokens
+    peak = datasheet_tflops(torch.cuda.get_device_name()) if ns.device == "cuda" else None
+    shape = model_shape(str(cfg.model.name)) | {"vocab": int(cfg.data.vocab_size)}
     rows, figures = [], {}
     for mode in ns.modes:
         wall, errors = train_mode(ns, mode)
@@ -132,10 +137,6 @@ def measure(ns) -> pd.DataFrame:
         row = {"mode": MODE_NAMES[mode], "runs": len(done), "failed": "; ".join(errors)}
         if done:
             per_run = [v["tokens_per_s"] for v in done.values()]
-            cfg = compose_train(ns)
-            tokens = int(cfg.train.steps) * int(cfg.train.batch_size) * int(cfg.train.train_len)
-            peak = datasheet_tflops(torch.cuda.get_device_name()) if ns.device == "cuda" else None
-            shape = model_shape(str(cfg.model.name)) | {"vocab": int(cfg.data.vocab_size)}
             row |= {"wall_s": walls.get(mode), "train_tokens_per_s": sum(per_run),
                     "wall_tokens_per_s": tokens * len(done) / walls[mode] if walls.get(mode) else None,
                     "mfu": mfu(sum(per_run), int(cfg.train.train_len), shape, peak),
