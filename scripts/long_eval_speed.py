@@ -114,19 +114,6 @@ def llama(keywords: dict, dtype, device):
     return transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
-def plain_path(model, ids, length: int) -> float:
-    """Mean NLL of the plain transformers forward over windows of ``length``, one a call."""
-    import torch.nn.functional as F
-
-    x, y = ids[:-1].view(-1, length), ids[1:].view(-1, length)
-    total = 0.0
-    for i in range(x.shape[0]):
-        logits = model(input_ids=x[i:i + 1], use_cache=False).logits
-        total += F.cross_entropy(logits[0].float(), y[i], reduction="sum").item()
-        del logits
-    return total / y.numel()
-
-
 def posbench_path(model, ids, length: int, batch_tokens: int, device, dtype) -> float:
     """Mean NLL of posbench's ladder loop over windows of ``length`` side by side."""
     from posbench.eval.ladder import window_nll
@@ -139,6 +126,7 @@ def subjects(ns, device, dtype) -> dict:
     """-> {subject: (lengths, build)}; ``build()`` -> (vocabulary, {path: callable(ids, length) -> mean
     NLL}), called only for a subject with rows to measure."""
     from posbench.model.build import autocast_dtype
+    from posbench.model.pretrained import plain_nll
 
     amp = autocast_dtype(device, "bf16" if ns.dtype == "bf16" else "fp32")
 
@@ -148,7 +136,7 @@ def subjects(ns, device, dtype) -> dict:
         model = llama(SHAPES[ns.shape], dtype, device)
         wrapped = PretrainedLM(model, f"random {ns.shape}", ns.shape).to(device)
         return SHAPES[ns.shape]["vocab_size"], {
-            "plain": lambda ids, n: plain_path(model, ids, n),
+            "plain": lambda ids, n: plain_nll(model, ids, n),
             "posbench": lambda ids, n: posbench_path(wrapped, ids, n, ns.batch_tokens, device, amp)}
 
     def trained():
@@ -161,7 +149,7 @@ def subjects(ns, device, dtype) -> dict:
                       "num_key_value_heads": shape["n_heads"], "vocab_size": VOCAB,
                       "max_position_embeddings": max(ns.run_lengths), "tie_word_embeddings": True,
                       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}, dtype, device)
-        return VOCAB, {"plain": lambda ids, n: plain_path(peer, ids, n),
+        return VOCAB, {"plain": lambda ids, n: plain_nll(peer, ids, n),
                        "posbench": lambda ids, n: posbench_path(ours, ids, n, ns.batch_tokens, device, amp)}
 
     return {"pretrained": (ns.lengths, pretrained), "trained": (ns.run_lengths, trained)}

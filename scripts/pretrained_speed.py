@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from posbench.data.corpus import load_corpus
@@ -44,7 +43,7 @@ from posbench.encodings.extension import Extension
 from posbench.encodings.rotary import rope_scaling
 from posbench.eval.ladder import window_nll
 from posbench.methods import scaling_factor
-from posbench.model.pretrained import load_pretrained
+from posbench.model.pretrained import load_pretrained, plain_nll
 
 SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 
@@ -59,14 +58,10 @@ def smollm2() -> str:
 
 
 def plain_seconds(model, ids: torch.Tensor, length: int) -> tuple[float, float]:
-    """(seconds, mean NLL) of the transformers forward over windows of ``length``."""
-    x, y = ids[:-1].view(-1, length), ids[1:].view(-1, length)
-    start, total = time.perf_counter(), 0.0
-    for i in range(x.shape[0]):
-        logits = model.model(input_ids=x[i:i + 1], use_cache=False).logits
-        total += F.cross_entropy(logits[0].float(), y[i], reduction="sum").item()
-        del logits
-    return time.perf_counter() - start, total / y.numel()
+    """(seconds, mean NLL) of the transformers forward over windows of ``length`` (:func:`plain_nll`)."""
+    start = time.perf_counter()
+    nll = plain_nll(model.model, ids, length)
+    return time.perf_counter() - start, nll
 
 
 def posbench_seconds(model, ids: torch.Tensor, length: int, kind: str, ext: Extension,
@@ -110,8 +105,8 @@ def main() -> None:
     rows, totals = [], {"plain": 0.0, "posbench": 0.0}
     with torch.no_grad():
         for length in args.lengths:
-            plain_s, plain_nll = plain_seconds(model, ids, length)
-            row = {"length": length, "plain": plain_s, "plain_nll": plain_nll}
+            plain_s, plain_loss = plain_seconds(model, ids, length)
+            row = {"length": length, "plain": plain_s, "plain_nll": plain_loss}
             for label, kind, ext in table:
                 changed = scaling_factor(kind, None, length, train_len) != 1.0 or not ext.identity_at(length)
                 if label == "none" or changed:
@@ -123,7 +118,7 @@ def main() -> None:
                 totals["plain"] += plain_s
             rows.append(row)
             print(f"L={length}: plain {plain_s:.1f} s, posbench {row['none']:.1f} s "
-                  f"(NLL {plain_nll:.4f} / {row['none_nll']:.4f})", flush=True)
+                  f"(NLL {plain_loss:.4f} / {row['none_nll']:.4f})", flush=True)
     lines = [
         f"# {Path(source).name} on the ladder: posbench against a plain transformers forward",
         "",

@@ -415,6 +415,20 @@ class PretrainedLM(nn.Module):
         return {"params": self.num_params(), "pos_params": pos}
 
 
+def plain_nll(model, ids: torch.Tensor, length: int) -> float:
+    """Mean NLL of a transformers causal LM ``model`` over windows of ``length`` of ``ids`` (n + 1
+    tokens, n a multiple of ``length``), one window a call, from its whole logits and an fp32 cross
+    entropy: what a one-off perplexity script computes (jquesnelle/yarn's ``eval/perplexity.py``),
+    the reference scripts/pretrained_speed.py and scripts/long_eval_speed.py set the ladder against."""
+    x, y = ids[:-1].view(-1, length), ids[1:].view(-1, length)
+    total = 0.0
+    for i in range(x.shape[0]):
+        logits = model(input_ids=x[i:i + 1], use_cache=False).logits
+        total += F.cross_entropy(logits[0].float(), y[i], reduction="sum").item()
+        del logits
+    return total / y.numel()
+
+
 WINDOWED = "posbench_windowed"  # the attention implementation's name in transformers' AttentionInterface
 WINDOW_ROWS = 1024  # queries per chunk in a sliding-window layer
 
