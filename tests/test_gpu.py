@@ -67,7 +67,7 @@ def test_a_bias_through_each_sdpa_backend_order_matches_torchs_own(name, backend
 def test_steps_replayed_as_cuda_graphs_train_as_eager_and_say_so(encoding, tmp_path):
     """train.compile=graphs (reduce-overhead): the same run's logged losses as eager steps, within
     bf16 kernels' rounding, and its rows name the mode (outside the config hash)."""
-    import json
+    from posbench.report.collect import read_metrics
 
     base = [a for a in SMOKE if not a.startswith("device")] + ["device=cuda", f"encoding={encoding}",
                                                                "train.log_every=1"]
@@ -75,8 +75,7 @@ def test_steps_replayed_as_cuda_graphs_train_as_eager_and_say_so(encoding, tmp_p
     for mode in ("false", "graphs"):
         run = tmp_path / mode
         posbench("train", *base, f"train.compile={mode}", f"hydra.run.dir={run}")
-        losses[mode] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-                        if '"loss"' in line]
+        losses[mode] = read_metrics(run).loss.tolist()
         rows = pd.read_csv(run / "results.csv")
         assert set(rows.execution) == {"cuda bf16 " + ("graphs" if mode == "graphs" else "eager")}
     assert len(losses["graphs"]) == len(losses["false"]) > 1
