@@ -52,7 +52,8 @@ def test_a_bias_through_each_sdpa_backend_order_matches_torchs_own(name, backend
     for order in ((), sdpa_bias_backends(backends)):
         monkeypatch.setattr(attention, "SDPA_BIAS", order)
         torch.manual_seed(0)
-        q, k, v = (torch.randn(2, 4, 256, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(2, 4, 256, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
         for chunk in (1024, 64):
             out = causal_attention(q, k, v, enc, positions, 0, chunk_size=chunk)
             out.float().square().sum().backward()
