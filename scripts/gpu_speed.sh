@@ -29,6 +29,8 @@ mkdir -p "$OUT"
 begun=$(date +%s)
 say() { echo "gpu_speed: $* ($(( $(date +%s) - begun )) s)"; }
 compile=$([ "$DEVICE" = cuda ] && echo --compile || echo --no-compile)
+bench=(--device "$DEVICE" --model "$MODEL" --train-lens "$TRAIN_LEN" --eval-lens --train-tokens "$TOKENS"
+       --jobs "$JOBS" --deadline "$DEADLINE")  # the shape and waves of both bench parts
 
 if [ "$TESTS" = 1 ] && [ ! -s "$OUT/tests.txt" ]; then
     python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "never_waits or flex" 2>&1 | tail -25 > "$OUT/tests.txt"
@@ -48,15 +50,13 @@ if [ ! -s "$OUT/flex/done" ]; then  # flex attention inside the compiled model: 
 fi
 if [ ! -s "$OUT/bench/bench.md" ]; then
     peer=$(python -c "import x_transformers" 2>/dev/null && echo "" || echo --no-peer)
-    python -m posbench.bench --device "$DEVICE" --model "$MODEL" --train-lens "$TRAIN_LEN" --eval-lens \
-        --train-tokens "$TOKENS" --encodings nope rope alibi t5 kerple_log fox $peer --trainer \
-        --jobs "$JOBS" --deadline "$DEADLINE" --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+    python -m posbench.bench "${bench[@]}" --encodings nope rope alibi t5 kerple_log fox $peer --trainer \
+        --out "$OUT/bench" > "$OUT/bench.log" 2>&1
     say "bench: $(grep -c . "$OUT/bench/bench.csv") lines in bench.csv"
 fi
 if [ ! -s "$OUT/bench_cudnn/bench.md" ]; then  # the static biases with cuDNN's fused SDPA first
-    POSBENCH_SDPA_BIAS=cudnn python -m posbench.bench --device "$DEVICE" --model "$MODEL" --train-lens "$TRAIN_LEN" \
-        --eval-lens --train-tokens "$TOKENS" --encodings alibi t5 kerple_log --no-peer --jobs "$JOBS" \
-        --deadline "$DEADLINE" --out "$OUT/bench_cudnn" > "$OUT/bench_cudnn.log" 2>&1
+    POSBENCH_SDPA_BIAS=cudnn python -m posbench.bench "${bench[@]}" --encodings alibi t5 kerple_log --no-peer \
+        --out "$OUT/bench_cudnn" > "$OUT/bench_cudnn.log" 2>&1
     say "bench, cuDNN first for a bias: $(grep -c . "$OUT/bench_cudnn/bench.csv") lines in bench.csv"
 fi
 if [ "$LONG" = 1 ]; then  # long evaluation against plain transformers; resumes row by row
