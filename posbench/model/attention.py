@@ -45,8 +45,13 @@ Why these choices (the measurements behind them are in results/bench/, made by
 * Flex attention (``score_mod``, compiled by inductor) computes such a bias inside the
   kernel with no matrix at all. On CPU it was slower than the Toeplitz slices, after a long
   compile (results/bench/bench.md), and it has no backward there, so the CPU keeps the paths
-  above. On CUDA it is the path of every ``relative_bias`` encoding when asked for
-  (``POSBENCH_FLEX=1``; :func:`flex_causal`): the bias is read from an (H, T) table of
+  above. Inside a compiled model the CPU cannot run even its forward (torch 2.13): inductor's
+  CPU flex template cannot read a bias table computed in the same graph (a captured
+  ``Pointwise`` it cannot name: NotImplementedError, then NoValidChoicesError), while the same
+  table passed in as a graph input compiles. The GPU's Triton template took such a table in
+  tests/test_gpu.py's small compiled model, so the failure below needs its own traceback.
+  On CUDA it is the path of every ``relative_bias`` encoding when asked for (``POSBENCH_FLEX=1``;
+  :func:`flex_causal`): the bias is read from an (H, T) table of
   distances 0 .. T - 1, which the encoding's own ``bias`` builds, so gradients reach its
   parameters (T5's buckets, KERPLE's r1 and r2) through flex attention's gradient of captured
   tensors. It is not the default: on one H100 (torch 2.11) its kernel tests passed, but the
