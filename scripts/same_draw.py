@@ -7,6 +7,8 @@ each pair with the same config hash, prints the largest absolute difference in N
 evaluation rows both have (same split, mode and length) and the 16x ratio of each. A difference
 of 0 means the two trainings are one draw, bit for bit (the same machine kind repeats a seed); a
 different machine kind rounds differently, which at 16x can move a line as far as a seed does.
+Each run's ppl at its shortest length (1x) stands beside its ratio: what a change of machine
+does to a line's level, apart from its extrapolation.
 Runs whose config hashes differ are named and not compared.
 """
 
@@ -28,10 +30,20 @@ def rows(run: Path) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df else df
 
 
+def ladder(df: pd.DataFrame) -> pd.DataFrame:
+    """The validation split's non-overlapping rows, shortest length first."""
+    return df[(df["split"] == "validation") & (df["mode"] == "nonoverlapping")].sort_values("eval_len")
+
+
 def ratio(df: pd.DataFrame) -> float:
     """ppl at the longest length over ppl at the shortest, on the validation split, non-overlapping."""
-    d = df[(df["split"] == "validation") & (df["mode"] == "nonoverlapping")].sort_values("eval_len")
+    d = ladder(df)
     return math.exp(d["nll"].iloc[-1] - d["nll"].iloc[0]) if len(d) > 1 else float("nan")
+
+
+def first_ppl(df: pd.DataFrame) -> float:
+    """ppl at the shortest length (1x), on the validation split, non-overlapping."""
+    return math.exp(ladder(df)["nll"].iloc[0])
 
 
 def compare(a: Path, b: Path) -> dict:
@@ -41,8 +53,8 @@ def compare(a: Path, b: Path) -> dict:
     if out["same_config"]:
         both = ra.merge(rb, on=KEY, suffixes=("_a", "_b"))
         out.update(rows=len(both), max_abs_nll_diff=float((both["nll_a"] - both["nll_b"]).abs().max()),
-                   ratio_a=ratio(ra), ratio_b=ratio(rb), code_a=ra["code_version"].iloc[0],
-                   code_b=rb["code_version"].iloc[0])
+                   ppl_a=first_ppl(ra), ppl_b=first_ppl(rb), ratio_a=ratio(ra), ratio_b=ratio(rb),
+                   code_a=ra["code_version"].iloc[0], code_b=rb["code_version"].iloc[0])
     return out
 
 
@@ -63,15 +75,16 @@ def main() -> None:
     found = pairs(ns.a, ns.b)
     if not found:
         raise SystemExit(f"same_draw: no run is under both {ns.a} and {ns.b} (paired by their paths below each)")
-    print(f"| run | rows | max abs NLL diff | 16x ratio ({ns.a}) | 16x ratio ({ns.b}) | code |")
-    print("|---|---|---|---|---|---|")
+    print(f"| run | rows | max abs NLL diff | ppl at 1x ({ns.a}) | ppl at 1x ({ns.b}) | 16x ratio ({ns.a}) | "
+          f"16x ratio ({ns.b}) | code |")
+    print("|---|---|---|---|---|---|---|---|")
     for rel, a, b in found:
         c = compare(a, b)
         if not c["same_config"]:
-            print(f"| {rel} | config hashes differ: {c['hash_a']} / {c['hash_b']} | | | | |")
+            print(f"| {rel} | config hashes differ: {c['hash_a']} / {c['hash_b']} | | | | | | |")
             continue
-        print(f"| {rel} | {c['rows']} | {c['max_abs_nll_diff']:.3g} | {c['ratio_a']:.3f} | {c['ratio_b']:.3f} | "
-              f"{c['code_a']} / {c['code_b']} |")
+        print(f"| {rel} | {c['rows']} | {c['max_abs_nll_diff']:.3g} | {c['ppl_a']:.2f} | {c['ppl_b']:.2f} | "
+              f"{c['ratio_a']:.3f} | {c['ratio_b']:.3f} | {c['code_a']} / {c['code_b']} |")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def same_draw(a: Path, b: Path):
     return subprocess.run([sys.executable, ROOT / "scripts/same_draw.py", a, b], capture_output=True, text=True)
 
 
-def test_pairs_by_path_and_reports_the_largest_nll_difference_and_each_16x_ratio(tmp_path):
+def test_pairs_by_path_and_reports_the_largest_nll_difference_and_each_1x_ppl_and_16x_ratio(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     write_run(a, "rope/seed=1", [3.9, 4.0, 5.3])
     write_run(b, "rope/seed=1", [3.9, 4.0, 5.3], code="0.1.0+y")  # the same draw
@@ -35,8 +35,9 @@ def test_pairs_by_path_and_reports_the_largest_nll_difference_and_each_16x_ratio
     assert r.returncode == 0, r.stderr
     lines = {line.split(" | ")[0].strip("| "): line for line in r.stdout.splitlines()[2:]}
     assert set(lines) == {"rope/seed=0", "rope/seed=1", "t5/seed=0"}
-    assert lines["rope/seed=1"] == f"| rope/seed=1 | 3 | 0 | {math.exp(1.4):.3f} | {math.exp(1.4):.3f} | 0.1.0+x / 0.1.0+y |"
-    assert f"| 3 | 0.3 | {math.exp(1.4):.3f} | {math.exp(1.1):.3f} |" in lines["rope/seed=0"]
+    assert lines["rope/seed=1"] == (f"| rope/seed=1 | 3 | 0 | {math.exp(3.9):.2f} | {math.exp(3.9):.2f} | "
+                                    f"{math.exp(1.4):.3f} | {math.exp(1.4):.3f} | 0.1.0+x / 0.1.0+y |")
+    assert f"| 3 | 0.3 | 49.40 | 49.40 | {math.exp(1.4):.3f} | {math.exp(1.1):.3f} |" in lines["rope/seed=0"]
     assert "config hashes differ: abc123 / def456" in lines["t5/seed=0"]
 
 
