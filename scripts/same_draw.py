@@ -42,8 +42,9 @@ def ratio(df: pd.DataFrame) -> float:
 
 
 def first_ppl(df: pd.DataFrame) -> float:
-    """ppl at the shortest length (1x), on the validation split, non-overlapping."""
-    return math.exp(ladder(df)["nll"].iloc[0])
+    """ppl at the shortest length (1x), on the validation split, non-overlapping; nan without such rows."""
+    d = ladder(df)
+    return math.exp(d["nll"].iloc[0]) if len(d) else float("nan")
 
 
 def compare(a: Path, b: Path) -> dict:
