@@ -16,6 +16,8 @@ TABLES = [  # (README, script, its arguments: the files it reads)
     (f"{SMOL}/README.md", "scripts/longppl_table.py",
      [f"{SMOL}/longppl.csv", "--also", f"{SMOL}/longppl_short2048.csv"]),
     ("results/rerun/README.md", "scripts/same_draw.py", ["results/scale/runs/tiny", "results/rerun/cpu_scale"]),
+    ("results/train_len/README.md", "scripts/position_split.py",
+     ["results/scale/runs/tiny", "results/scale/runs/tiny_seeds", "results/train_len/runs", "--length", "512"]),
 ]
 
 
