@@ -52,7 +52,8 @@ def part_nll(runs: pd.DataFrame, cuts: list[int]) -> pd.DataFrame:
 
 def read(paths: list[str], length: int) -> pd.DataFrame:
     """The positions rows of a plain evaluation at ``length`` (validation split, non-overlapping),
-    every run scoring the same tokens and each (encoding, train length) one config."""
+    every run scoring the same tokens, each (encoding, train length) one config and each of its
+    seeds one run."""
     df = collect(paths, "positions.csv")
     if df.empty:
         raise SystemExit(f"position_split: no positions.csv under {', '.join(paths)}")
@@ -69,6 +70,12 @@ def read(paths: list[str], length: int) -> pd.DataFrame:
         (encoding, train_len), hashes = next(iter(mixed.items()))
         raise SystemExit(f"position_split: {encoding} at train_len {train_len} has runs of {len(hashes)} configs "
                          f"({', '.join(hashes)}); pass the dirs of one")
+    twice = at.groupby(["encoding", "train_len", "seed"]).run.unique()
+    twice = twice[twice.map(len) > 1]
+    if len(twice):
+        (encoding, train_len, seed), dirs = next(iter(twice.items()))
+        raise SystemExit(f"position_split: {encoding} seed {seed} at train_len {train_len} is in {len(dirs)} runs "
+                         f"({', '.join(dirs)}); pass dirs holding each seed once")
     counts = at.groupby(["run"]).apply(lambda r: tuple(zip(r.bin_start, r.tokens)), include_groups=False)
     if counts.nunique() > 1:
         odd = counts[counts != counts.mode().iloc[0]].index[0]

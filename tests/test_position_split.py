@@ -85,3 +85,11 @@ def test_each_part_names_the_lines_whose_seeds_fell_apart(tmp_path):
     lines = split.table([str(tmp_path)], 4).splitlines()
     assert lines[-2] == "- positions 0-1: above: a (1 / 2 seeds); below: none; ranges overlap: b (1 / 1 seeds)"
     assert lines[-1] == "- positions 2-3: above: none; below: a (1 / 2 seeds); ranges overlap: b (1 / 1 seeds)"
+
+
+def test_a_seed_found_twice_is_refused_not_averaged(tmp_path):
+    run(tmp_path / "x", "a", 2, 0, [3.0, 2.0, 1.0])
+    run(tmp_path / "y", "a", 2, 0, [3.0, 2.0, 1.0])
+    run(tmp_path / "x", "a", 4, 0, [4.0, 4.0, 0.5])
+    with pytest.raises(SystemExit, match="a seed 0 at train_len 2 is in 2 runs"):
+        split.table([str(tmp_path / "x"), str(tmp_path / "y")], 4)
