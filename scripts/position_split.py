@@ -26,7 +26,8 @@ import sys
 
 import pandas as pd
 
-from posbench.report.collect import collect
+from posbench.errors import PosbenchError
+from posbench.report.collect import check_one_config, check_one_run_per_seed, collect
 
 DEFAULTS = {"scaling": "none", "rope_scaling": "none", "method": "none"}  # a plain evaluation's values
 
@@ -64,18 +65,11 @@ def read(paths: list[str], length: int) -> pd.DataFrame:
     if at.empty:
         have = ", ".join(map(str, sorted(df.eval_len.unique())))
         raise SystemExit(f"position_split: no run was evaluated at --length {length}; valid: {have}")
-    configs = at.groupby(["encoding", "train_len"]).config_hash.unique()
-    mixed = configs[configs.map(len) > 1]
-    if len(mixed):
-        (encoding, train_len), hashes = next(iter(mixed.items()))
-        raise SystemExit(f"position_split: {encoding} at train_len {train_len} has runs of {len(hashes)} configs "
-                         f"({', '.join(hashes)}); pass the dirs of one")
-    twice = at.groupby(["encoding", "train_len", "seed"]).run.unique()
-    twice = twice[twice.map(len) > 1]
-    if len(twice):
-        (encoding, train_len, seed), dirs = next(iter(twice.items()))
-        raise SystemExit(f"position_split: {encoding} seed {seed} at train_len {train_len} is in {len(dirs)} runs "
-                         f"({', '.join(dirs)}); pass dirs holding each seed once")
+    try:  # the report's own checks, so the script and the report refuse the same runs
+        check_one_config(at, who="position_split", remedy="pass the dirs of one config per line and train length")
+        check_one_run_per_seed(at, who="position_split", remedy="pass dirs holding each seed once")
+    except PosbenchError as e:
+        raise SystemExit(str(e)) from None
     counts = at.groupby(["run"]).apply(lambda r: tuple(zip(r.bin_start, r.tokens)), include_groups=False)
     if counts.nunique() > 1:
         odd = counts[counts != counts.mode().iloc[0]].index[0]

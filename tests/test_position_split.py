@@ -71,7 +71,9 @@ def test_two_configs_of_one_line_are_refused(tmp_path):
     run(tmp_path, "a", 2, 0, [3.0, 2.0, 1.0])
     run(tmp_path, "a", 2, 1, [3.0, 2.0, 1.0], config="d")
     run(tmp_path, "a", 4, 0, [4.0, 4.0, 0.5])
-    with pytest.raises(SystemExit, match="a at train_len 2 has runs of 2 configs"):
+    # the report's own check (collect.check_one_config), with the script's name and advice
+    with pytest.raises(SystemExit, match=r"position_split: cannot average a runs whose configs differ in "
+                       r"config_hash \(c2 in .*, d2 in .*pass the dirs of one config per line and train length"):
         split.table([str(tmp_path)], 4)
 
 
@@ -91,5 +93,7 @@ def test_a_seed_found_twice_is_refused_not_averaged(tmp_path):
     run(tmp_path / "x", "a", 2, 0, [3.0, 2.0, 1.0])
     run(tmp_path / "y", "a", 2, 0, [3.0, 2.0, 1.0])
     run(tmp_path / "x", "a", 4, 0, [4.0, 4.0, 0.5])
-    with pytest.raises(SystemExit, match="a seed 0 at train_len 2 is in 2 runs"):
+    # the report's own check (collect.check_one_run_per_seed), with the script's name and advice
+    with pytest.raises(SystemExit, match=r"position_split: seed 0 of a \(train_len 2, L=4\) is in two runs, "
+                       r".*x.* and .*y.*: pooled.*pass dirs holding each seed once"):
         split.table([str(tmp_path / "x"), str(tmp_path / "y")], 4)

@@ -98,9 +98,12 @@ def _by_values(files: list[Path], by: list[str], paths: list[str | Path]) -> lis
     return [by_values({**c, DIR_KEY: g}, by) for c, g in zip(configs, given)]
 
 
-def check_one_run_per_seed(df: pd.DataFrame, also: tuple[str, ...] = ()) -> None:
+def check_one_run_per_seed(df: pd.DataFrame, also: tuple[str, ...] = (), who: str = "report",
+                           remedy: str = f"pass each run once, or --by {DIR_KEY} to draw the runs under each path "
+                                         "given as lines of their own") -> None:
     """Refuse to count a seed twice: two runs that give a line's cell the same seed (module docstring);
-    ``also``: columns that tell cells apart besides a line's (``steps`` for the matched table)."""
+    ``also``: columns that tell cells apart besides a line's (``steps`` for the matched table); ``who``
+    and ``remedy``: the message's prefix and its advice, for a caller with other options (a script)."""
     keys = [c for c in GROUP + list(also) + ["seed"] if c in df]
     if "run" not in df or "seed" not in df or df.empty:
         return
@@ -112,10 +115,9 @@ def check_one_run_per_seed(df: pd.DataFrame, also: tuple[str, ...] = ()) -> None
     first, second = twice.iloc[0][:2]
     label = line_label(cell["encoding"], cell.get("rope_scaling", "none"), cell.get("mode", "nonoverlapping"),
                        cell.get("stride", ""), cell.get("variant", ""))
-    raise PosbenchError(f"report: seed {cell['seed']} of {label} (train_len {cell.get('train_len')}, "
+    raise PosbenchError(f"{who}: seed {cell['seed']} of {label} (train_len {cell.get('train_len')}, "
                         f"L={cell.get('eval_len')}) is in two runs, {first} and {second}: pooled, it would count "
-                        f"as two seeds and narrow the interval; pass each run once, or --by {DIR_KEY} to draw the "
-                        "runs under each path given as lines of their own")
+                        f"as two seeds and narrow the interval; {remedy}")
 
 
 def _hashed_config(run: str) -> dict | None:
@@ -144,7 +146,7 @@ def config_diff(runs: list[str], hashes: list[str]) -> str:
     configs = [_hashed_config(r) for r in runs]
     if any(c is None for c in configs):
         where = ", ".join(f"{h} in {r}" for h, r in zip(hashes, runs))
-        return f"config_hash ({where}; no config.yaml beside results.csv to compare)"
+        return f"config_hash ({where}; no config.yaml in the run dirs to compare)"
     unset = object()
     keys = sorted(set().union(*configs))
     differ = [k for k in keys if len({repr(c.get(k, unset)) for c in configs}) > 1]
@@ -158,8 +160,10 @@ def config_diff(runs: list[str], hashes: list[str]) -> str:
     return ", ".join(shown) + more
 
 
-def check_one_config(df: pd.DataFrame) -> None:
-    """Refuse to average a line over runs whose configs differ in more than the seed."""
+def check_one_config(df: pd.DataFrame, who: str = "report", remedy: str = "") -> None:
+    """Refuse to average a line over runs whose configs differ in more than the seed; ``who`` and
+    ``remedy``: the message's prefix and its advice where the report's (fewer dirs, or --by) do not
+    apply (a script)."""
     if "config_hash" not in df or df.empty:
         return
     df = with_labels(df) if "label" not in df else df
@@ -168,9 +172,10 @@ def check_one_config(df: pd.DataFrame) -> None:
         if g.config_hash.nunique() > 1:
             first = g.dropna(subset=["config_hash"]).drop_duplicates("config_hash")
             diff = config_diff(first.run.tolist(), first.config_hash.tolist())
-            raise PosbenchError(f"report: cannot average {g.label.iloc[0]} runs whose configs differ in {diff}; "
-                                f"pass fewer dirs, so that each line's runs differ only in seed, or --by "
+            remedy = remedy or (f"pass fewer dirs, so that each line's runs differ only in seed, or --by "
                                 f"{diff.split(' ', 1)[0]} to draw each value as a line of its own")
+            raise PosbenchError(f"{who}: cannot average {g.label.iloc[0]} runs whose configs differ in {diff}; "
+                                f"{remedy}")
 
 
 SCORED_TOKENS = "scored tokens"  # the rows' token count (eval.max_tokens caps it), named so in messages
