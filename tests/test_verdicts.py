@@ -14,10 +14,10 @@ from conftest import ROOT
 
 from posbench.errors import PosbenchError
 from posbench.intervals import BLOCKS, Cell, Estimator
-from posbench.report.matched import matched_table, matched_verdict
-from posbench.report.summary import CELL_COLUMNS, add_intervals, summarize
 from posbench.report.collect import collect, texts_apart
+from posbench.report.matched import matched_table, matched_verdict
 from posbench.report.render import extrapolation_summary
+from posbench.report.summary import CELL_COLUMNS, add_intervals, summarize
 from posbench.report.verdicts import PREFIX, Verdicts, per_split, split_contrast, verdict_lines
 
 GROUP_COLUMNS = ["encoding", "variant", "rope_scaling", "mode", "stride", "model", "data", "train_len", "split",
@@ -149,12 +149,13 @@ def test_per_key_ranks_and_spreads_each_value_s_lines_apart_from_the_other_value
     # each budget's seeds pooled alone
     assert at_1x(apart, "x [steps=488]").cell_pool != at_1x(apart, "x [steps=1221]").cell_pool
     assert at_1x(mixed, "x [steps=488]").cell_pool == at_1x(mixed, "x [steps=1221]").cell_pool
-    spans = [line for line in extrapolation_summary(apart.drop(columns=list(CELL_COLUMNS), errors="ignore"), ["train.steps"])
-             if "spans" in line]
+    rows = apart.drop(columns=list(CELL_COLUMNS), errors="ignore")
+    spans = [line for line in extrapolation_summary(rows, ["train.steps"]) if "spans" in line]
     assert [line.split(":")[0] for line in spans] == ["train_len=128, steps=488", "train_len=128, steps=1221"]
     spreads = [float(re.search(r"across 2 \w+ \(highest / lowest (\S+) ", line).group(1)) for line in spans]
     assert spreads == pytest.approx([math.exp(0.05), math.exp(0.1)], abs=0.006), spans
-    whole = [line for line in extrapolation_summary(mixed.drop(columns=list(CELL_COLUMNS), errors="ignore")) if "spans" in line]
+    rows = mixed.drop(columns=list(CELL_COLUMNS), errors="ignore")
+    whole = [line for line in extrapolation_summary(rows) if "spans" in line]
     assert len(whole) == 1 and "across 4 " in whole[0]
 
 
@@ -409,3 +410,73 @@ def test_a_two_seed_line_that_breaks_is_named_beside_its_orderings():
     assert "flat" not in ratio.split("(two seeds")[1]
     s = s.assign(trained=False)  # a pretrained model is one model: no seeds to count
     assert "two seeds" not in Verdicts(s, Estimator(resamples=400)).orderings()[0]
+
+
+def two_train_lens(lines: dict, seed: int = 0, other_tokens: tuple = (), resamples: int = 400) -> pd.DataFrame:
+    """A summary of lines trained at 128 (evaluated at 128, 512, 2048) and at 512 (512, 2048), all
+    scoring the same text's blocks (``other_tokens``: lines whose 512 column scored other tokens),
+    for {name: (nll at L=512 trained at 128, log of ppl(512) at 512 over at 128, sd of a seed)}; a
+    line of the 128 column only where the gain is None."""
+    rng = np.random.default_rng(seed)
+    sizes = np.full(BLOCKS, 100)
+    text = rng.normal(0, 0.001, BLOCKS)
+    rows = []
+    for name, (nll, gain, sd) in lines.items():
+        for tlen, lengths, shift in ((128, (128, 512, 2048), 0.0), (512, (512, 2048), gain)):
+            if shift is None:
+                continue
+            u = rng.normal(0, sd, 3)
+            for eval_len in lengths:
+                blocks = (nll + shift + u[:, None] + text[None, :]) * sizes
+                tokens = ("sim", "validation", int(sizes.sum()) + (tlen == 512 and name in other_tokens))
+                cell = Cell(np.arange(3), blocks.sum(1) / sizes.sum(), blocks, sizes, tokens)
+                rows.append({"label": name, "encoding": name, "variant": "", "rope_scaling": "none",
+                             "mode": "nonoverlapping", "stride": eval_len, "model": "tiny", "data": "sim",
+                             "train_len": tlen, "split": "validation", "eval_len": eval_len, "cell": cell,
+                             "ppl_mean": math.exp(cell.mean)})
+    return add_intervals(pd.DataFrame(rows), Estimator(resamples=resamples))
+
+
+def test_a_line_at_two_train_lengths_is_compared_with_itself_at_one_length():
+    """ppl(L) trained at 512 over trained at 128, at L=512 (the longer train_len) and the longest both
+    evaluated: the estimate is the two cells' mean NLL difference, the interval simultaneous over the
+    lines (wider than one comparison's), a line scoring other tokens is named, not compared."""
+    s = two_train_lens({"a": (3.0, -0.3, 0.002), "b": (3.0, 0.0, 0.002), "c": (3.0, 0.2, 0.002),
+                        "d": (3.0, -0.5, 0.002), "e": (3.0, None, 0.002)}, other_tokens=("d",))
+    v = Verdicts(s, Estimator(resamples=400))
+    at_512, at_2048 = v.train_lengths()
+    head = ("across train_len (128/512), each line's ppl(L={}) trained at 512 over trained at 128, the same tokens, "
+            "simultaneous 95% intervals (Bonferroni over 3 lines): ")
+    assert at_512.startswith(head.format(512)) and at_2048.startswith(head.format(2048))
+    assert at_512.endswith(" (other tokens, or no per-token NLL, not compared: d) (at one train_len only: e)")
+    found = dict((name, (float(est), float(lo), float(hi), word)) for name, est, lo, hi, word in
+                 re.findall(r"(\w) (\S+) \[(\S+), (\S+)\] (below|above|cannot be told apart)", at_512))
+    assert {name: f[3] for name, f in found.items()} == {"a": "below", "b": "cannot be told apart", "c": "above"}
+    cell = {(t, n): s[(s.train_len == t) & (s.label == n) & (s.eval_len == 512)].cell.iloc[0] for t in (128, 512)
+            for n in "abc"}
+    for name, (est, lo, hi, _) in found.items():
+        assert est == pytest.approx(math.exp(cell[512, name].mean - cell[128, name].mean), abs=5e-4)
+        assert lo < est < hi
+        pools = (s[(s.train_len == 512) & (s.eval_len == 512)].cell_pool.iloc[0],
+                 s[(s.train_len == 128) & (s.eval_len == 512)].cell_pool.iloc[0])
+        single = Estimator(resamples=400).difference(cell[512, name], cell[128, name], pools=pools)
+        assert lo < math.exp(single.low) and math.exp(single.high) < hi  # 1 - 5%/3, not 95% alone
+    one = s[s.train_len == 128]
+    assert Verdicts(one, Estimator(resamples=400)).train_lengths() == []  # one train_len: nothing to compare
+
+
+def test_lines_at_two_train_lengths_hold_the_family_wise_error_rate():
+    """Five lines, none changed by the train length, 80 draws of three seeds a column: some line is
+    called apart in at most about 5% of the draws (Bonferroni over the five), where five comparisons
+    read at 95% each call some line apart in far more (2 and 15 of the 80 draws)."""
+    draws, hits, single = 80, 0, 0
+    for r in range(draws):
+        s = two_train_lens({f"l{i}": (3.0, 0.0, 0.02) for i in range(5)}, seed=200 + r, resamples=100)
+        v = Verdicts(s, Estimator(resamples=100))
+        hits += any(w in v.train_lengths()[0] for w in (" below", " above"))
+        cells = {t: s[(s.train_len == t) & (s.eval_len == 512)] for t in (128, 512)}
+        pools = (cells[512].cell_pool.iloc[0], cells[128].cell_pool.iloc[0])
+        alone = [Estimator(resamples=100).difference(x, y, pools=pools)
+                 for x, y in zip(cells[512].cell, cells[128].cell)]
+        single += any(iv.high < 0 or iv.low > 0 for iv in alone)
+    assert hits / draws <= 0.09 < 0.12 <= single / draws, (hits, single)  # five at 95% each: near 23%

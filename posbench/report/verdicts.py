@@ -2,7 +2,7 @@
 
 A results README says what a study found; posbench makes every such sentence a line the report
 writes from the runs (report.md's ``## Verdicts``), so a reader can recompute it and a README can
-only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three kinds:
+only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Four kinds:
 
 * **orderings**, per setup (lines of one model, text, train_len and split): the lines sorted by
   ppl(L) / ppl(train_len) at the longest length every line reached (where one cannot run past
@@ -25,6 +25,9 @@ only quote it (``tests/test_verdicts.py`` re-derives every quoted line). Three k
   in some setup and the other way in another (naming both, and the setups where it is undecided);
   it **holds** where it is decided alike wherever decided, in at least two setups (naming the
   setups where it is undecided); pairs decided in fewer than two are counted.
+* **across train lengths** (setups that differ in train_len alone): each line compared with itself
+  at one evaluation length, ppl(L) trained at the longer over trained at the shorter, on the same
+  tokens, the lines of one L held together at 95% (:meth:`Verdicts.train_lengths`).
 
 ``per`` (``posbench report --per KEY``, KEY one of ``--by``'s keys) makes the key's value part of
 the setup instead of the line: a budget study's lines ``alibi [steps=488]`` .. ``alibi
@@ -405,6 +408,72 @@ class Verdicts:
         return lines
 
 
+    def train_lengths(self) -> list[str]:
+        """Where train_len varies among setups that agree in every other column: each line trained at
+        both lengths, compared with itself at the same evaluation length L, ppl(L) at the longer
+        train_len over ppl(L) at the shortest, where both scored the same tokens. The ratio
+        orderings cannot say this (each divides by its own train_len's ppl): whether training at 512
+        scores better at 512 than training at 128 and extrapolating there. L: the longer train_len
+        (its own length, 4x the other's at 128/512) and the longest length both evaluated.
+
+        The lines of one L are one family: each interval is at 1 - 5%/m for m lines (Bonferroni), so
+        the m intervals hold together with 95% and each word (below, above, cannot be told apart) is
+        its interval's; Bonferroni rather than Holm here so that no printed interval excludes 1
+        beside "cannot be told apart". The two columns' runs are different models, so the seeds are
+        not paired (Welch's two variances, each a column's pooled one where a line has fewer than
+        three seeds, as the table's), the text is (the same tokens' blocks). A line whose two cells
+        scored other tokens, or kept no per-token NLL, is named and not compared."""
+        if "train_len" not in self.varied:
+            return []
+        others = [c for c in self.setup if c != "train_len"]
+        lines = []
+        for key, g in self.s.groupby(others, dropna=False, sort=True):
+            tlens = sorted(int(t) for t in g.train_len.unique())
+            at = "".join(f", {c}={self._short(v)}" for c, v in zip(others, key) if c in self.varied)
+            short = tlens[0]
+            for long in tlens[1:]:
+                a, b = g[g.train_len == long], g[g.train_len == short]
+                names = sorted(set(a.label) & set(b.label))
+                alone = sorted(set(a.label) ^ set(b.label))
+                shared = [length for length in sorted(set(a.eval_len) & set(b.eval_len))
+                          if all(((x.label == n) & (x.eval_len == length)).any() for n in names for x in (a, b))]
+                if not names or long not in shared:
+                    continue
+                for length in sorted({long, shared[-1]}):
+                    lines.append(self._same_length(a, b, names, alone, length, (short, long), at))
+        return lines
+
+    def _same_length(self, a: pd.DataFrame, b: pd.DataFrame, names: list[str], alone: list[str], length: int,
+                     tlens: tuple[int, int], at: str) -> str:
+        """One :meth:`train_lengths` line: ``names``' ppl(``length``) in ``a`` (trained at tlens[1]) over
+        that in ``b`` (at tlens[0]), simultaneous intervals over the lines compared."""
+        def cell(x: pd.DataFrame, name: str) -> Cell:
+            return x[(x.label == name) & (x.eval_len == length)].cell.iloc[0]
+
+        same = [n for n in names if cell(a, n).tokens_id and cell(a, n).tokens_id == cell(b, n).tokens_id
+                and cell(a, n).blocks is not None and cell(b, n).blocks is not None]
+        est = Estimator(1 - FWER / max(len(same), 1), self.est.resamples, self.est.seed)
+        pools = (self._pool(a, length, False), self._pool(b, length, False))
+        shown = []
+        for name in same:
+            iv = est.difference(cell(a, name), cell(b, name), pools=pools)
+            word = {"<": "below", ">": "above", "~": "cannot be told apart"}[_decided(iv)]
+            ci = "[no interval]" if math.isnan(iv.low) else f"[{math.exp(iv.low):.3f}, {math.exp(iv.high):.3f}]"
+            shown.append(f"{name} {math.exp(iv.estimate):.3f} {ci} {word}")
+        short, long = tlens
+        text = (f"across train_len ({short}/{long}{at}), each line's ppl(L={length}) trained at {long} over trained at "
+                f"{short}, the same tokens, simultaneous 95% intervals (Bonferroni over {len(same)} lines): "
+                + ("; ".join(shown) or "none"))
+        other = [n for n in names if n not in same]
+        if other:
+            text += f" (other tokens, or no per-token NLL, not compared: {', '.join(other)})"
+        if alone:
+            text += f" (at one train_len only: {', '.join(alone)})"
+        both = pd.concat([a, b])
+        notes = dict.fromkeys([self._one_seed(both, names), self._two_seeds(a, names), self._two_seeds(b, names)])
+        return text + "".join(n for n in notes if n)
+
+
 def check_contrast(a: str, b: str, labels: set[str]) -> None:
     """One line where ``a`` or ``b`` is not a line of the report (``--contrast`` typed by hand)."""
     unknown = [x for x in (a, b) if x not in labels]
@@ -481,7 +550,8 @@ def verdict_lines(summary: pd.DataFrame, contrasts=(), estimator: Estimator | No
     if kept.empty:
         return [PREFIX + line for line in named]
     v = Verdicts(kept, estimator, per)
-    return [PREFIX + line for line in named + v.orderings() + v.contrasts(contrasts) + v.across()]
+    return [PREFIX + line for line in named + v.orderings() + v.contrasts(contrasts) + v.across()
+            + v.train_lengths()]
 
 
 
