@@ -307,6 +307,12 @@ class Cell:
     def mean(self) -> float:
         return float(np.mean(self.nll)) if self.nll.size else math.nan
 
+    def same_tokens(self, other: Cell) -> bool:
+        """Both cells kept block sums over the same scored tokens in the same blocks, so their text
+        terms bootstrap together (paired)."""
+        return (self.blocks is not None and other.blocks is not None and self.tokens_id == other.tokens_id
+                and np.array_equal(self.sizes, other.sizes))
+
     def only(self, index: np.ndarray) -> Cell:
         """The cell restricted to the seeds at ``index``."""
         return Cell(self.seeds[index], self.nll[index], None if self.blocks is None else self.blocks[index],
@@ -359,9 +365,7 @@ class Estimator:
         else:
             seeds = seed_term(a.nll, pools[0]) + seed_term(b.nll, pools[1])
             one = min(a.nll.size, b.nll.size) == 1
-        paired = not (a.blocks is None or b.blocks is None or a.tokens_id != b.tokens_id
-                      or not np.array_equal(a.sizes, b.sizes))
-        text = self._boot(a) - self._boot(b) if paired else None
+        text = self._boot(a) - self._boot(b) if a.same_tokens(b) else None
         return combined_interval(a.mean - b.mean, seeds, text, self.level, one,
                                  None if text is None else a.sizes.size)
 

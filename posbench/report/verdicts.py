@@ -64,8 +64,7 @@ def ratio_cell(far: Cell, base: Cell) -> Cell:
     blocks differenced so the bootstrap resamples both lengths alike)."""
     common, ia, ib = np.intersect1d(far.seeds, base.seeds, return_indices=True)
     blocks = None
-    if far.blocks is not None and base.blocks is not None and far.tokens_id == base.tokens_id \
-            and np.array_equal(far.sizes, base.sizes):
+    if far.same_tokens(base):
         blocks = far.blocks[ia] - base.blocks[ib]
     return Cell(common, far.nll[ia] - base.nll[ib], blocks, far.sizes if blocks is not None else None,
                 far.tokens_id if blocks is not None else ())
@@ -407,7 +406,6 @@ class Verdicts:
             lines += self._agreement(named, f"across all {len(signs)} setups")
         return lines
 
-
     def train_lengths(self) -> list[str]:
         """Where train_len varies among setups that agree in every other column: each line trained at
         both lengths, compared with itself at the same evaluation length L, ppl(L) at the longer
@@ -447,16 +445,13 @@ class Verdicts:
                      tlens: tuple[int, int], at: str) -> str:
         """One :meth:`train_lengths` line: ``names``' ppl(``length``) in ``a`` (trained at tlens[1]) over
         that in ``b`` (at tlens[0]), simultaneous intervals over the lines compared."""
-        def cell(x: pd.DataFrame, name: str) -> Cell:
-            return x[(x.label == name) & (x.eval_len == length)].cell.iloc[0]
-
-        same = [n for n in names if cell(a, n).tokens_id and cell(a, n).tokens_id == cell(b, n).tokens_id
-                and cell(a, n).blocks is not None and cell(b, n).blocks is not None]
+        cells = {n: tuple(x[(x.label == n) & (x.eval_len == length)].cell.iloc[0] for x in (a, b)) for n in names}
+        same = [n for n, (x, y) in cells.items() if x.tokens_id and x.same_tokens(y)]
         est = Estimator(1 - FWER / max(len(same), 1), self.est.resamples, self.est.seed)
         pools = (self._pool(a, length, False), self._pool(b, length, False))
         shown = []
         for name in same:
-            iv = est.difference(cell(a, name), cell(b, name), pools=pools)
+            iv = est.difference(*cells[name], pools=pools)
             word = {"<": "below", ">": "above", "~": "cannot be told apart"}[_decided(iv)]
             ci = "[no interval]" if math.isnan(iv.low) else f"[{math.exp(iv.low):.3f}, {math.exp(iv.high):.3f}]"
             shown.append(f"{name} {math.exp(iv.estimate):.3f} {ci} {word}")
