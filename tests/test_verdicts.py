@@ -109,7 +109,21 @@ def test_across_setups_holds_and_changes():
     assert lines[0] == ("across model (small/tiny), the ratio order that holds wherever decided (in two or more): "
                         "x < y; x < z")
     assert lines[1] == "across model (small/tiny), the ratio order that reverses: y < z at tiny, z < y at small"
-    assert lines[2] == "across model (small/tiny): 0 pair(s) of lines in every one decided in fewer than two"
+    assert lines[2] == ("across model (small/tiny): 0 pair(s) of the lines in every setup decided in fewer than two "
+                        "setups (neither holding nor reversing)")
+
+
+def test_a_pair_decided_in_fewer_than_two_setups_is_counted_neither_holding_nor_reversing():
+    """w and x break alike in both sizes (0.2% apart, not told apart): the pair is counted, never
+    stated as holding; each against y, decided alike in both, holds."""
+    small = summary_of({"w": (3.0, 0.100, 0.002), "x": (3.0, 0.102, 0.002), "y": (3.0, 0.8, 0.002)}, "small", 1)
+    tiny = summary_of({"w": (3.2, 0.100, 0.002), "x": (3.2, 0.102, 0.002), "y": (3.2, 0.8, 0.002)}, "tiny", 2)
+    lines = Verdicts(pd.concat([small, tiny], ignore_index=True), Estimator(resamples=400)).across()
+    assert lines[0] == ("across model (small/tiny), the ratio order that holds wherever decided (in two or more): "
+                        "w < y; x < y")
+    assert lines[1] == "across model (small/tiny), the ratio order that reverses: none"
+    assert lines[2] == ("across model (small/tiny): 1 pair(s) of the lines in every setup decided in fewer than two "
+                        "setups (neither holding nor reversing)")
 
 
 def test_per_key_orders_lines_within_each_value_and_says_what_holds_across_them():
@@ -396,7 +410,8 @@ def test_a_reversal_across_setups_is_stated_with_where_it_is_undecided():
                         "nope < rope at tiny, rope < nope at base (undecided at small)"), lines
     assert lines[0].startswith("across model (base/small/tiny), the ratio order that holds wherever decided "
                                "(in two or more): alibi < nope"), lines
-    assert lines[2] == "across model (base/small/tiny): 0 pair(s) of lines in every one decided in fewer than two"
+    assert lines[2] == ("across model (base/small/tiny): 0 pair(s) of the lines in every setup decided in fewer than "
+                        "two setups (neither holding nor reversing)")
 
 
 def test_a_two_seed_line_that_breaks_is_named_beside_its_orderings():

@@ -382,7 +382,8 @@ class Verdicts:
         held = "; ".join(holds) or "none"
         return [f"{what}, the ratio order that holds wherever decided (in two or more): {held}",
                 f"{what}, the ratio order that reverses: " + ("; ".join(changes) or "none"),
-                f"{what}: {undecided} pair(s) of lines in every one decided in fewer than two"]
+                f"{what}: {undecided} pair(s) of the lines in every setup decided in fewer than two setups"
+                f" (neither holding nor reversing)"]
 
     def across(self) -> list[str]:
         """For each varied setup column (model, data, ...), over the setups that differ in it alone;
