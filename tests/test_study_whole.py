@@ -61,6 +61,36 @@ def test_a_finished_run_without_its_export_is_exported_by_the_same_command(tmp_p
     assert (export / "blocks.npz").is_file() and seeds_reported(tmp_path) == [2]
 
 
+TWO_STAGES = TWO + """  - name: b
+    grid: {{encoding: [rope], seed: [0]}}
+"""
+
+
+def test_a_report_that_would_lack_planned_runs_is_refused_or_marked_partial(tmp_path):
+    """Stage b not trained: the report step refuses in one line naming its run, writing nothing;
+    --partial draws the report of stage a, report.md and report.html opened by the line that names
+    what it lacks; once b is trained the plain report has no such line."""
+    cfg = write_study(tmp_path, TWO_STAGES.format(tmp=tmp_path))
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--only", "a", "--step", "train", "--jobs", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = one_line_error(posbench("study", "--config-dir", str(cfg), "mini", "--step", "report"))
+    assert line == ("posbench: error: study mini: 1 of its 3 planned runs are not exported, so its report would be "
+                    "partial: b/encoding=rope/seed=0; valid: posbench study mini to train them, or --step report "
+                    "--partial for a report of the 2 that are, marked partial")
+    assert not (tmp_path / "results").exists()
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--step", "report", "--partial")
+    assert r.returncode == 0, r.stdout + r.stderr
+    md = (tmp_path / "results" / "report.md").read_text()
+    assert md.startswith("> **Partial report: 2 of the 3 runs study mini plans are exported and drawn here; not yet: "
+                         "b/encoding=rope/seed=0.")
+    assert "rope" not in md.split("\n\n", 1)[1]  # the lines drawn: alibi's alone
+    assert '<p class="warning"><strong>Partial report: 2 of the 3' in (tmp_path / "results" / "report.html").read_text()
+    r = posbench("study", "--config-dir", str(cfg), "mini", "--jobs", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    md = (tmp_path / "results" / "report.md").read_text()
+    assert "Partial report" not in md and "rope" in md
+
+
 def test_a_job_refused_because_another_process_holds_its_run_dir_fails_the_study(tmp_path):
     """As a study SIGKILLed while its sweep lives on, run again: the orphaned job holds seed 0's run
     dir, so the new sweep's job for it is refused, and the study exits non-zero, not with a

@@ -108,6 +108,35 @@ def plan(study: Study, only=None, extra: list[str] = (), where: dict[str, set[st
     return todo, have
 
 
+def unreported(study: Study, extra: list[str] = ()) -> tuple[list[str], int]:
+    """The planned runs of every stage that a report of the study's exports would lack, and how
+    many runs it plans: a trained run without an export of its config hash and seed; a branch run
+    whose hash cannot be known here (its parent trained on another machine, :func:`orphaned`)
+    without an export in its folder; a pretrained model's sweep without its results.csv; an eval
+    run without its rows (:func:`evaluated`). Read from ``runs`` alone, so a report is judged by
+    what it draws. -> their folders (``rope/seed=1``, a pretrained sweep's folder), and the count."""
+    exported = _finished_keys(study.runs, False)
+    missing, total = [], 0
+    for sweep in sweeps(study, None):
+        if sweep.pretrained:
+            total += 1
+            if not (study.runs / sweep.folder / "results.csv").is_file():
+                missing.append(sweep.folder)
+            continue
+        digest = None if sweep.evaluates else sweep_hash(study, sweep, extra)
+        for seed in sweep.seeds:
+            total += 1
+            if sweep.evaluates:
+                done = evaluated(study, sweep, seed, extra)
+            elif digest is None:
+                done = (study.runs / sweep.folder / f"seed={seed}" / "results.csv").is_file()
+            else:
+                done = (digest, seed) in exported
+            if not done:
+                missing.append(f"{sweep.folder}/seed={seed}")
+    return missing, total
+
+
 def orphaned(study: Study, todo: list[Sweep]) -> tuple[list[Sweep], list[str]]:
     """Branch runs that cannot start: a ``from:`` stage's seed whose parent run is done (exported)
     but whose run dir, with the checkpoints the branch starts from, is not under ``out`` (it trained

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import PosbenchError
 from ..report.keys import key_text
 from .derived import derived
-from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major
+from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major, unreported
 from .spec import Study, Sweep, describe_study, load_study, parse_where, restrict, study_files, sweeps
 
 HELP = ("train and evaluate the runs a study file names that are not done yet (by config hash and seed), "
@@ -387,6 +387,25 @@ def contrast_text(contrast) -> str:
     return "/".join(key_text(x) if isinstance(x, dict) else x for x in contrast)
 
 
+def mark_partial(study: Study, missing: list[str], total: int) -> None:
+    """Open report.md and report.html with the line that says the report is partial: how many of
+    the study's planned runs it draws, and the folders of those it lacks (every one of them)."""
+    from html import escape
+
+    from ..runs.rundir import atomic_write_text
+
+    text = (f"Partial report: {total - len(missing)} of the {total} runs study {study.name} plans are exported and "
+            f"drawn here; not yet: {', '.join(missing)}. Every table, figure and verdict below is of the runs drawn "
+            f"(posbench study {study.name} --step report --partial).")
+    md = study.results / "report.md"
+    atomic_write_text(md, f"> **{text}**\n\n" + md.read_text())
+    page = study.results / "report.html"
+    if page.is_file():
+        html = page.read_text()
+        at = html.find(">", html.find("<body")) + 1 if "<body" in html else 0
+        atomic_write_text(page, html[:at] + f'<p class="warning"><strong>{escape(text)}</strong></p>' + html[at:])
+
+
 def report_command(study: Study) -> list[str]:
     rep = study.report
     by = [f"--by={k}" for k in rep.get("by") or []]
@@ -431,6 +450,9 @@ def main(args: list[str]) -> None:
     parser.add_argument("--step", default="all", choices=["all", "plan", "train", "export", "report"],
                         help="plan: list what would train; train: train (and export) without the report; "
                              "export: export finished runs; report: draw the exported runs")
+    parser.add_argument("--partial", action="store_true",
+                        help="draw the report although planned runs are not exported yet, the report.md and "
+                             "report.html marked partial with the runs they lack (else a study refuses to report)")
     parser.add_argument("--seed-major", action="store_true",
                         help="train the first seed of every line, then the second, ...: a study cut off early "
                              "(a GPU slot's end) holds one seed of every line rather than every seed of a few")
@@ -520,7 +542,15 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
         if not _finished_keys(study.runs, False):
             raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet; valid: "
                                 f"posbench study {study.name} to train and export them")
+        missing, total = unreported(study, ns.extra)
+        if missing and not getattr(ns, "partial", False):
+            raise PosbenchError(f"study {study.name}: {len(missing)} of its {total} planned runs are not exported, so "
+                                f"its report would be partial: {_named(missing)}; valid: posbench study {study.name} "
+                                f"to train them, or --step report --partial for a report of the "
+                                f"{total - len(missing)} that are, marked partial")
         report(study)
+        if missing:
+            mark_partial(study, missing, total)
 
 
 def print_plan(study: Study, todo: list[Sweep], jobs: int, extra: list[str]) -> None:
