@@ -493,7 +493,10 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
           chosen: list[Sweep]) -> None:
     """The steps ``ns.step`` names of a loaded study (``chosen``: the sweeps ``only`` and ``where``
     pick): plan, train (and export), export, report. A study that trains ends with every run it
-    planned exported, or with one line naming the runs that are not (:func:`missing_runs`)."""
+    planned exported, or with one line naming the runs that are not (:func:`missing_runs`). A
+    report is drawn only when every run of every stage is exported (:func:`unreported`), else the
+    step refuses in one line naming those it would lack; ``--partial`` draws it and opens it with
+    that line (:func:`mark_partial`), so a partial report is never read as a whole one."""
     if ns.step in ("all", "plan", "train"):
         todo, have = plan(study, only, ns.extra, where)
         kept, orphans = orphaned(study, todo)
