@@ -546,7 +546,7 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
             raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet; valid: "
                                 f"posbench study {study.name} to train and export them")
         missing, total = unreported(study, ns.extra)
-        if missing and not getattr(ns, "partial", False):
+        if missing and not ns.partial:
             raise PosbenchError(f"study {study.name}: {len(missing)} of its {total} planned runs are not exported, so "
                                 f"its report would be partial: {_named(missing)}; valid: posbench study {study.name} "
                                 f"to train them, or --step report --partial for a report of the "
