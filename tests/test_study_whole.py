@@ -91,6 +91,17 @@ def test_a_report_that_would_lack_planned_runs_is_refused_or_marked_partial(tmp_
     assert "Partial report" not in md and "rope" in md
 
 
+def test_a_report_of_a_study_with_nothing_exported_is_refused_in_one_line(tmp_path):
+    """Nothing trained: the report step names the planned count and the command, writing nothing."""
+    cfg = write_study(tmp_path, TWO_STAGES.format(tmp=tmp_path))
+    for partial in ([], ["--partial"]):
+        line = one_line_error(posbench("study", "--config-dir", str(cfg), "mini", "--step", "report", *partial))
+        assert line == (f"posbench: error: study mini: none of its 3 planned runs is exported under "
+                        f"{tmp_path / 'runs'}, so there is nothing to report yet; valid: posbench study mini to "
+                        "train and export them")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "runs").exists()
+
+
 def test_a_job_refused_because_another_process_holds_its_run_dir_fails_the_study(tmp_path):
     """As a study SIGKILLed while its sweep lives on, run again: the orphaned job holds seed 0's run
     dir, so the new sweep's job for it is refused, and the study exits non-zero, not with a

@@ -79,6 +79,7 @@ display:none;white-space:pre}
 .axis text{font-size:11px}.axis line,.axis path{stroke:#888}
 #text{max-width:60em;font-size:13px}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:4px}
+.warning{background:#fff3cd;border:1px solid #d39e00;border-left:6px solid #d39e00;padding:.6em .9em;max-width:60em}
 </style></head><body>
 <h1>@TITLE@</h1><p>@HEADER@</p>
 <div id="layout">

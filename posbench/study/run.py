@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import PosbenchError
 from ..report.keys import key_text
 from .derived import derived
-from .planning import _finished_keys, eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major, unreported
+from .planning import eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major, unreported
 from .spec import Study, Sweep, describe_study, load_study, parse_where, restrict, study_files, sweeps
 
 HELP = ("train and evaluate the runs a study file names that are not done yet (by config hash and seed), "
@@ -542,10 +542,11 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
             raise PosbenchError(f"study {study.name}: {len(pending)} finished run(s) under {study.out} are not "
                                 f"exported, so the report would lack them: {_named(pending)}; valid: posbench study "
                                 f"{study.name} --step export (or the plain command), then report")
-        if not _finished_keys(study.runs, False):
-            raise PosbenchError(f"study {study.name}: no exported runs under {study.runs} to report yet; valid: "
-                                f"posbench study {study.name} to train and export them")
         missing, total = unreported(study, ns.extra)
+        if len(missing) == total:  # read once: unreported's exports are the ones the report would draw
+            raise PosbenchError(f"study {study.name}: none of its {total} planned runs is exported under {study.runs}, "
+                                f"so there is nothing to report yet; valid: posbench study {study.name} to train and "
+                                "export them")
         if missing and not ns.partial:
             raise PosbenchError(f"study {study.name}: {len(missing)} of its {total} planned runs are not exported, so "
                                 f"its report would be partial: {_named(missing)}; valid: posbench study {study.name} "
