@@ -265,6 +265,7 @@ def test_runs_are_exported_while_their_sweep_still_runs(tmp_path, monkeypatch, c
     assert len(calls) >= 3 and calls[0] - start < 2.5  # during the sweep, then at its end
     out = capsys.readouterr().out
     assert f"exported {tmp_path / 'runs' / 'seed=0'}" in out and "a encoding=alibi done; exported 1 run(s)" in out
+    assert out.rstrip().endswith("a encoding=alibi done; exported 1 run(s); 1 of the 1 run(s) of this command done")
 
 
 BRANCHED = """out: {tmp}/out
@@ -342,6 +343,35 @@ def test_with_one_job_a_lines_branches_start_before_the_next_lines_run(tmp_path,
     monkeypatch.setattr(st, "export", lambda study, sweep: [])
     assert st.train(study, sweeps(study), jobs=1) == []
     assert started == ["long/alibi", "short/alibi", "long/rope", "short/rope"]
+
+
+def test_each_sweeps_line_tallies_the_commands_runs_and_the_time_left_at_its_pace(tmp_path, monkeypatch, capsys):
+    """Four sweeps of two seeds one after another, each a second long: after the first, 2 of the
+    8 runs are done and the other 6 take about three times what the first took; a failed sweep's
+    runs are not done but no longer to wait for; the last line has no time left to tell."""
+    import re
+
+    import posbench.study.run as st
+
+    write_study(tmp_path, BRANCHED.format(tmp=tmp_path))
+    study = load_study("mini", [tmp_path])
+
+    def command(study, sweep, jobs, extra=()):
+        return [sys.executable, "-c", f"import time; time.sleep(1); raise SystemExit({int(sweep.folder == 'short/alibi')})"]
+
+    monkeypatch.setattr(st, "train_command", command)
+    monkeypatch.setattr(st, "export", lambda study, sweep: [])
+    start = time.monotonic()
+    assert len(st.train(study, sweeps(study), jobs=1)) == 1
+    took = time.monotonic() - start
+    lines = [x for x in capsys.readouterr().out.splitlines() if "run(s) of this command done" in x]
+    assert [re.search(r"; (\d+) of the 8 run", x).group(1) for x in lines] == ["2", "2", "4", "6"]
+    first = re.search(r"2 of the 8 run\(s\) of this command done, about ([\d.]+) s left at its pace so far$", lines[0])
+    assert first and 3 * 1.0 <= float(first.group(1)) <= 3 * took / 4 + 3  # 3x the first sweep's 1-2 s
+    assert "short encoding=alibi" in lines[1] and "FAILED (exit 1)" in lines[1]
+    second = re.search(r"2 of the 8 run\(s\) of this command done, about ([\d.]+) s left", lines[1])
+    assert second and 2 * 1.0 <= float(second.group(1)) <= took  # 4 settled in two sweeps of 1-2 s, 4 to go
+    assert lines[-1].endswith("6 of the 8 run(s) of this command done")
 
 
 def test_a_branch_whose_parent_trained_elsewhere_is_named_and_not_started(tmp_path, monkeypatch):
@@ -790,7 +820,7 @@ def test_sigterm_to_a_study_checkpoints_its_runs_and_the_same_command_resumes(tm
     assert proc.returncode == 2, out + err  # a posbench error's exit status
     assert "study mini: stopping because it got SIGTERM: nothing new starts; 1 sweep(s) save a checkpoint" in err
     assert "stopped because it got SIGTERM: 0 of 1 runs done, 1 left; re-run the same command" in err
-    assert "a encoding=alibi stopped; exported 0 run(s)" in out
+    assert "a encoding=alibi stopped; exported 0 run(s); 0 of the 1 run(s) of this command done" in out
     assert (metrics.parent / "checkpoints" / "last.pt").is_file()
     log = (tmp_path / "out" / "a" / "encoding=alibi.log").read_text()
     assert "interrupted at step" in log

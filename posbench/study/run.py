@@ -304,7 +304,9 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), sto
     """Run the sweeps side by side, at most ``jobs`` runs at once; export each run within
     ``EXPORT_EVERY`` seconds of its end (a sweep whose seeds run one after another keeps its
     first seed's run even when the study is cut off before the last), and each sweep as it ends
-    (its line counts the runs exported while it ran too).
+    (its line counts the runs exported while it ran too, then how many of the command's runs are
+    done and, while some are left, how long they take at the pace of those done: runs side by
+    side included, so an estimate of a long study's end, not of one run).
     Of the sweeps ready to start, those whose parent has trained go first (stable otherwise): with
     fewer jobs than sweeps, a line's branches finish it before the next line's run starts, so a
     study cut off early holds whole lines. ``stop``: see :class:`Stop`; once it is due no sweep
@@ -319,8 +321,12 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), sto
 
 
 def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> list[str]:
+    from .costs import _duration
+
     waiting, running, failed, dead = list(todo), [], [], set()
     exported: dict[int, set[Path]] = {}  # by sweep process: the runs exported while it ran
+    total, began = sum(len(s.seeds) for s in todo), time.monotonic()  # the tally each sweep's line ends with
+    ended = settled = 0  # runs done; runs done, failed or never to start
     stop.running = running
     last_export = time.monotonic()
     while waiting or running:
@@ -335,6 +341,7 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
         busy = sum(min(jobs, len(s.seeds)) for s, _, _ in running)
         for sweep in [w for w in waiting if w.parent in dead]:
             waiting.remove(sweep)  # its parent failed: nothing to start from
+            settled += len(sweep.seeds)
             dead.add(sweep.folder)
             failed.append(f"{log_path(study, sweep)} (not started: {sweep.parent} failed)")
         ready = [w for w in waiting if not _pending(w, waiting, running)]
@@ -368,7 +375,12 @@ def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> 
             written = exported.pop(proc.pid, set()) | set(export(study, sweep))
             stopped = proc.returncode != 0 and stop.signalled_at is not None
             state = "done" if proc.returncode == 0 else "stopped" if stopped else f"FAILED (exit {proc.returncode})"
-            print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s)", flush=True)
+            ended += len(sweep.seeds) if proc.returncode == 0 else 0
+            settled += len(sweep.seeds)
+            left = (f", about {_duration((time.monotonic() - began) * (total - settled) / settled)} left at its pace "
+                    "so far" if settled < total and not stop.due() else "")
+            print(f"study {study.name}: {sweep.stage} {sweep.name} {state}; exported {len(written)} run(s); "
+                  f"{ended} of the {total} run(s) of this command done{left}", flush=True)
             if proc.returncode == 0:
                 for metric in derived(study):  # what the finished runs give already
                     metric.after_sweep(study)
