@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import PosbenchError
 from ..report.keys import key_text
+from .costs import _duration, _tokens, sweep_cost
 from .derived import derived
 from .planning import eval_extra, finished, orphaned, plan, pretrained_overrides, seed_major, unreported
 from .spec import Study, Sweep, describe_study, load_study, parse_where, restrict, study_files, sweeps
@@ -321,8 +322,6 @@ def train(study: Study, todo: list[Sweep], jobs: int, extra: list[str] = (), sto
 
 
 def _schedule(study: Study, todo: list[Sweep], jobs: int, extra, stop: Stop) -> list[str]:
-    from .costs import _duration
-
     waiting, running, failed, dead = list(todo), [], [], set()
     exported: dict[int, set[Path]] = {}  # by sweep process: the runs exported while it ran
     total, began = sum(len(s.seeds) for s in todo), time.monotonic()  # the tally each sweep's line ends with
@@ -572,8 +571,6 @@ def steps(study: Study, ns: argparse.Namespace, only: list[str] | None, where: d
 def print_plan(study: Study, todo: list[Sweep], jobs: int, extra: list[str]) -> None:
     """Each sweep to run with what it costs (:mod:`posbench.study.costs`: training tokens, time at
     this machine's measured throughput, peak memory), then its command; the study's totals."""
-    from .costs import sweep_cost
-
     tokens, seconds, unknown = 0, 0.0, 0
     for s in todo:
         cost = sweep_cost(study, s, extra)
@@ -585,8 +582,6 @@ def print_plan(study: Study, todo: list[Sweep], jobs: int, extra: list[str]) -> 
             seconds += cost.runs * (cost.seconds or 0.0)
             unknown += cost.runs if cost.seconds is None else 0
     if tokens:
-        from .costs import _duration, _tokens
-
         left = f", and {unknown} run(s) of unknown time" if unknown else ""
         print(f"study {study.name}: {_tokens(tokens)} training tokens to train; about {_duration(seconds)} of "
               f"training one run at a time on this machine{left} (--jobs runs side by side)")
